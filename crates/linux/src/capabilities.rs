@@ -1,0 +1,150 @@
+//! `moat capabilities`: what THIS host can guarantee, found by trying each
+//! primitive (and then each level end to end) in a throwaway child, never
+//! by assuming.
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use moat_policy::{Level, NetworkMode, Policy, PolicyRequest};
+use serde_json::{json, Map, Value};
+
+use crate::sys;
+
+/// One probe's result.
+fn probe_result(name: &str, ok: bool, detail: String) -> Value {
+    json!({"name": name, "status": if ok { "ok" } else { "failed" }, "detail": detail})
+}
+
+/// Runs `f` in a forked child; Ok(()) when it exited 0, else the errno it exited with.
+fn in_child(f: impl FnOnce() -> Result<(), i32>) -> Result<(), String> {
+    match sys::fork_glibc() {
+        Ok(0) => {
+            let code = match f() {
+                Ok(()) => 0,
+                Err(e) => e.clamp(1, 255),
+            };
+            sys::exit_now(code);
+        }
+        Ok(pid) => match nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None) {
+            Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
+            Ok(nix::sys::wait::WaitStatus::Exited(_, e)) => Err(std::io::Error::from_raw_os_error(e).to_string()),
+            Ok(other) => Err(format!("{other:?}")),
+            Err(e) => Err(e.to_string()),
+        },
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn errno_of(e: nix::errno::Errno) -> i32 {
+    e as i32
+}
+
+/// The full report printed by `moat capabilities`.
+pub fn report(moat_env: Vec<(String, String)>) -> Value {
+    let mut probes = Vec::new();
+    let userns = in_child(|| nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(errno_of));
+    probes.push(probe_result("user_namespace", userns.is_ok(), userns.clone().err().unwrap_or_else(|| "unshare(CLONE_NEWUSER) succeeded".into())));
+    let kinds = [
+        ("mount_namespace", nix::sched::CloneFlags::CLONE_NEWNS),
+        ("pid_namespace", nix::sched::CloneFlags::CLONE_NEWPID),
+        ("ipc_namespace", nix::sched::CloneFlags::CLONE_NEWIPC),
+        ("uts_namespace", nix::sched::CloneFlags::CLONE_NEWUTS),
+        ("net_namespace", nix::sched::CloneFlags::CLONE_NEWNET),
+        ("cgroup_namespace", nix::sched::CloneFlags::CLONE_NEWCGROUP),
+    ];
+    let mut ns_ok = Map::new();
+    for (name, flag) in kinds {
+        let r = in_child(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(errno_of)?;
+            nix::sched::unshare(flag).map_err(errno_of)
+        });
+        ns_ok.insert(name.into(), Value::Bool(r.is_ok()));
+        probes.push(probe_result(name, r.is_ok(), r.err().unwrap_or_else(|| "created inside a new user namespace".into())));
+    }
+    let abi = sys::landlock_abi();
+    probes.push(probe_result(
+        "landlock",
+        abi > 0,
+        if abi > 0 { format!("ABI {abi}") } else { "landlock_create_ruleset failed: Landlock not enabled".into() },
+    ));
+    let seccomp = in_child(|| {
+        sys::set_no_new_privs().map_err(|e| e.raw_os_error().unwrap_or(1))?;
+        let prog = crate::confine::seccomp_filter(&crate::plan::SeccompSpec { deny_network_sockets: true }).map_err(|_| 22)?;
+        crate::confine::apply_seccomp(&prog).map_err(|_| 1)?;
+        // The filter must actually refuse: an AF_INET socket has to fail with EPERM.
+        match nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Inet,
+            nix::sys::socket::SockType::Stream,
+            nix::sys::socket::SockFlag::empty(),
+            None,
+        ) {
+            Err(nix::errno::Errno::EPERM) => Ok(()),
+            _ => Err(libc::EINVAL),
+        }
+    });
+    probes.push(probe_result("seccomp_filter", seccomp.is_ok(), seccomp.clone().err().unwrap_or_else(|| "filter installed and refused socket(AF_INET) with EPERM".into())));
+
+    // Each level end to end: build its real plan and run `true` in it.
+    let ws = std::env::temp_dir();
+    let home = moat_env.iter().find(|(k, _)| k == "HOME").map(|(_, v)| v.clone()).unwrap_or_else(|| "/".into());
+    let true_bin = ["/usr/bin/true", "/bin/true"].into_iter().find(|p| Path::new(p).exists()).unwrap_or("/bin/true");
+    let mut levels = Map::new();
+    let mut level_ok = Map::new();
+    for level in Level::ALL {
+        let network = if level.is_sandboxed() { NetworkMode::Disabled } else { NetworkMode::Unmanaged };
+        let r = end_to_end(level, network, &ws, &home, true_bin, &moat_env);
+        level_ok.insert(level.as_str().into(), Value::Bool(r.is_ok()));
+        levels.insert(level.as_str().into(), status_value(&r));
+        probes.push(probe_result(&format!("sandbox_level:{level}"), r.is_ok(), r.err().unwrap_or_else(|| "ran `true` at this level".into())));
+    }
+    let mut modes = Map::new();
+    let disabled_ok = level_ok.get("workspace-contained").and_then(Value::as_bool).unwrap_or(false);
+    modes.insert("disabled".into(), status_value(&if disabled_ok { Ok(()) } else { Err("sandbox levels unavailable".to_string()) }));
+    let unmanaged = end_to_end(Level::WorkspaceContained, NetworkMode::Unmanaged, &ws, &home, true_bin, &moat_env);
+    probes.push(probe_result("network_mode:unmanaged", unmanaged.is_ok(), unmanaged.clone().err().unwrap_or_else(|| "ran `true` on the host network with abstract-socket scoping".into())));
+    modes.insert("unmanaged".into(), status_value(&unmanaged));
+    modes.insert("proxy".into(), json!("unsupported: not implemented in this version of moat"));
+
+    json!({
+        "platform": "linux",
+        "sandbox_levels": levels,
+        "network_modes": modes,
+        "features": {
+            "namespaces": ns_ok,
+            "landlock": {"available": abi > 0, "abi": abi, "scoping": abi >= 6},
+            "seccomp": seccomp.is_ok(),
+            "pivot_root": level_ok.get("workspace-contained").cloned().unwrap_or(Value::Bool(false)),
+            "uid": nix::unistd::getuid().as_raw(),
+        },
+        "capability_probes": probes,
+    })
+}
+
+fn status_value(r: &Result<(), String>) -> Value {
+    match r {
+        Ok(()) => json!("supported"),
+        Err(e) => json!(format!("unsupported: {e}")),
+    }
+}
+
+fn end_to_end(level: Level, network: NetworkMode, ws: &Path, home: &str, true_bin: &str, env: &[(String, String)]) -> Result<(), String> {
+    let policy = Policy::resolve(PolicyRequest {
+        level: Some(level),
+        network: Some(network),
+        workspace: std::fs::canonicalize(ws).map_err(|e| e.to_string())?,
+        home: std::fs::canonicalize(home).unwrap_or_else(|_| home.into()),
+        ..Default::default()
+    })
+    .map_err(|e| e.to_string())?;
+    let facts = crate::probe::HostFacts::probe(&policy, env.to_vec());
+    let plan = crate::plan::build(&policy, &facts).map_err(|e| e.to_string())?;
+    let out = crate::run::run(
+        &plan,
+        &crate::run::RunOptions { argv: vec![OsString::from(true_bin)], capture_limit: Some(4096), timeout: Some(std::time::Duration::from_secs(10)) },
+    );
+    match (out.exit_code, out.error) {
+        (0, _) => Ok(()),
+        (_, Some(e)) => Err(e),
+        (c, None) => Err(format!("`true` exited {c}")),
+    }
+}

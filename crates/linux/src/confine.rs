@@ -1,0 +1,239 @@
+//! The last steps before exec, in the command's own process: drop every
+//! capability, set no_new_privs, enter the Landlock domain, install the
+//! seccomp floor. Order matters and is fixed here:
+//! caps first (nothing after needs them), no_new_privs before Landlock and
+//! seccomp (both require it for an unprivileged caller), seccomp last (it
+//! forbids syscalls the earlier steps make).
+
+use std::collections::BTreeMap;
+use std::io;
+
+use landlock::{
+    Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    RulesetStatus, Scope, ABI,
+};
+use seccompiler::{SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch};
+use serde::Serialize;
+
+use crate::plan::{LandlockSpec, SeccompSpec};
+use crate::sys;
+
+/// How much of a layer the kernel enforced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Enforcement {
+    Full,
+    Partial,
+    None,
+}
+
+impl Enforcement {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Enforcement::Full => "full",
+            Enforcement::Partial => "partial",
+            Enforcement::None => "none",
+        }
+    }
+    pub fn code(self) -> u8 {
+        match self {
+            Enforcement::Full => b'F',
+            Enforcement::Partial => b'P',
+            Enforcement::None => b'N',
+        }
+    }
+    pub fn from_code(c: u8) -> Enforcement {
+        match c {
+            b'F' => Enforcement::Full,
+            b'P' => Enforcement::Partial,
+            _ => Enforcement::None,
+        }
+    }
+}
+
+/// A confinement step that failed; the command never runs after one.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    #[error("drop capabilities: {0}")]
+    Capabilities(io::Error),
+    #[error("set no_new_privs: {0}")]
+    NoNewPrivs(io::Error),
+    #[error("Landlock: {0}")]
+    Landlock(String),
+    #[error("Landlock is not enforced by this kernel; refusing to run with less than the policy promised")]
+    LandlockNotEnforced,
+    #[error("seccomp: {0}")]
+    Seccomp(String),
+}
+
+/// The newest Landlock ABI moat has been tested with; newer kernels are used
+/// at this level (the compatibility contract keeps it meaningful).
+const TESTED_ABI: ABI = ABI::V6;
+
+fn abi_of(n: i32) -> ABI {
+    if n >= 6 {
+        TESTED_ABI
+    } else {
+        ABI::from(n)
+    }
+}
+
+/// Drops capabilities and sets no_new_privs.
+pub fn drop_privileges() -> Result<(), ConfineError> {
+    sys::drop_all_capabilities().map_err(ConfineError::Capabilities)?;
+    sys::set_no_new_privs().map_err(ConfineError::NoNewPrivs)
+}
+
+/// Enters a Landlock domain matching `spec`; returns how fully it is enforced.
+pub fn apply_landlock(spec: &LandlockSpec, kernel_abi: i32) -> Result<Enforcement, ConfineError> {
+    let abi = abi_of(kernel_abi);
+    let ll = |e: landlock::RulesetError| ConfineError::Landlock(e.to_string());
+    let all = AccessFs::from_all(abi);
+    let read = AccessFs::from_read(abi);
+    let dev = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev | AccessFs::ReadDir;
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(all)
+        .map_err(ll)?;
+    if spec.scoped {
+        ruleset = ruleset.scope(Scope::from_all(abi)).map_err(ll)?;
+    }
+    let mut created = ruleset.create().map_err(ll)?;
+    // Merge rights per path: Landlock ORs rules on the same inode anyway, but
+    // one rule per path keeps failures attributable.
+    let mut rules: BTreeMap<&std::path::Path, landlock::BitFlags<AccessFs>> = BTreeMap::new();
+    for p in &spec.list_only {
+        *rules.entry(p).or_default() |= AccessFs::ReadDir;
+    }
+    for p in &spec.read {
+        *rules.entry(p).or_default() |= read;
+    }
+    for p in &spec.write {
+        *rules.entry(p).or_default() |= all;
+    }
+    for p in &spec.devices {
+        *rules.entry(p).or_default() |= dev & all;
+    }
+    for (path, access) in rules {
+        let fd = PathFd::new(path).map_err(|e| ConfineError::Landlock(format!("{}: {e}", path.display())))?;
+        created = created.add_rule(PathBeneath::new(fd, access)).map_err(ll)?;
+    }
+    let status = created.restrict_self().map_err(ll)?;
+    match status.ruleset {
+        RulesetStatus::FullyEnforced => Ok(Enforcement::Full),
+        RulesetStatus::PartiallyEnforced => Ok(Enforcement::Partial),
+        RulesetStatus::NotEnforced => Err(ConfineError::LandlockNotEnforced),
+    }
+}
+
+/// The seccomp floor as a seccompiler filter: listed syscalls fail with EPERM.
+pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, ConfineError> {
+    let sc = |e: seccompiler::BackendError| ConfineError::Seccomp(e.to_string());
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    let always = [
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_userfaultfd,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_move_mount,
+        libc::SYS_open_tree,
+        libc::SYS_fsopen,
+        libc::SYS_fsconfig,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_mount_setattr,
+        libc::SYS_setns,
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_name_to_handle_at,
+        libc::SYS_chroot,
+        libc::SYS_acct,
+        libc::SYS_swapon,
+        libc::SYS_swapoff,
+        libc::SYS_reboot,
+        libc::SYS_quotactl,
+        libc::SYS_syslog,
+        libc::SYS_personality,
+        libc::SYS_landlock_create_ruleset,
+        libc::SYS_landlock_add_rule,
+        libc::SYS_landlock_restrict_self,
+        libc::SYS_pidfd_getfd,
+        libc::SYS_kcmp,
+        libc::SYS_lookup_dcookie,
+        libc::SYS_fanotify_init,
+        libc::SYS_vhangup,
+    ];
+    for nr in always {
+        rules.insert(nr, vec![]);
+    }
+    // unshare/clone with any CLONE_NEW* flag: one rule per flag bit.
+    let ns_flags = [
+        libc::CLONE_NEWNS,
+        libc::CLONE_NEWUSER,
+        libc::CLONE_NEWPID,
+        libc::CLONE_NEWNET,
+        libc::CLONE_NEWIPC,
+        libc::CLONE_NEWUTS,
+        libc::CLONE_NEWCGROUP,
+        0x80, // CLONE_NEWTIME
+    ];
+    let ns_rules = |arg: u8| -> Result<Vec<SeccompRule>, ConfineError> {
+        ns_flags
+            .iter()
+            .map(|f| {
+                let f = *f as u64;
+                SeccompRule::new(vec![SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(f), f).map_err(sc)?])
+                    .map_err(sc)
+            })
+            .collect()
+    };
+    rules.insert(libc::SYS_unshare, ns_rules(0)?);
+    rules.insert(libc::SYS_clone, ns_rules(0)?);
+    // Terminal injection: TIOCSTI pushes bytes into the host terminal's input,
+    // TIOCLINUX can read/paste the console selection.
+    let ioctl_cmd = |cmd: u64| -> Result<SeccompRule, ConfineError> {
+        SeccompRule::new(vec![SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, cmd).map_err(sc)?]).map_err(sc)
+    };
+    rules.insert(libc::SYS_ioctl, vec![ioctl_cmd(libc::TIOCSTI as u64)?, ioctl_cmd(libc::TIOCLINUX as u64)?]);
+    if spec.deny_network_sockets {
+        rules.insert(
+            libc::SYS_socket,
+            vec![SeccompRule::new(vec![SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Ne,
+                libc::AF_UNIX as u64,
+            )
+            .map_err(sc)?])
+            .map_err(sc)?],
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    let arch = TargetArch::x86_64;
+    #[cfg(target_arch = "aarch64")]
+    let arch = TargetArch::aarch64;
+    let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch).map_err(sc)?;
+    seccompiler::BpfProgram::try_from(filter).map_err(sc)
+}
+
+/// Installs the ABI guard and the floor. Must be the last step before exec.
+pub fn apply_seccomp(program: &seccompiler::BpfProgram) -> Result<Enforcement, ConfineError> {
+    sys::install_syscall_abi_guard().map_err(|e| ConfineError::Seccomp(e.to_string()))?;
+    seccompiler::apply_filter(program).map_err(|e| ConfineError::Seccomp(e.to_string()))?;
+    Ok(Enforcement::Full)
+}

@@ -1,0 +1,219 @@
+//! The process between the supervisor and the command. In a sandbox it is
+//! pid 1 of the new pid namespace: it builds the view, forks the command,
+//! reaps orphans, and when the command exits it kills everything left, so
+//! the namespace dies with it. Under danger-full-access it is a subreaper
+//! that does the same for the command's process tree on the host.
+
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::fd::RawFd;
+
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::confine::{self, Enforcement};
+use crate::mounts;
+use crate::plan::Plan;
+use crate::sys;
+
+/// Signals the init waits for; blocked from before the clone so none is lost.
+pub const INIT_SIGNALS: &[libc::c_int] =
+    &[libc::SIGCHLD, libc::SIGTERM, libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGUSR1];
+
+/// What the init needs, all prepared before the clone (no lookups after it).
+pub struct InitArgs<'a> {
+    pub plan: &'a Plan,
+    pub report_fd: RawFd,
+    /// Pipes for stdout/stderr when the output is captured.
+    pub stdout_fd: Option<RawFd>,
+    pub stderr_fd: Option<RawFd>,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    pub seccomp: Option<seccompiler::BpfProgram>,
+}
+
+fn report(fd: RawFd, msg: &str) {
+    sys::write_all_fd(fd, msg.as_bytes());
+}
+
+/// Entry point of the cloned child. Never returns.
+pub fn main(args: InitArgs<'_>) -> ! {
+    let fd = args.report_fd;
+    match setup(&args) {
+        Ok(()) => {}
+        Err(msg) => {
+            report(fd, &format!("E {}\n", msg.replace('\n', " ")));
+            sys::exit_now(125);
+        }
+    }
+    let sandboxed = args.plan.sandboxed;
+    // The command: forked with glibc's fork so its thread state is right.
+    let main_pid = match unsafe_free_fork() {
+        Ok(None) => command(&args),
+        Ok(Some(pid)) => pid,
+        Err(e) => {
+            report(fd, &format!("E fork the command: {e}\n"));
+            sys::exit_now(125);
+        }
+    };
+    supervise_tree(fd, main_pid, sandboxed)
+}
+
+fn unsafe_free_fork() -> io::Result<Option<Pid>> {
+    match sys::fork_glibc()? {
+        0 => Ok(None),
+        pid => Ok(Some(Pid::from_raw(pid))),
+    }
+}
+
+/// Namespace, mount and identity setup; runs with the host still reachable.
+fn setup(args: &InitArgs<'_>) -> Result<(), String> {
+    let plan = args.plan;
+    let fd = args.report_fd;
+    if plan.sandboxed {
+        // The namespace dies if the supervisor dies (and so does everything in it).
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(|e| format!("set parent-death signal: {e}"))?;
+    } else {
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGUSR1).map_err(|e| format!("set parent-death signal: {e}"))?;
+        nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("become subreaper: {e}"))?;
+    }
+    if let Some(o) = args.stdout_fd {
+        sys::dup2(o, 1).map_err(|e| format!("redirect stdout: {e}"))?;
+    }
+    if let Some(e) = args.stderr_fd {
+        sys::dup2(e, 2).map_err(|e| format!("redirect stderr: {e}"))?;
+    }
+    // Inherited descriptors are a way around every path rule: close them all,
+    // keeping only stdio and the report pipe (close-on-exec).
+    let fdu = fd as u32;
+    sys::close_range(3, fdu.saturating_sub(1), false).map_err(|e| format!("close inherited fds: {e}"))?;
+    sys::close_range(fdu + 1, u32::MAX, false).map_err(|e| format!("close inherited fds: {e}"))?;
+    if !plan.sandboxed {
+        return Ok(());
+    }
+    sys::wipe_environ_block().map_err(|e| format!("clear the init's environment: {e}"))?;
+    fs::write("/proc/self/setgroups", "deny").map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
+    fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid)).map_err(|e| format!("write uid_map: {e}"))?;
+    fs::write("/proc/self/gid_map", format!("{0} {0} 1\n", plan.gid)).map_err(|e| format!("write gid_map: {e}"))?;
+    // After the id maps: a non-dumpable process's /proc files belong to root.
+    sys::set_not_dumpable().map_err(|e| format!("set non-dumpable: {e}"))?;
+    nix::unistd::sethostname("moat").map_err(|e| format!("set hostname: {e}"))?;
+    mounts::build_root(&plan.mounts).map_err(|e| format!("build the sandbox view: {e}"))?;
+    nix::unistd::chdir(&plan.cwd).map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
+    Ok(())
+}
+
+/// The command's own process: confine, then exec. Never returns.
+fn command(args: &InitArgs<'_>) -> ! {
+    let fd = args.report_fd;
+    sys::reset_signals();
+    let mut layers = [Enforcement::None; 2];
+    if args.plan.sandboxed {
+        let r = (|| -> Result<(), confine::ConfineError> {
+            confine::drop_privileges()?;
+            layers[0] = confine::apply_landlock(&args.plan.landlock, args.plan.landlock_abi)?;
+            if let Some(p) = &args.seccomp {
+                layers[1] = confine::apply_seccomp(p)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            report(fd, &format!("E {e}\n"));
+            sys::exit_now(125);
+        }
+    }
+    let _ = sys::close_range(3, u32::MAX, true);
+    report(fd, &format!("L {}{}\n", layers[0].code() as char, layers[1].code() as char));
+    exec_search(args)
+}
+
+/// execvpe, resolved inside the view with the command's own PATH.
+fn exec_search(args: &InitArgs<'_>) -> ! {
+    let fd = args.report_fd;
+    let mut argv: Vec<*const libc::c_char> = args.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = args.envp.iter().map(|a| a.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let Some(prog) = args.argv.first() else {
+        report(fd, "X 2\n");
+        sys::exit_now(127);
+    };
+    let prog_bytes = prog.as_bytes();
+    let mut candidates: Vec<CString> = Vec::new();
+    if prog_bytes.contains(&b'/') {
+        candidates.push(prog.clone());
+    } else {
+        let path = args
+            .envp
+            .iter()
+            .find_map(|e| e.as_bytes().strip_prefix(b"PATH="))
+            .unwrap_or(b"/usr/local/bin:/usr/bin:/bin");
+        for dir in path.split(|b| *b == b':') {
+            let dir = if dir.is_empty() { &b"."[..] } else { dir };
+            let mut full = dir.to_vec();
+            full.push(b'/');
+            full.extend_from_slice(prog_bytes);
+            if let Ok(c) = CString::new(full) {
+                candidates.push(c);
+            }
+        }
+    }
+    let mut saw_eacces = false;
+    let mut last = libc::ENOENT;
+    for c in &candidates {
+        let e = sys::execve(c, &argv, &envp).raw_os_error().unwrap_or(libc::ENOENT);
+        match e {
+            libc::EACCES => saw_eacces = true,
+            libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG => {}
+            other => {
+                last = other;
+                break;
+            }
+        }
+    }
+    let errno = if last != libc::ENOENT { last } else if saw_eacces { libc::EACCES } else { libc::ENOENT };
+    report(fd, &format!("X {errno}\n"));
+    sys::exit_now(if errno == libc::ENOENT { 127 } else { 126 });
+}
+
+/// Waits for the command, relays signals, and tears the tree down. Never returns.
+fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
+    let kill_all = |sig: libc::c_int| {
+        if pid_namespace {
+            // As pid 1, kill(-1) reaches every other process of the namespace.
+            let _ = sys::kill(-1, sig);
+        } else {
+            crate::tree::signal_descendants(sig);
+        }
+    };
+    let mut main_status: Option<(i32, i32)> = None;
+    loop {
+        let Ok((sig, _)) = sys::sigwait(INIT_SIGNALS) else { continue };
+        match sig {
+            libc::SIGCHLD => loop {
+                match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::Exited(pid, code)) if pid == main_pid => main_status = Some((code, 0)),
+                    Ok(WaitStatus::Signaled(pid, s, _)) if pid == main_pid => main_status = Some((128 + s as i32, s as i32)),
+                    Ok(WaitStatus::StillAlive) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            },
+            libc::SIGTERM => kill_all(libc::SIGTERM),
+            libc::SIGUSR1 => kill_all(libc::SIGKILL),
+            other => {
+                let _ = sys::kill(main_pid.as_raw(), other);
+            }
+        }
+        if let Some((code, signal)) = main_status {
+            // The command is done: nothing it started may outlive it.
+            kill_all(libc::SIGKILL);
+            if !pid_namespace {
+                crate::tree::kill_descendants_until_gone();
+            }
+            while waitpid(None::<Pid>, None).is_ok() {}
+            report(fd, &format!("S {code} {signal}\n"));
+            sys::exit_now(0);
+        }
+    }
+}

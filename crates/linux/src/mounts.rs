@@ -1,0 +1,200 @@
+//! Replays a plan's mount steps inside the new user+mount namespace: builds a
+//! tmpfs root, pivots into it, lays the view out, detaches the old root.
+//! Runs in the sandbox's init before anything untrusted exists.
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+use crate::plan::MountOp;
+use crate::probe::Kind;
+use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
+
+/// Where the host's root is reachable while the view is built.
+const OLD_ROOT: &str = "/.moat-oldroot";
+/// Where the new root is assembled before pivot_root (a tmpfs over it).
+const STAGING: &str = "/tmp";
+
+/// A failed setup step, with the path it was working on.
+#[derive(Debug, thiserror::Error)]
+#[error("{step} {path}: {source}")]
+pub struct MountError {
+    pub step: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+fn err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> MountError + 'a {
+    move |source| MountError { step, path: path.to_path_buf(), source }
+}
+
+fn nix_err(e: nix::errno::Errno) -> io::Error {
+    io::Error::from_raw_os_error(e as i32)
+}
+
+/// Builds the whole view and leaves the process inside it, at `/`.
+pub fn build_root(ops: &[MountOp]) -> Result<(), MountError> {
+    // Our mount events must never propagate to the host (and host events
+    // should not trickle into the sandbox mid-run).
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(nix_err)
+        .map_err(err("make mounts private", Path::new("/")))?;
+    let staging = Path::new(STAGING);
+    mount(
+        Some("tmpfs"),
+        staging,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755,size=16m"),
+    )
+    .map_err(nix_err)
+    .map_err(err("mount root tmpfs", staging))?;
+    let old = staging.join(OLD_ROOT.trim_start_matches('/'));
+    fs::DirBuilder::new().mode(0o700).create(&old).map_err(err("mkdir", &old))?;
+    nix::unistd::pivot_root(staging, &old).map_err(nix_err).map_err(err("pivot_root", staging))?;
+    nix::unistd::chdir("/").map_err(nix_err).map_err(err("chdir", Path::new("/")))?;
+
+    // Empty stand-ins come from a tmpfs that is mounted nowhere.
+    let scratch = sys::detached_tmpfs(c"0555").map_err(err("create scratch tmpfs", Path::new("(detached)")))?;
+    let empty_dir = Path::new("d");
+    let empty_file = Path::new("f");
+    make_scratch(&scratch).map_err(err("fill scratch tmpfs", Path::new("(detached)")))?;
+
+    for op in ops {
+        apply_op(op, &scratch, empty_dir, empty_file)?;
+    }
+
+    let old = Path::new(OLD_ROOT);
+    umount2(old, MntFlags::MNT_DETACH).map_err(nix_err).map_err(err("detach old root", old))?;
+    fs::remove_dir(old).map_err(err("rmdir", old))?;
+    // Nothing may be created at the top level of the view.
+    sys::mount_setattr_path(Path::new("/"), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+        .map_err(err("make root read-only", Path::new("/")))?;
+    Ok(())
+}
+
+fn make_scratch(scratch: &OwnedFd) -> io::Result<()> {
+    nix::sys::stat::mkdirat(scratch, "d", nix::sys::stat::Mode::from_bits_truncate(0o555)).map_err(nix_err)?;
+    let fd = nix::fcntl::openat(
+        scratch,
+        "f",
+        nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::from_bits_truncate(0o444),
+    )
+    .map_err(nix_err)?;
+    drop(fd);
+    Ok(())
+}
+
+fn host_path(p: &Path) -> PathBuf {
+    Path::new(OLD_ROOT).join(p.strip_prefix("/").unwrap_or(p))
+}
+
+fn apply_op(op: &MountOp, scratch: &OwnedFd, empty_dir: &Path, empty_file: &Path) -> Result<(), MountError> {
+    match op {
+        MountOp::Tmpfs { target, mode } => {
+            ensure_mountpoint(target, Kind::Dir)?;
+            let opts = format!("mode={mode:o}");
+            mount(Some("tmpfs"), target, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(opts.as_str()))
+                .map_err(nix_err)
+                .map_err(err("mount tmpfs", target))?;
+        }
+        MountOp::Bind { source, target, kind, recursive, readonly, device } => {
+            ensure_mountpoint(target, *kind)?;
+            let tree = sys::open_tree_clone(None, &host_path(source), *recursive).map_err(err("clone mount", source))?;
+            let mut attrs = MOUNT_ATTR_NOSUID;
+            if *device {
+                attrs |= MOUNT_ATTR_NOEXEC;
+            } else {
+                attrs |= MOUNT_ATTR_NODEV;
+            }
+            if *readonly {
+                attrs |= MOUNT_ATTR_RDONLY;
+            }
+            sys::mount_setattr_fd(&tree, attrs, *recursive).map_err(err("set mount attributes", source))?;
+            sys::move_mount_to(&tree, target).map_err(err("bind", target))?;
+        }
+        MountOp::Symlink { target, points_to } => {
+            if let Some(parent) = target.parent() {
+                mkdir_p(parent)?;
+            }
+            symlink(points_to, target).map_err(err("symlink", target))?;
+        }
+        MountOp::Proc { target } => {
+            ensure_mountpoint(target, Kind::Dir)?;
+            mount(
+                Some("proc"),
+                target,
+                Some("proc"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                None::<&str>,
+            )
+            .map_err(nix_err)
+            .map_err(err("mount proc", target))?;
+        }
+        MountOp::Devpts { target } => {
+            ensure_mountpoint(target, Kind::Dir)?;
+            mount(
+                Some("devpts"),
+                target,
+                Some("devpts"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+                Some("newinstance,ptmxmode=0666,mode=620"),
+            )
+            .map_err(nix_err)
+            .map_err(err("mount devpts", target))?;
+        }
+        MountOp::ReadOnlyAgain { target } => {
+            let tree = sys::open_tree_clone(None, target, true).map_err(err("clone mount", target))?;
+            sys::mount_setattr_fd(&tree, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, true)
+                .map_err(err("set mount attributes", target))?;
+            sys::move_mount_to(&tree, target).map_err(err("remount read-only", target))?;
+        }
+        MountOp::StandIn { target, kind } => {
+            // The target exists in the view (the plan only hides what it shows).
+            let src = if *kind == Kind::Dir { empty_dir } else { empty_file };
+            let tree = sys::open_tree_clone(Some(scratch.as_raw_fd()), src, false).map_err(err("clone stand-in", target))?;
+            sys::mount_setattr_fd(&tree, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, false)
+                .map_err(err("set mount attributes", target))?;
+            sys::move_mount_to(&tree, target).map_err(err("mount stand-in", target))?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes sure `target` exists as a mount point of the right kind, creating it
+/// (and its parents) in moat's own tmpfs layers when the view lacks it.
+fn ensure_mountpoint(target: &Path, kind: Kind) -> Result<(), MountError> {
+    match fs::symlink_metadata(target) {
+        Ok(m) if m.file_type().is_symlink() => Err(MountError {
+            step: "refusing to mount over a symlink at",
+            path: target.to_path_buf(),
+            source: io::Error::from_raw_os_error(libc::ELOOP),
+        }),
+        Ok(_) => Ok(()),
+        Err(_) => {
+            if let Some(parent) = target.parent() {
+                mkdir_p(parent)?;
+            }
+            match kind {
+                Kind::Dir => fs::DirBuilder::new().mode(0o755).create(target).map_err(err("mkdir", target)),
+                _ => fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o644)
+                    .open(target)
+                    .map(drop)
+                    .map_err(err("create mount point", target)),
+            }
+        }
+    }
+}
+
+fn mkdir_p(dir: &Path) -> Result<(), MountError> {
+    fs::DirBuilder::new().recursive(true).mode(0o755).create(dir).map_err(err("mkdir", dir))
+}

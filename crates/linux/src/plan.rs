@@ -1,0 +1,339 @@
+//! Turns (Policy, HostFacts) into a Plan: the ordered list of mounts, the
+//! Landlock rules, the seccomp spec and the command's environment. Pure: no
+//! I/O, so golden tests can assert exactly what a level builds.
+
+use std::path::{Path, PathBuf};
+
+use moat_policy::{is_secret_env_name, Access, Level, NetworkMode, Policy, SAFE_BASE_ENV};
+use serde::Serialize;
+
+use crate::probe::{HostFacts, Kind, PROC_MASKED, PROC_READ_ONLY};
+
+/// Where the ephemeral HOME lives inside every sandboxed level.
+pub const SANDBOX_HOME: &str = "/moat/home";
+/// Default PATH when the caller has none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Host top-level directories visible at workspace-contained: the system runtime.
+const SYSTEM_RUNTIME: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc"];
+/// Host top-level entries never bound from the host: the sandbox builds its own.
+const BUILT_BY_MOAT: &[&str] = &["proc", "dev", "sys", "tmp", "run", "moat"];
+/// Device nodes bound from the host into the sandbox's /dev.
+pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// One step of building the sandbox's root. Paths are inside the new root.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum MountOp {
+    /// A fresh tmpfs (mode in octal), e.g. /tmp, HOME, /dev.
+    Tmpfs { target: PathBuf, mode: u32 },
+    /// A host path bound at the same or another path.
+    Bind { source: PathBuf, target: PathBuf, kind: Kind, recursive: bool, readonly: bool, device: bool },
+    /// A symlink in the new root, e.g. /bin -> usr/bin.
+    Symlink { target: PathBuf, points_to: PathBuf },
+    /// A fresh procfs of the sandbox's own pid namespace.
+    Proc { target: PathBuf },
+    /// A private devpts instance.
+    Devpts { target: PathBuf },
+    /// An already-mounted path of the new root, bound over itself read-only.
+    ReadOnlyAgain { target: PathBuf },
+    /// An empty, read-only directory or file covering a secret.
+    StandIn { target: PathBuf, kind: Kind },
+}
+
+impl MountOp {
+    pub fn target(&self) -> &Path {
+        match self {
+            MountOp::Tmpfs { target, .. }
+            | MountOp::Bind { target, .. }
+            | MountOp::Symlink { target, .. }
+            | MountOp::Proc { target }
+            | MountOp::Devpts { target }
+            | MountOp::ReadOnlyAgain { target }
+            | MountOp::StandIn { target, .. } => target,
+        }
+    }
+}
+
+/// Landlock filesystem rules matching the view.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LandlockSpec {
+    /// Read files, list directories and execute beneath these.
+    pub read: Vec<PathBuf>,
+    /// Only list these directories (the new root of a contained view).
+    pub list_only: Vec<PathBuf>,
+    /// Full write access beneath these.
+    pub write: Vec<PathBuf>,
+    /// Device nodes: read, write, truncate and ioctl beneath these.
+    pub devices: Vec<PathBuf>,
+    /// Scope abstract unix sockets and signals to the sandbox (ABI >= 6).
+    pub scoped: bool,
+}
+
+/// The seccomp floor.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SeccompSpec {
+    /// Refuse socket() for every family but AF_UNIX.
+    pub deny_network_sockets: bool,
+}
+
+/// Everything needed to launch one run, decided before anything runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    pub level: Level,
+    pub network: NetworkMode,
+    pub sandboxed: bool,
+    pub new_netns: bool,
+    pub uid: u32,
+    pub gid: u32,
+    pub mounts: Vec<MountOp>,
+    pub landlock: LandlockSpec,
+    pub seccomp: SeccompSpec,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    /// Host paths that must not exist after the run (write-protected paths
+    /// the command could create because they did not exist before).
+    pub sweep: Vec<PathBuf>,
+    pub landlock_abi: i32,
+}
+
+/// Why a plan cannot be built on this host.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlanError {
+    #[error("Landlock is not available on this kernel (needed at --policy {0}); boot Linux >= 5.13 with Landlock in the lsm= list (e.g. lsm=landlock,lockdown,yama,integrity,apparmor), or use --policy danger-full-access to run unconfined")]
+    NoLandlock(Level),
+    #[error("--network unmanaged needs Landlock ABI 6 (Linux >= 6.12) to keep host abstract unix sockets out of reach, and this kernel has ABI {0}; use --network disabled")]
+    NoAbstractScoping(i32),
+    #[error("{0} does not exist on the host; --ro/--rw paths must exist")]
+    MissingGrant(PathBuf),
+}
+
+/// Builds the plan. Pure.
+pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
+    for g in &policy.paths {
+        if !host.grant_kinds.contains_key(&g.path) {
+            return Err(PlanError::MissingGrant(g.path.clone()));
+        }
+    }
+    let sandboxed = policy.level.is_sandboxed();
+    let mut plan = Plan {
+        level: policy.level,
+        network: policy.network.mode,
+        sandboxed,
+        new_netns: sandboxed && policy.network.mode == NetworkMode::Disabled,
+        uid: host.uid,
+        gid: host.gid,
+        mounts: Vec::new(),
+        landlock: LandlockSpec::default(),
+        seccomp: SeccompSpec { deny_network_sockets: policy.network.mode == NetworkMode::Disabled },
+        env: command_env(policy, host),
+        cwd: policy.workspace.clone(),
+        sweep: Vec::new(),
+        landlock_abi: host.landlock_abi,
+    };
+    if !sandboxed {
+        return Ok(plan);
+    }
+    if host.landlock_abi < 1 {
+        return Err(PlanError::NoLandlock(policy.level));
+    }
+    if policy.network.mode == NetworkMode::Unmanaged && host.landlock_abi < 6 {
+        return Err(PlanError::NoAbstractScoping(host.landlock_abi));
+    }
+
+    let whole_host = policy.level != Level::WorkspaceContained;
+    let mut base = Vec::new();
+    let mut layered = Vec::new();
+
+    // 1. The skeleton: host top-level entries, and what moat builds itself.
+    for e in &host.root_entries {
+        if BUILT_BY_MOAT.contains(&e.name.as_str()) {
+            continue;
+        }
+        if !whole_host && !SYSTEM_RUNTIME.contains(&e.name.as_str()) {
+            continue;
+        }
+        let target = Path::new("/").join(&e.name);
+        match (&e.kind, &e.link) {
+            (Kind::Symlink, Some(link)) => base.push(MountOp::Symlink { target, points_to: link.clone() }),
+            (Kind::Symlink, None) => {}
+            (kind, _) => base.push(host_bind(&target, *kind, true, true)),
+        }
+    }
+    if whole_host {
+        base.push(MountOp::Bind {
+            source: "/sys".into(),
+            target: "/sys".into(),
+            kind: Kind::Dir,
+            recursive: true,
+            readonly: true,
+            device: false,
+        });
+    }
+    base.push(MountOp::Tmpfs { target: "/tmp".into(), mode: 0o1777 });
+    base.push(MountOp::Tmpfs { target: "/run".into(), mode: 0o755 });
+    base.push(MountOp::Tmpfs { target: SANDBOX_HOME.into(), mode: 0o700 });
+    base.push(MountOp::Tmpfs { target: "/dev".into(), mode: 0o755 });
+    for n in DEV_NODES {
+        let p = Path::new("/dev").join(n);
+        base.push(MountOp::Bind { source: p.clone(), target: p, kind: Kind::File, recursive: false, readonly: false, device: true });
+    }
+    base.push(MountOp::Devpts { target: "/dev/pts".into() });
+    base.push(MountOp::Symlink { target: "/dev/ptmx".into(), points_to: "pts/ptmx".into() });
+    base.push(MountOp::Tmpfs { target: "/dev/shm".into(), mode: 0o1777 });
+    for (name, to) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
+        base.push(MountOp::Symlink { target: Path::new("/dev").join(name), points_to: to.into() });
+    }
+    base.push(MountOp::Proc { target: "/proc".into() });
+    for n in &host.proc_entries {
+        let target = Path::new("/proc").join(n);
+        if PROC_READ_ONLY.contains(&n.as_str()) {
+            base.push(MountOp::ReadOnlyAgain { target });
+        } else if PROC_MASKED.contains(&n.as_str()) {
+            base.push(MountOp::StandIn { target, kind: Kind::File });
+        }
+    }
+    if whole_host && host.var_run_is_dir {
+        base.push(MountOp::Tmpfs { target: "/var/run".into(), mode: 0o755 });
+    }
+    if policy.network.mode == NetworkMode::Unmanaged {
+        // DNS on the host network: keep resolv.conf working when it points into /run.
+        if let Some(t) = &host.resolv_conf_in_run {
+            layered.push(host_bind(t, Kind::File, false, true));
+        }
+    }
+
+    // 2. The workspace and extra paths, at their host paths.
+    let ws_rw = policy.level.workspace_writable();
+    layered.push(host_bind(&policy.workspace, Kind::Dir, true, !ws_rw));
+    for g in &policy.paths {
+        let kind = host.grant_kinds.get(&g.path).copied().unwrap_or(Kind::Dir);
+        layered.push(host_bind(&g.path, kind, true, g.access == Access::ReadOnly));
+    }
+
+    // 3. Write-protected workspace entries: read-only binds over themselves.
+    // `.git` itself is bound read-write: that makes it a mount point, which
+    // cannot be renamed or removed, so its protected children stay put.
+    let explicit = |p: &Path| policy.paths.iter().any(|g| g.path == p);
+    for (p, kind) in &host.workspace_write_protected {
+        if explicit(p) {
+            continue;
+        }
+        let git_dir = *p == policy.workspace.join(".git") && *kind == Kind::Dir;
+        layered.push(host_bind(p, *kind, true, !git_dir));
+    }
+    if ws_rw {
+        plan.sweep = host.workspace_missing.iter().filter(|p| !explicit(p)).cloned().collect();
+    }
+
+    // 4. Stand-ins for secrets wherever the view would show them.
+    let opted_in = |c: &Path| {
+        policy.paths.iter().any(|g| g.path == c)
+            || policy
+                .protected_opt_in
+                .iter()
+                .any(|o| host.home_protected.get(o).map(|t| t == c).unwrap_or(false) || o == c)
+    };
+    let mut all_ops: Vec<MountOp> = base.iter().chain(layered.iter()).cloned().collect();
+    let mut stand_ins = Vec::new();
+    let secrets = host.secrets.iter().chain(&host.workspace_protected).chain(&host.sockets);
+    for (p, kind) in secrets {
+        if opted_in(p) || !visible(p, &all_ops) {
+            continue;
+        }
+        let kind = if *kind == Kind::Dir { Kind::Dir } else { Kind::File };
+        stand_ins.push(MountOp::StandIn { target: p.clone(), kind });
+    }
+    // Directly visible sockets dirs (e.g. XDG_RUNTIME_DIR outside /run) are
+    // covered above; drop duplicates that a parent stand-in already hides.
+    stand_ins.sort_by(|a, b| a.target().cmp(b.target()));
+    stand_ins.dedup_by(|b, a| b.target().starts_with(a.target()) && matches!(a, MountOp::StandIn { kind: Kind::Dir, .. }));
+    all_ops.extend(stand_ins);
+
+    // Parents before children: a stable sort by depth keeps each path's ops
+    // in the order above while guaranteeing every mount lands on its final
+    // parent. The skeleton stays first (depth 1 and /dev, /proc internals).
+    let skeleton_len = base.len();
+    let mut rest: Vec<MountOp> = all_ops.split_off(skeleton_len);
+    rest.sort_by_key(|op| op.target().components().count());
+    all_ops.extend(rest);
+    plan.mounts = all_ops;
+
+    // Landlock: rules matching the view.
+    let mut ll = LandlockSpec { scoped: host.landlock_abi >= 6, ..Default::default() };
+    if whole_host {
+        ll.read.push("/".into());
+    } else {
+        ll.list_only.push("/".into());
+        for op in &plan.mounts {
+            if let MountOp::Bind { target, device: false, .. } = op {
+                ll.read.push(target.clone());
+            }
+        }
+        ll.read.extend(["/proc".into(), "/tmp".into(), SANDBOX_HOME.into(), "/run".into()]);
+    }
+    ll.write.extend(["/tmp".into(), SANDBOX_HOME.into(), "/dev/shm".into()]);
+    if ws_rw {
+        ll.write.push(policy.workspace.clone());
+    }
+    ll.write.extend(policy.paths.iter().filter(|g| g.access == Access::ReadWrite).map(|g| g.path.clone()));
+    ll.devices.push("/dev".into());
+    ll.read.sort();
+    ll.read.dedup();
+    plan.landlock = ll;
+    Ok(plan)
+}
+
+fn host_bind(path: &Path, kind: Kind, recursive: bool, readonly: bool) -> MountOp {
+    MountOp::Bind { source: path.to_path_buf(), target: path.to_path_buf(), kind, recursive: recursive && kind == Kind::Dir, readonly, device: false }
+}
+
+/// Whether `path` shows host content in the view built by `ops`: the deepest
+/// op covering it is a host bind (not a tmpfs, stand-in or moat's own mount).
+pub fn visible(path: &Path, ops: &[MountOp]) -> bool {
+    let mut best: Option<(usize, &MountOp)> = None;
+    for op in ops {
+        let t = op.target();
+        if path.starts_with(t) {
+            let depth = t.components().count();
+            if best.map(|(d, _)| depth >= d).unwrap_or(true) {
+                best = Some((depth, op));
+            }
+        }
+    }
+    matches!(best, Some((_, MountOp::Bind { device: false, .. })))
+}
+
+/// The command's environment: a safe base, then `--pass-env`, then `--env`.
+fn command_env(policy: &Policy, host: &HostFacts) -> Vec<(String, String)> {
+    let host_get = |k: &str| host.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let mut env: std::collections::BTreeMap<String, String> = Default::default();
+    for (k, v) in &host.env {
+        let base = SAFE_BASE_ENV.contains(&k.as_str()) || k.starts_with("LC_");
+        if base && !is_secret_env_name(k) {
+            env.insert(k.clone(), v.clone());
+        }
+    }
+    env.entry("PATH".into()).or_insert_with(|| DEFAULT_PATH.into());
+    if policy.level.is_sandboxed() {
+        env.insert("HOME".into(), SANDBOX_HOME.into());
+        env.insert("TMPDIR".into(), "/tmp".into());
+    } else {
+        env.insert("HOME".into(), policy.home.to_string_lossy().into_owned());
+        if let Some(t) = host_get("TMPDIR") {
+            env.insert("TMPDIR".into(), t);
+        }
+    }
+    for k in &policy.pass_env {
+        if let Some(v) = host_get(k) {
+            env.insert(k.clone(), v);
+        }
+    }
+    for (k, v) in &policy.env {
+        env.insert(k.clone(), v.clone());
+    }
+    env.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests;

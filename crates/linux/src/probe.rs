@@ -1,0 +1,310 @@
+//! Reads the host facts a plan depends on (what exists where, which kernel
+//! features are present). This is the only I/O before planning; the plan
+//! itself is a pure function of (Policy, HostFacts).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use moat_policy::{
+    is_protected_workspace_name, is_write_protected_name, Level, Policy, PROTECTED_HOME_PATHS,
+    WRITE_PROTECTED_GIT_PATHS,
+};
+use serde::Serialize;
+
+use crate::sys;
+
+/// What kind of filesystem object a path is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Dir,
+    File,
+    Symlink,
+}
+
+impl Kind {
+    fn of(meta: &fs::Metadata) -> Kind {
+        let ft = meta.file_type();
+        if ft.is_symlink() {
+            Kind::Symlink
+        } else if ft.is_dir() {
+            Kind::Dir
+        } else {
+            Kind::File
+        }
+    }
+}
+
+/// One entry of the host's `/`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootEntry {
+    pub name: String,
+    pub kind: Kind,
+    /// Where a symlink points (as written).
+    pub link: Option<PathBuf>,
+}
+
+/// Everything the planner needs to know about this host.
+#[derive(Clone, Debug, Default)]
+pub struct HostFacts {
+    pub uid: u32,
+    pub gid: u32,
+    pub landlock_abi: i32,
+    pub root_entries: Vec<RootEntry>,
+    /// `/var/run` is a real directory rather than a symlink to /run.
+    pub var_run_is_dir: bool,
+    /// Existing secret paths (canonical) with their kind: protected home
+    /// paths of every home on the host, and /etc secrets.
+    pub secrets: BTreeMap<PathBuf, Kind>,
+    /// Protected home paths of the invoking user, by their un-resolved path,
+    /// mapped to the canonical existing target (for opt-in matching).
+    pub home_protected: BTreeMap<PathBuf, PathBuf>,
+    /// Host unix socket locations to hide: $SSH_AUTH_SOCK, $XDG_RUNTIME_DIR.
+    pub sockets: BTreeMap<PathBuf, Kind>,
+    /// Workspace entries that matter: protected and write-protected names,
+    /// found by a bounded walk, as paths with their kind.
+    pub workspace_protected: BTreeMap<PathBuf, Kind>,
+    pub workspace_write_protected: BTreeMap<PathBuf, Kind>,
+    /// Write-protected paths that do not exist yet: the first missing
+    /// component of each, to be swept after the run.
+    pub workspace_missing: Vec<PathBuf>,
+    /// `/etc/resolv.conf`'s canonical target when it lives under /run.
+    pub resolv_conf_in_run: Option<PathBuf>,
+    /// /proc entries (host view) that exist, for read-only remounts/masks.
+    pub proc_entries: Vec<String>,
+    /// Kinds of the policy's extra paths.
+    pub grant_kinds: BTreeMap<PathBuf, Kind>,
+    /// Host environment, as given to moat.
+    pub env: Vec<(String, String)>,
+}
+
+/// /etc files no sandboxed command needs and that hold secrets.
+const ETC_SECRETS: &[&str] = &[
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/security/opasswd",
+    "/etc/ssl/private",
+    "/etc/krb5.keytab",
+];
+
+/// /proc entries made read-only or masked in the sandbox.
+pub const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
+pub const PROC_MASKED: &[&str] = &["kcore", "keys", "timer_list", "sched_debug", "kallsyms"];
+
+/// Directory names never walked when looking for `.env` files.
+const WALK_SKIP: &[&str] = &["node_modules", ".git", "target", "vendor", ".venv", "venv", "__pycache__", "dist", "build"];
+const WALK_MAX_DEPTH: usize = 3;
+const WALK_MAX_DIRS: usize = 2000;
+
+fn lstat_kind(p: &Path) -> Option<Kind> {
+    fs::symlink_metadata(p).ok().map(|m| Kind::of(&m))
+}
+
+/// Canonical path and kind of an existing path (following symlinks).
+fn resolve(p: &Path) -> Option<(PathBuf, Kind)> {
+    let c = fs::canonicalize(p).ok()?;
+    let k = lstat_kind(&c)?;
+    Some((c, k))
+}
+
+impl HostFacts {
+    /// Probes the host for `policy`. `env` is moat's own environment.
+    pub fn probe(policy: &Policy, env: Vec<(String, String)>) -> HostFacts {
+        let mut f = HostFacts {
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            env,
+            ..Default::default()
+        };
+        for g in &policy.paths {
+            if let Some(k) = lstat_kind(&g.path) {
+                f.grant_kinds.insert(g.path.clone(), k);
+            }
+        }
+        if !policy.level.is_sandboxed() {
+            return f;
+        }
+        f.landlock_abi = sys::landlock_abi();
+        f.probe_root();
+        f.probe_secrets(policy);
+        f.probe_sockets();
+        f.probe_workspace(policy);
+        if let Ok(target) = fs::canonicalize("/etc/resolv.conf") {
+            if target.starts_with("/run") && lstat_kind(Path::new("/etc/resolv.conf")) == Some(Kind::Symlink) {
+                f.resolv_conf_in_run = Some(target);
+            }
+        }
+        f.proc_entries = PROC_READ_ONLY
+            .iter()
+            .chain(PROC_MASKED)
+            .filter(|n| Path::new("/proc").join(n).exists())
+            .map(|n| n.to_string())
+            .collect();
+        f
+    }
+
+    fn probe_root(&mut self) {
+        if let Ok(rd) = fs::read_dir("/") {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Ok(meta) = e.path().symlink_metadata() else { continue };
+                let kind = Kind::of(&meta);
+                let link = if kind == Kind::Symlink { fs::read_link(e.path()).ok() } else { None };
+                self.root_entries.push(RootEntry { name, kind, link });
+            }
+        }
+        self.root_entries.sort_by(|a, b| a.name.cmp(&b.name));
+        self.var_run_is_dir = lstat_kind(Path::new("/var/run")) == Some(Kind::Dir);
+    }
+
+    fn probe_secrets(&mut self, policy: &Policy) {
+        // Every home on the host, not just the caller's: root sees them all.
+        let mut homes = vec![policy.home.clone(), PathBuf::from("/root")];
+        if let Ok(rd) = fs::read_dir("/home") {
+            homes.extend(rd.flatten().map(|e| e.path()));
+        }
+        homes.sort();
+        homes.dedup();
+        for home in &homes {
+            for rel in PROTECTED_HOME_PATHS {
+                let p = home.join(rel);
+                if let Some((c, k)) = resolve(&p) {
+                    if home == &policy.home {
+                        self.home_protected.insert(p, c.clone());
+                    }
+                    self.secrets.insert(c, k);
+                }
+            }
+        }
+        for s in ETC_SECRETS {
+            if let Some((c, k)) = resolve(Path::new(s)) {
+                self.secrets.insert(c, k);
+            }
+        }
+        // SSH host private keys: every /etc/ssh/ssh_host_*_key.
+        if let Ok(rd) = fs::read_dir("/etc/ssh") {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.starts_with("ssh_host_") && n.ends_with("_key") {
+                    if let Some((c, k)) = resolve(&e.path()) {
+                        self.secrets.insert(c, k);
+                    }
+                }
+            }
+        }
+    }
+
+    fn probe_sockets(&mut self) {
+        let get = |k: &str| self.env.iter().find(|(n, _)| n == k).map(|(_, v)| PathBuf::from(v));
+        let wanted: Vec<PathBuf> = ["SSH_AUTH_SOCK", "XDG_RUNTIME_DIR", "GPG_AGENT_INFO", "DBUS_SESSION_BUS_ADDRESS"]
+            .iter()
+            .filter_map(|k| get(k))
+            .map(|p| {
+                // GPG_AGENT_INFO is path:pid:1, DBUS is unix:path=...
+                let s = p.to_string_lossy().into_owned();
+                let s = s.strip_prefix("unix:path=").unwrap_or(&s).to_string();
+                PathBuf::from(s.split([':', ',']).next().unwrap_or("").to_string())
+            })
+            .filter(|p| p.is_absolute())
+            .collect();
+        for p in wanted {
+            if let Some((c, k)) = resolve(&p) {
+                self.sockets.insert(c, k);
+            }
+        }
+        for p in ["/var/run/docker.sock", "/run/docker.sock", "/var/run/podman/podman.sock"] {
+            if let Some((c, k)) = resolve(Path::new(p)) {
+                self.sockets.insert(c, k);
+            }
+        }
+    }
+
+    fn probe_workspace(&mut self, policy: &Policy) {
+        let ws = &policy.workspace;
+        // `.env`, `.env.*`, `.envrc` anywhere in a bounded walk of the workspace.
+        let mut stack = vec![(ws.clone(), 0usize)];
+        let mut seen = 0usize;
+        while let Some((dir, depth)) = stack.pop() {
+            seen += 1;
+            if seen > WALK_MAX_DIRS {
+                break;
+            }
+            let Ok(rd) = fs::read_dir(&dir) else { continue };
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Ok(ft) = e.file_type() else { continue };
+                let path = e.path();
+                if is_protected_workspace_name(&name) {
+                    // Hide the resolved target: a `.env` symlink pointing out
+                    // of the workspace is covered wherever it points.
+                    if let Some((c, k)) = resolve(&path) {
+                        self.workspace_protected.insert(c, k);
+                    }
+                } else if ft.is_dir() && depth < WALK_MAX_DEPTH && !WALK_SKIP.contains(&name.as_str()) {
+                    stack.push((path, depth + 1));
+                }
+            }
+        }
+        if !matches!(policy.level, Level::WorkspaceWrite | Level::WorkspaceContained) {
+            return;
+        }
+        // Write-protected names at the workspace root.
+        let mut names: Vec<String> = policy
+            .write_protected
+            .iter()
+            .filter(|n| !n.contains('*'))
+            .map(|n| n.to_string())
+            .collect();
+        if let Ok(rd) = fs::read_dir(ws) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if is_write_protected_name(&n) && !names.contains(&n) {
+                    names.push(n);
+                }
+            }
+        }
+        for n in names {
+            let p = ws.join(&n);
+            match lstat_kind(&p) {
+                Some(k) => {
+                    self.workspace_write_protected.insert(p, k);
+                }
+                None => self.workspace_missing.push(p),
+            }
+        }
+        // .git: the directory itself (so it cannot be renamed away), its
+        // hooks and config, and those of submodules.
+        let git = ws.join(".git");
+        match lstat_kind(&git) {
+            Some(Kind::Dir) => {
+                self.workspace_write_protected.insert(git.clone(), Kind::Dir);
+                let mut gitdirs = vec![git.clone()];
+                if let Ok(rd) = fs::read_dir(git.join("modules")) {
+                    gitdirs.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+                }
+                for gd in gitdirs {
+                    for rel in WRITE_PROTECTED_GIT_PATHS {
+                        let p = gd.join(rel);
+                        match lstat_kind(&p) {
+                            Some(k) => {
+                                self.workspace_write_protected.insert(p, k);
+                            }
+                            None if gd == git => self.workspace_missing.push(p),
+                            None => {}
+                        }
+                    }
+                }
+            }
+            Some(k) => {
+                // A gitfile (worktree/submodule) or symlink: keep it as it is.
+                self.workspace_write_protected.insert(git, k);
+            }
+            None => self.workspace_missing.push(git),
+        }
+    }
+}

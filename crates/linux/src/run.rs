@@ -1,0 +1,450 @@
+//! The supervisor: stays in the host namespaces, launches the init, relays
+//! signals, enforces the timeout, captures output, and turns what happened
+//! into a [`RunOutcome`]. It is the only moat process that could widen
+//! anything, and it runs no untrusted code.
+
+use std::ffi::{CString, OsString};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::Pid;
+use serde::Serialize;
+
+use crate::confine::{self, Enforcement};
+use crate::init::{self, InitArgs, INIT_SIGNALS};
+use crate::plan::Plan;
+use crate::sys::{self, Forked};
+
+/// Grace between SIGTERM and SIGKILL when a run is stopped.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// How to run the command.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    pub argv: Vec<OsString>,
+    /// Capture stdout/stderr up to this many bytes each (None: pass through).
+    pub capture_limit: Option<usize>,
+    pub timeout: Option<Duration>,
+}
+
+/// How a run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Finished,
+    FailedToStart,
+    TimedOut,
+}
+
+/// The enforcement layers that were in place when the command started.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Layers {
+    pub namespaces: Enforcement,
+    pub landlock: Enforcement,
+    pub seccomp: Enforcement,
+}
+
+/// Everything a caller needs to report a run.
+#[derive(Clone, Debug)]
+pub struct RunOutcome {
+    pub status: RunStatus,
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration: Duration,
+    pub layers: Layers,
+    /// Why moat refused or failed (exit 125), or why exec failed (126/127).
+    pub error: Option<String>,
+    /// Write-protected paths the command created, and where they were moved.
+    pub swept: Vec<(PathBuf, PathBuf)>,
+}
+
+struct Capture {
+    fd: OwnedFd,
+    buf: Vec<u8>,
+    truncated: bool,
+    open: bool,
+}
+
+impl Capture {
+    fn read_some(&mut self, limit: usize) {
+        let mut chunk = [0u8; 65536];
+        match nix::unistd::read(&self.fd, &mut chunk) {
+            Ok(0) => self.open = false,
+            Ok(n) => {
+                let room = limit.saturating_sub(self.buf.len());
+                if n > room {
+                    self.truncated = true;
+                }
+                self.buf.extend_from_slice(&chunk[..n.min(room)]);
+            }
+            Err(nix::errno::Errno::EINTR) | Err(nix::errno::Errno::EAGAIN) => {}
+            Err(_) => self.open = false,
+        }
+    }
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io::Error::from_raw_os_error(e as i32))
+}
+
+fn clone_error(e: io::Error, plan: &Plan) -> String {
+    let code = e.raw_os_error().unwrap_or(0);
+    if !plan.sandboxed {
+        return format!("cannot start the command's reaper: {e}");
+    }
+    let limit = std::fs::read_to_string("/proc/sys/user/max_user_namespaces").unwrap_or_default();
+    let userns_sysctl = std::fs::read_to_string("/proc/sys/kernel/unprivileged_userns_clone").unwrap_or_default();
+    let apparmor = std::fs::read_to_string("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").unwrap_or_default();
+    let fix = if limit.trim() == "0" {
+        "user.max_user_namespaces is 0; raise it: sysctl -w user.max_user_namespaces=15000".to_string()
+    } else if userns_sysctl.trim() == "0" {
+        "unprivileged user namespaces are disabled; enable them: sysctl -w kernel.unprivileged_userns_clone=1".to_string()
+    } else if apparmor.trim() == "1" {
+        "AppArmor restricts unprivileged user namespaces; allow moat with an AppArmor profile granting `userns,` or set kernel.apparmor_restrict_unprivileged_userns=0".to_string()
+    } else if code == libc::EPERM {
+        "the kernel refused (EPERM); inside a container, run it with --security-opt seccomp=unconfined --security-opt apparmor=unconfined or --privileged".to_string()
+    } else {
+        "check that the kernel has user, mount, pid, ipc, uts and net namespaces enabled".to_string()
+    };
+    format!("cannot create the sandbox namespaces (user, mount, pid, ipc, uts{}): {e}. Fix: {fix}", if plan.new_netns { ", net" } else { "" })
+}
+
+/// Runs the command under `plan`. Errors here are moat's own failures before
+/// the command could start; they map to exit 125.
+pub fn run(plan: &Plan, opts: &RunOptions) -> RunOutcome {
+    let start = Instant::now();
+    let mut out = RunOutcome {
+        status: RunStatus::FailedToStart,
+        exit_code: 125,
+        signal: None,
+        timed_out: false,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+        duration: Duration::ZERO,
+        layers: Layers { namespaces: Enforcement::None, landlock: Enforcement::None, seccomp: Enforcement::None },
+        error: None,
+        swept: Vec::new(),
+    };
+    if let Err(e) = launch(plan, opts, &mut out, start) {
+        out.status = RunStatus::FailedToStart;
+        out.exit_code = 125;
+        out.error = Some(e);
+    }
+    out.duration = start.elapsed();
+    if plan.sweep.iter().any(|p| p.symlink_metadata().is_ok()) {
+        out.swept = crate::sweep::sweep(&plan.sweep);
+    }
+    out
+}
+
+fn cstrings(items: impl IntoIterator<Item = Vec<u8>>) -> Result<Vec<CString>, String> {
+    items
+        .into_iter()
+        .map(|b| CString::new(b).map_err(|_| "an argument or environment value contains a NUL byte".to_string()))
+        .collect()
+}
+
+fn launch(plan: &Plan, opts: &RunOptions, out: &mut RunOutcome, start: Instant) -> Result<(), String> {
+    if opts.argv.is_empty() {
+        return Err("no command given; put it after --".into());
+    }
+    let argv = cstrings(opts.argv.iter().map(|a| a.as_bytes().to_vec()))?;
+    let envp = cstrings(plan.env.iter().map(|(k, v)| format!("{k}={v}").into_bytes()))?;
+    let seccomp = if plan.sandboxed {
+        Some(confine::seccomp_filter(&plan.seccomp).map_err(|e| format!("build the seccomp filter: {e}"))?)
+    } else {
+        None
+    };
+    let (report_r, report_w) = pipe().map_err(|e| format!("create a pipe: {e}"))?;
+    let mut captures = Vec::new();
+    let mut child_ends = Vec::new();
+    if opts.capture_limit.is_some() {
+        for _ in 0..2 {
+            let (r, w) = pipe().map_err(|e| format!("create a pipe: {e}"))?;
+            captures.push(Capture { fd: r, buf: Vec::new(), truncated: false, open: true });
+            child_ends.push(w);
+        }
+    }
+    // Block the signals we read through a signalfd (and the init waits for)
+    // before the clone, so none arrives in a window without a handler.
+    let old_mask = sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS).map_err(|e| format!("block signals: {e}"))?;
+    let mut ns_flags = 0;
+    if plan.sandboxed {
+        ns_flags = libc::CLONE_NEWUSER
+            | libc::CLONE_NEWNS
+            | libc::CLONE_NEWPID
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWUTS
+            | libc::CLONE_NEWCGROUP;
+        if plan.new_netns {
+            ns_flags |= libc::CLONE_NEWNET;
+        }
+    }
+    let child = match sys::clone_process(ns_flags) {
+        Ok(Forked::Child) => init::main(InitArgs {
+            plan,
+            report_fd: report_w.as_raw_fd(),
+            stdout_fd: child_ends.first().map(|f| f.as_raw_fd()),
+            stderr_fd: child_ends.get(1).map(|f| f.as_raw_fd()),
+            argv,
+            envp,
+            seccomp,
+        }),
+        Ok(Forked::Parent(pid)) => Pid::from_raw(pid),
+        Err(e) => {
+            sys::restore_sigmask(&old_mask);
+            return Err(clone_error(e, plan));
+        }
+    };
+    drop(report_w);
+    drop(child_ends);
+    if plan.sandboxed {
+        out.layers.namespaces = Enforcement::Full;
+    }
+    let result = supervise(child, plan, opts, out, captures, report_r, start);
+    sys::restore_sigmask(&old_mask);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn supervise(
+    child: Pid,
+    plan: &Plan,
+    opts: &RunOptions,
+    out: &mut RunOutcome,
+    mut captures: Vec<Capture>,
+    report_r: OwnedFd,
+    start: Instant,
+) -> Result<(), String> {
+    let pidfd = sys::pidfd_open(child.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
+    let mut mask = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGINT, Signal::SIGQUIT] {
+        mask.add(s);
+    }
+    let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(|e| format!("signalfd: {e}"))?;
+    let stdin_is_tty = nix::unistd::isatty(std::io::stdin()).unwrap_or(false);
+    let limit = opts.capture_limit.unwrap_or(0);
+    let mut report_buf = Vec::new();
+    let mut report_open = true;
+    let mut deadline = opts.timeout.map(|t| start + t);
+    // Escalation after a timeout or a stop request: SIGTERM sent, then
+    // SIGUSR1 (init kills all), then SIGKILL of the init itself.
+    let mut stage = 0u8;
+    let mut exited = false;
+    while !exited {
+        let timeout = match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1).unwrap_or(PollTimeout::MAX)
+            }
+            None => PollTimeout::NONE,
+        };
+        let mut fds = vec![
+            PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+        ];
+        if report_open {
+            fds.push(PollFd::new(report_r.as_fd(), PollFlags::POLLIN));
+        }
+        let cap_index = fds.len();
+        for c in captures.iter().filter(|c| c.open) {
+            fds.push(PollFd::new(c.fd.as_fd(), PollFlags::POLLIN));
+        }
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(format!("poll: {e}")),
+        }
+        let ready = |i: usize| fds.get(i).and_then(|f| f.revents()).map(|r| !r.is_empty()).unwrap_or(false);
+        let pid_ready = ready(0);
+        let sig_ready = ready(1);
+        let report_ready = report_open && ready(2);
+        let cap_ready: Vec<bool> = (0..captures.iter().filter(|c| c.open).count()).map(|i| ready(cap_index + i)).collect();
+        drop(fds);
+        if report_ready {
+            report_open = read_report(&report_r, &mut report_buf);
+        }
+        let mut k = 0;
+        for c in captures.iter_mut().filter(|c| c.open) {
+            if cap_ready.get(k).copied().unwrap_or(false) {
+                c.read_some(limit);
+            }
+            k += 1;
+        }
+        if sig_ready {
+            while let Ok(Some(info)) = sigfd.read_signal() {
+                let sig = info.ssi_signo as i32;
+                match sig {
+                    // A terminal already delivered ^C/^\ to the command's group.
+                    libc::SIGINT | libc::SIGQUIT if stdin_is_tty => {}
+                    libc::SIGTERM | libc::SIGHUP if stage == 0 => {
+                        let _ = sys::kill(child.as_raw(), libc::SIGTERM);
+                        stage = 1;
+                        deadline = Some(Instant::now() + KILL_GRACE);
+                    }
+                    other => {
+                        let _ = sys::kill(child.as_raw(), other);
+                    }
+                }
+            }
+        }
+        if let Some(d) = deadline {
+            if Instant::now() >= d {
+                match stage {
+                    0 => {
+                        out.timed_out = true;
+                        let _ = sys::kill(child.as_raw(), libc::SIGTERM);
+                        deadline = Some(Instant::now() + KILL_GRACE);
+                    }
+                    1 => {
+                        let _ = sys::kill(child.as_raw(), libc::SIGUSR1);
+                        deadline = Some(Instant::now() + Duration::from_secs(1));
+                    }
+                    _ => {
+                        let _ = sys::kill(child.as_raw(), libc::SIGKILL);
+                        deadline = None;
+                    }
+                }
+                stage = stage.saturating_add(1);
+            }
+        }
+        if pid_ready {
+            exited = true;
+        }
+    }
+    let init_status = waitpid(child, None).map_err(|e| format!("wait for the sandbox: {e}"))?;
+    // Everything that could hold the pipes is gone now; drain what is left.
+    set_nonblocking(&report_r);
+    if report_open {
+        read_report(&report_r, &mut report_buf);
+    }
+    for c in captures.iter_mut() {
+        set_nonblocking(&c.fd);
+        let mut spins = 0;
+        while c.open && spins < 100_000 {
+            let before = c.buf.len();
+            c.read_some(limit);
+            if c.buf.len() == before && c.open {
+                // EAGAIN: a writer outside our tree still holds the pipe.
+                break;
+            }
+            spins += 1;
+        }
+    }
+    let mut it = captures.into_iter();
+    if let Some(c) = it.next() {
+        out.stdout = c.buf;
+        out.stdout_truncated = c.truncated;
+    }
+    if let Some(c) = it.next() {
+        out.stderr = c.buf;
+        out.stderr_truncated = c.truncated;
+    }
+    interpret(&report_buf, init_status, plan, out)
+}
+
+fn set_nonblocking(fd: &OwnedFd) {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    if let Ok(flags) = fcntl(fd, FcntlArg::F_GETFL) {
+        let _ = fcntl(fd, FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK));
+    }
+}
+
+/// Reads what is available from the report pipe; false at EOF.
+fn read_report(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 4096];
+    loop {
+        match nix::unistd::read(fd, &mut chunk) {
+            Ok(0) => return false,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if n < chunk.len() {
+                    return true;
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EAGAIN) => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Turns the init's report lines and exit status into the outcome.
+fn interpret(report: &[u8], init_status: WaitStatus, plan: &Plan, out: &mut RunOutcome) -> Result<(), String> {
+    let text = String::from_utf8_lossy(report);
+    let mut final_status: Option<(i32, i32)> = None;
+    for line in text.lines() {
+        let (tag, rest) = line.split_at(line.len().min(2));
+        match tag.trim() {
+            "E" => return Err(rest.trim().to_string()),
+            "L" => {
+                let b = rest.trim().as_bytes();
+                out.layers.landlock = Enforcement::from_code(b.first().copied().unwrap_or(b'N'));
+                out.layers.seccomp = Enforcement::from_code(b.get(1).copied().unwrap_or(b'N'));
+            }
+            "X" => {
+                let errno: i32 = rest.trim().parse().unwrap_or(libc::ENOENT);
+                out.status = RunStatus::FailedToStart;
+                out.exit_code = if errno == libc::ENOENT { 127 } else { 126 };
+                let what = if errno == libc::ENOENT { "command not found" } else { "command not executable" };
+                out.error = Some(format!("{what}: {}", io::Error::from_raw_os_error(errno)));
+                if !plan.sandboxed || errno != libc::ENOENT {
+                    return Ok(());
+                }
+                out.error = Some(format!(
+                    "command not found in the sandbox's view ({}); at --policy {} only the paths the policy shows exist",
+                    io::Error::from_raw_os_error(errno),
+                    plan.level
+                ));
+                return Ok(());
+            }
+            "S" => {
+                let mut parts = rest.split_whitespace().map(|s| s.parse::<i32>().unwrap_or(0));
+                final_status = Some((parts.next().unwrap_or(0), parts.next().unwrap_or(0)));
+            }
+            _ => {}
+        }
+    }
+    match final_status {
+        Some((code, signal)) => {
+            out.exit_code = code;
+            out.signal = (signal != 0).then_some(signal);
+            out.status = RunStatus::Finished;
+        }
+        None => {
+            // The init died without reporting: it was killed by the timeout
+            // escalation or from outside.
+            out.status = RunStatus::Finished;
+            match init_status {
+                WaitStatus::Signaled(_, s, _) => {
+                    out.exit_code = 128 + s as i32;
+                    out.signal = Some(s as i32);
+                }
+                WaitStatus::Exited(_, c) => out.exit_code = c,
+                _ => {}
+            }
+            if out.layers.landlock == Enforcement::None && plan.sandboxed && !out.timed_out {
+                return Err("the sandbox exited before the command started".into());
+            }
+        }
+    }
+    if out.timed_out {
+        out.status = RunStatus::TimedOut;
+        out.exit_code = 124;
+    }
+    Ok(())
+}

@@ -1,0 +1,437 @@
+//! Every raw syscall moat makes that std, nix and the landlock/seccompiler
+//! crates do not wrap. ALL `unsafe` of the Linux backend lives here, each
+//! block with the reason it is sound.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+fn cstr(path: &Path) -> io::Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Result of [`clone_process`]: which side of the fork we are on.
+pub enum Forked {
+    Parent(libc::pid_t),
+    Child,
+}
+
+/// fork(2) with namespace flags: `clone(flags | SIGCHLD)` with no new stack,
+/// so the child continues on a copy of our stack exactly like fork.
+///
+/// The caller must be single-threaded (moat's supervisor is), so the child
+/// may allocate and run ordinary Rust until it execs.
+pub fn clone_process(ns_flags: libc::c_int) -> io::Result<Forked> {
+    let flags = (ns_flags | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: raw clone without CLONE_VM and with a NULL stack behaves like
+    // fork(2): the child gets a private copy of the address space. No pointer
+    // arguments are passed (ptid/ctid/tls are 0).
+    let ret = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    match check(ret)? {
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid as libc::pid_t)),
+    }
+}
+
+/// Plain fork(2), for the danger-full-access reaper and probes.
+pub fn fork_process() -> io::Result<Forked> {
+    clone_process(0)
+}
+
+pub const OPEN_TREE_CLONE: libc::c_uint = 1;
+pub const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+pub const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// open_tree(OPEN_TREE_CLONE): a detached copy of the mount at `path`
+/// (recursively with submounts when `recursive`), relative to `dirfd`.
+pub fn open_tree_clone(dirfd: Option<RawFd>, path: &Path, recursive: bool) -> io::Result<OwnedFd> {
+    let p = cstr(path)?;
+    let mut flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
+    let dfd = dirfd.unwrap_or(libc::AT_FDCWD);
+    // SAFETY: `p` is a valid NUL-terminated string that outlives the call;
+    // the kernel returns a new fd that we take ownership of below.
+    let fd = check(unsafe { libc::syscall(libc::SYS_open_tree, dfd, p.as_ptr(), flags) })?;
+    // SAFETY: `fd` was just returned by the kernel and is owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// mount_setattr on a (detached) mount fd: adds `attr_set`, recursively if asked.
+pub fn mount_setattr_fd(fd: &OwnedFd, attr_set: u64, recursive: bool) -> io::Result<()> {
+    let mut flags = libc::AT_EMPTY_PATH as libc::c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
+    let attr = MountAttr { attr_set, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    let empty = c"";
+    // SAFETY: `attr` is a properly laid out struct mount_attr that lives across
+    // the call and its size is passed; `empty` is a valid C string.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            empty.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })?;
+    Ok(())
+}
+
+/// mount_setattr on an attached path (used to make the new root read-only).
+pub fn mount_setattr_path(path: &Path, attr_set: u64) -> io::Result<()> {
+    let p = cstr(path)?;
+    let attr = MountAttr { attr_set, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    // SAFETY: as in `mount_setattr_fd`; `p` outlives the call.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            0 as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })?;
+    Ok(())
+}
+
+/// move_mount a detached mount fd onto `target` (not following a final symlink).
+pub fn move_mount_to(fd: &OwnedFd, target: &Path) -> io::Result<()> {
+    let t = cstr(target)?;
+    let empty = c"";
+    // SAFETY: both strings are valid and outlive the call; fd is a live mount fd.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+
+/// A tmpfs that is mounted nowhere: a private scratch area whose files can be
+/// cloned as bind sources without ever being visible in the sandbox.
+pub fn detached_tmpfs(mode: &CStr) -> io::Result<OwnedFd> {
+    let fstype = c"tmpfs";
+    // SAFETY: valid C string; returns a new fd that we own.
+    let fsfd = check(unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), FSOPEN_CLOEXEC) })?;
+    // SAFETY: fresh fd from the kernel, owned by nobody else.
+    let fsfd = unsafe { OwnedFd::from_raw_fd(fsfd as RawFd) };
+    let key = c"mode";
+    // SAFETY: key/value are valid C strings living across the call.
+    check(unsafe {
+        libc::syscall(libc::SYS_fsconfig, fsfd.as_raw_fd(), FSCONFIG_SET_STRING, key.as_ptr(), mode.as_ptr(), 0)
+    })?;
+    // SAFETY: no pointer arguments are dereferenced for CMD_CREATE.
+    check(unsafe {
+        libc::syscall(libc::SYS_fsconfig, fsfd.as_raw_fd(), FSCONFIG_CMD_CREATE, 0usize, 0usize, 0)
+    })?;
+    // SAFETY: fsmount takes only integers; the returned fd is new and ours.
+    let mfd = check(unsafe { libc::syscall(libc::SYS_fsmount, fsfd.as_raw_fd(), FSMOUNT_CLOEXEC, 0 as libc::c_uint) })?;
+    // SAFETY: fresh fd from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(mfd as RawFd) })
+}
+
+/// close_range(first, last, flags).
+pub fn close_range(first: u32, last: u32, cloexec: bool) -> io::Result<()> {
+    let flags: libc::c_uint = if cloexec { libc::CLOSE_RANGE_CLOEXEC } else { 0 };
+    if first > last {
+        return Ok(());
+    }
+    // SAFETY: integer-only syscall; closing fds we do not use is the point.
+    check(unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) })?;
+    Ok(())
+}
+
+/// pidfd_open(pid): a pollable handle that becomes readable when pid exits.
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: integer-only syscall returning a new fd that we own.
+    let fd = check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) })?;
+    // SAFETY: fresh fd from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// The Landlock ABI version the running kernel offers (0: none).
+pub fn landlock_abi() -> i32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with the VERSION flag the kernel ignores the (NULL, 0) attr.
+    let ret = unsafe {
+        libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, LANDLOCK_CREATE_RULESET_VERSION)
+    };
+    if ret < 0 {
+        0
+    } else {
+        ret as i32
+    }
+}
+
+/// Drops every capability: effective/permitted/inheritable, ambient, and the
+/// bounding set, so not even an exec of a uid-0 binary gains one back.
+pub fn drop_all_capabilities() -> io::Result<()> {
+    // SAFETY: integer-only prctls.
+    check(unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) } as libc::c_long)?;
+    let last = last_cap();
+    for cap in 0..=last {
+        // SAFETY: integer-only prctl; EINVAL for caps unknown to the kernel is
+        // impossible since we stop at cap_last_cap.
+        check(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } as libc::c_long)?;
+    }
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let header = CapHeader { version: 0x2008_0522, pid: 0 }; // _LINUX_CAPABILITY_VERSION_3
+    let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    // SAFETY: header and two data structs as capset(2) v3 requires, alive across the call.
+    check(unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) })?;
+    Ok(())
+}
+
+fn last_cap() -> libc::c_ulong {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40)
+}
+
+/// prctl(PR_SET_NO_NEW_PRIVS, 1).
+pub fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: integer-only prctl.
+    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } as libc::c_long)?;
+    Ok(())
+}
+
+/// prctl(PR_SET_DUMPABLE, 0): /proc/PID of this process becomes unreadable
+/// to the command, and it cannot be ptraced even by its own uid.
+pub fn set_not_dumpable() -> io::Result<()> {
+    // SAFETY: integer-only prctl.
+    check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } as libc::c_long)?;
+    Ok(())
+}
+
+/// Overwrites this process's original environment block (what
+/// /proc/self/environ shows) with zeros. The supervisor's environment is
+/// copied into every forked child; the init must not carry it.
+pub fn wipe_environ_block() -> io::Result<()> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let after = stat.rfind(')').map(|i| &stat[i + 2..]).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // Fields are numbered from 1 in proc(5); `after` starts at field 3.
+    let field = |n: usize| fields.get(n - 3).and_then(|s| s.parse::<usize>().ok());
+    let (Some(start), Some(end)) = (field(50), field(51)) else {
+        return Err(io::Error::other("no env_start/env_end in /proc/self/stat"));
+    };
+    if end > start && end - start < (1 << 24) {
+        // SAFETY: [env_start, env_end) is this process's own initial
+        // environment block on the main stack, mapped writable. After this the
+        // libc `environ` strings read as empty; nothing in the init reads the
+        // environment (the command's is prepared before the fork).
+        unsafe { std::ptr::write_bytes(start as *mut u8, 0, end - start) };
+    }
+    Ok(())
+}
+
+/// Block or unblock `signals` for the calling thread; returns the old mask.
+pub fn set_sigmask(how: libc::c_int, signals: &[libc::c_int]) -> io::Result<libc::sigset_t> {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it and
+    // pthread_sigmask writes the old mask into `old`.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &s in signals {
+            libc::sigaddset(&mut set, s);
+        }
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        let r = libc::pthread_sigmask(how, &set, &mut old);
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        Ok(old)
+    }
+}
+
+/// Wait for one of the blocked `signals`; returns (signo, sender pid).
+pub fn sigwait(signals: &[libc::c_int]) -> io::Result<(libc::c_int, libc::pid_t)> {
+    // SAFETY: set is initialised before use; info is written by the kernel.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &s in signals {
+            libc::sigaddset(&mut set, s);
+        }
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let r = libc::sigwaitinfo(&set, &mut info);
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok((r, info.si_pid()))
+    }
+}
+
+/// Restores every signal to its default action and unblocks all of them, so
+/// the command starts as if launched from a clean shell (Rust ignores
+/// SIGPIPE, and the supervisor blocks signals it reads through a signalfd).
+pub fn reset_signals() {
+    for sig in 1..libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: installing SIG_DFL has no memory-safety implications.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+    // SAFETY: an empty, initialised set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Ignore `sig` in this process (used for SIGPIPE/SIGTTOU in the supervisor).
+pub fn ignore_signal(sig: libc::c_int) {
+    // SAFETY: installing SIG_IGN has no memory-safety implications.
+    unsafe { libc::signal(sig, libc::SIG_IGN) };
+}
+
+/// execve that returns only on failure. Arrays are NULL-terminated pointer
+/// lists into `CString`s prepared by the caller before fork.
+pub fn execve(path: &CStr, argv: &[*const libc::c_char], envp: &[*const libc::c_char]) -> io::Error {
+    // SAFETY: argv/envp are NULL-terminated arrays of pointers to valid C
+    // strings owned by the caller for the duration of the call.
+    unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    io::Error::last_os_error()
+}
+
+/// _exit(2): leave a forked child without running atexit handlers or
+/// flushing buffers shared with the parent.
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no Rust state.
+    unsafe { libc::_exit(code) }
+}
+
+/// Write all of `buf` to a raw fd (used from forked children).
+pub fn write_all_fd(fd: RawFd, mut buf: &[u8]) {
+    while !buf.is_empty() {
+        // SAFETY: buf is a valid slice for its length.
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return;
+        }
+        buf = &buf[n as usize..];
+    }
+}
+
+/// dup2 wrapper for forked children.
+pub fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
+    // SAFETY: integer-only syscall.
+    if unsafe { libc::dup2(from, to) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Clear FD_CLOEXEC so `fd` survives exec (not used for the command).
+pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: integer-only syscall.
+    if unsafe { libc::kill(pid, sig) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// One raw x86-64/aarch64 seccomp BPF instruction set installed beside the
+/// seccompiler filter: it refuses the x32 ABI (whose syscall numbers the main
+/// filter would not match) and makes clone3 fail with ENOSYS, so libc falls
+/// back to clone(2), whose namespace flags the main filter can inspect.
+pub fn install_syscall_abi_guard() -> io::Result<()> {
+    use seccompiler::sock_filter;
+    const BPF_LD_W_ABS: u16 = 0x20;
+    const BPF_JEQ_K: u16 = 0x15;
+    const BPF_JGE_K: u16 = 0x35;
+    const BPF_RET_K: u16 = 0x06;
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    const RET_KILL_PROCESS: u32 = 0x8000_0000;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    #[cfg(target_arch = "x86_64")]
+    const ARCH: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+    #[cfg(target_arch = "aarch64")]
+    const ARCH: u32 = 183 | 0x8000_0000 | 0x4000_0000;
+    const X32_BIT: u32 = 0x4000_0000;
+    let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    let prog = vec![
+        ins(BPF_LD_W_ABS, 0, 0, 4),                      // arch
+        ins(BPF_JEQ_K, 1, 0, ARCH),                      // native arch?
+        ins(BPF_RET_K, 0, 0, RET_KILL_PROCESS),          // foreign ABI: kill
+        ins(BPF_LD_W_ABS, 0, 0, 0),                      // syscall nr
+        ins(BPF_JGE_K, 0, 1, X32_BIT),                   // x32 numbering?
+        ins(BPF_RET_K, 0, 0, RET_ERRNO | libc::EPERM as u32),
+        ins(BPF_JEQ_K, 0, 1, libc::SYS_clone3 as u32),
+        ins(BPF_RET_K, 0, 0, RET_ERRNO | libc::ENOSYS as u32),
+        ins(BPF_RET_K, 0, 0, RET_ALLOW),
+    ];
+    seccompiler::apply_filter(&prog).map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// glibc's fork(): unlike a raw clone it also fixes up libc's per-thread
+/// state in the child. Returns 0 in the child and the pid in the parent.
+pub fn fork_glibc() -> io::Result<libc::pid_t> {
+    // SAFETY: the calling process is single-threaded (moat's init), so the
+    // child may keep running ordinary code until it execs.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(pid)
+}
+
+/// Restores a signal mask saved by [`set_sigmask`].
+pub fn restore_sigmask(old: &libc::sigset_t) {
+    // SAFETY: `old` is an initialised sigset_t returned by pthread_sigmask.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+}

@@ -1,0 +1,394 @@
+//! moat's policy model: what a sandboxed run may see and do, as inert data.
+//!
+//! A [`PolicyRequest`] is what the caller asked for, with host paths already
+//! made absolute and canonical by the caller (this crate does no I/O).
+//! [`Policy::resolve`] validates it — conflicting mounts, protected paths,
+//! impossible combinations — and yields a [`Policy`] with one canonical JSON
+//! form and a `sha256:` hash of that form, which is what `explain-policy`,
+//! the `--json` result and the audit log all quote.
+//!
+//! # Security notes
+//! - Deny wins: a `--ro`/`--rw` path strictly inside a protected path is an
+//!   error unless the protected path itself is opted in.
+//! - Two requests for the same target with different modes are an error that
+//!   names both; moat never picks one silently.
+#![forbid(unsafe_code)]
+
+mod duration;
+mod env;
+mod protected;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+pub use duration::{parse_duration, DurationError};
+pub use env::{is_secret_env_name, SAFE_BASE_ENV};
+pub use protected::{
+    is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
+    WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_WORKSPACE_NAMES,
+};
+
+/// Version of the policy semantics; bumps whenever a level's meaning changes.
+pub const POLICY_VERSION: &str = "1";
+
+/// How much of the host a sandboxed command may see and change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Level {
+    /// Whole host readable; writes only to private scratch.
+    ReadOnly,
+    /// Whole host readable; the workspace and `--rw` paths writable.
+    WorkspaceWrite,
+    /// Only the workspace, the system runtime and `--ro`/`--rw` paths exist.
+    WorkspaceContained,
+    /// No confinement; timeouts, cleanup and results still apply.
+    DangerFullAccess,
+}
+
+impl Level {
+    pub const ALL: [Level; 4] = [
+        Level::ReadOnly,
+        Level::WorkspaceWrite,
+        Level::WorkspaceContained,
+        Level::DangerFullAccess,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::ReadOnly => "read-only",
+            Level::WorkspaceWrite => "workspace-write",
+            Level::WorkspaceContained => "workspace-contained",
+            Level::DangerFullAccess => "danger-full-access",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Level> {
+        Level::ALL.into_iter().find(|l| l.as_str() == s)
+    }
+
+    /// True for every level that builds a sandbox.
+    pub fn is_sandboxed(self) -> bool {
+        self != Level::DangerFullAccess
+    }
+
+    /// Whether the workspace is writable at this level.
+    pub fn workspace_writable(self) -> bool {
+        matches!(self, Level::WorkspaceWrite | Level::WorkspaceContained | Level::DangerFullAccess)
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the command reaches the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkMode {
+    /// Own network namespace, and no socket family but AF_UNIX.
+    Disabled,
+    /// The host's network, unfiltered.
+    Unmanaged,
+    /// Egress only through moat's managed proxy.
+    Proxy,
+}
+
+impl NetworkMode {
+    pub const ALL: [NetworkMode; 3] = [NetworkMode::Unmanaged, NetworkMode::Disabled, NetworkMode::Proxy];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::Disabled => "disabled",
+            NetworkMode::Unmanaged => "unmanaged",
+            NetworkMode::Proxy => "proxy",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<NetworkMode> {
+        NetworkMode::ALL.into_iter().find(|m| m.as_str() == s)
+    }
+}
+
+impl fmt::Display for NetworkMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Read-only or read-write access to a host path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Access {
+    ReadOnly,
+    ReadWrite,
+}
+
+impl Access {
+    fn flag(self) -> &'static str {
+        match self {
+            Access::ReadOnly => "--ro",
+            Access::ReadWrite => "--rw",
+        }
+    }
+}
+
+/// What the caller asked for. Paths must already be absolute and canonical
+/// (symlinks resolved); the CLI does that, since it is I/O.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyRequest {
+    pub level: Option<Level>,
+    pub network: Option<NetworkMode>,
+    pub workspace: PathBuf,
+    /// The invoking user's home, canonical; protected paths hang off it.
+    pub home: PathBuf,
+    pub ro: Vec<PathBuf>,
+    pub rw: Vec<PathBuf>,
+    /// `--env K=V`, in command-line order; a later K replaces an earlier one.
+    pub env: Vec<(String, String)>,
+    pub pass_env: Vec<String>,
+    pub timeout_ms: Option<u64>,
+}
+
+/// An extra host path in the view, with its access.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct PathGrant {
+    pub path: PathBuf,
+    pub access: Access,
+}
+
+/// The network part of a policy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NetworkPolicy {
+    pub mode: NetworkMode,
+}
+
+/// A validated policy: the single source of truth for one run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Policy {
+    pub policy_version: &'static str,
+    pub level: Level,
+    pub network: NetworkPolicy,
+    pub workspace: PathBuf,
+    pub home: PathBuf,
+    /// Extra host paths, sorted by path.
+    pub paths: Vec<PathGrant>,
+    /// Variables set for the command. Values are not part of the canonical
+    /// form (they may be secrets); their names are.
+    #[serde(skip)]
+    pub env: BTreeMap<String, String>,
+    pub env_names: Vec<String>,
+    pub pass_env: Vec<String>,
+    pub timeout_ms: Option<u64>,
+    /// Home-relative paths shown as empty read-only stand-ins.
+    pub protected_home_paths: Vec<&'static str>,
+    /// Protected paths the caller opted in with `--ro`/`--rw`.
+    pub protected_opt_in: Vec<PathBuf>,
+    /// Workspace names that stay read-only at writable levels.
+    pub write_protected: Vec<&'static str>,
+}
+
+/// Why a request cannot become a policy. Each message says what to change.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PolicyError {
+    #[error("--network proxy is not available in this version of moat; use --network disabled or --network unmanaged")]
+    ProxyNotImplemented,
+    #[error("danger-full-access runs on the host network and cannot give --network {0}; pick a sandboxed --policy to confine the network")]
+    DangerNetwork(NetworkMode),
+    #[error("the workspace must be an absolute path, got {0}")]
+    RelativePath(PathBuf),
+    #[error("refusing {0} as the workspace: it would expose the whole host or a kernel filesystem; pass --cwd DIR with a project directory")]
+    WorkspaceTooBroad(PathBuf),
+    #[error("{first} {path} and {second} {path} claim the same path with different access; drop one of them")]
+    Conflict { path: PathBuf, first: &'static str, second: &'static str },
+    #[error("{flag} {path} conflicts with the workspace, which is {workspace_access} at --policy {level}; {hint}")]
+    WorkspaceConflict {
+        flag: &'static str,
+        path: PathBuf,
+        workspace_access: &'static str,
+        level: Level,
+        hint: &'static str,
+    },
+    #[error("{flag} {path} lies inside the protected path {protected}, which stays an empty read-only stand-in; opt the whole path in with --ro {protected} (or --rw) if this tool really needs it")]
+    InsideProtected { flag: &'static str, path: PathBuf, protected: PathBuf },
+    #[error("invalid environment variable name {0:?}: names are non-empty and contain no '=' or NUL")]
+    BadEnvName(String),
+    #[error("invalid value for {0}: it contains a NUL byte")]
+    BadEnvValue(String),
+}
+
+impl Policy {
+    /// Validates a request into a policy. Pure: no I/O.
+    pub fn resolve(req: PolicyRequest) -> Result<Policy, PolicyError> {
+        let level = req.level.unwrap_or(Level::ReadOnly);
+        let network = match (level, req.network) {
+            (_, Some(NetworkMode::Proxy)) => return Err(PolicyError::ProxyNotImplemented),
+            (Level::DangerFullAccess, None | Some(NetworkMode::Unmanaged)) => NetworkMode::Unmanaged,
+            (Level::DangerFullAccess, Some(m)) => return Err(PolicyError::DangerNetwork(m)),
+            (_, None) => NetworkMode::Disabled,
+            (_, Some(m)) => m,
+        };
+
+        for p in [&req.workspace, &req.home].into_iter().chain(&req.ro).chain(&req.rw) {
+            if !p.is_absolute() {
+                return Err(PolicyError::RelativePath(p.clone()));
+            }
+        }
+        if level.is_sandboxed() && workspace_too_broad(&req.workspace) {
+            return Err(PolicyError::WorkspaceTooBroad(req.workspace));
+        }
+
+        let paths = merge_grants(&req, level)?;
+        let protected_opt_in = check_protected(&paths, &req.home)?;
+
+        let mut env = BTreeMap::new();
+        for (k, v) in req.env {
+            check_env_name(&k)?;
+            if v.contains('\0') {
+                return Err(PolicyError::BadEnvValue(k));
+            }
+            env.insert(k, v);
+        }
+        let mut pass_env = req.pass_env;
+        for k in &pass_env {
+            check_env_name(k)?;
+        }
+        pass_env.sort();
+        pass_env.dedup();
+
+        Ok(Policy {
+            policy_version: POLICY_VERSION,
+            level,
+            network: NetworkPolicy { mode: network },
+            workspace: req.workspace,
+            home: req.home,
+            paths,
+            env_names: env.keys().cloned().collect(),
+            env,
+            pass_env,
+            timeout_ms: req.timeout_ms,
+            protected_home_paths: PROTECTED_HOME_PATHS.to_vec(),
+            protected_opt_in,
+            write_protected: if level == Level::WorkspaceWrite || level == Level::WorkspaceContained {
+                WRITE_PROTECTED_WORKSPACE_NAMES.to_vec()
+            } else {
+                Vec::new()
+            },
+        })
+    }
+
+    /// The canonical JSON form: compact, keys sorted, paths absolute.
+    pub fn canonical_json(&self) -> String {
+        // serde_json's default map is a BTreeMap, so going through Value sorts
+        // every object's keys; the struct itself is already path-sorted.
+        let value = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        value.to_string()
+    }
+
+    /// `sha256:` of [`Policy::canonical_json`].
+    pub fn hash(&self) -> String {
+        let digest = Sha256::digest(self.canonical_json().as_bytes());
+        let mut out = String::with_capacity(7 + 64);
+        out.push_str("sha256:");
+        for b in digest {
+            out.push_str(&format!("{b:02x}"));
+        }
+        out
+    }
+
+    /// The canonical policy as a JSON value (for embedding in results).
+    pub fn canonical_value(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Absolute protected paths under the policy's home, opted-in ones excluded.
+    pub fn protected_paths(&self) -> Vec<PathBuf> {
+        self.protected_home_paths
+            .iter()
+            .map(|rel| self.home.join(rel))
+            .filter(|p| !self.protected_opt_in.contains(p))
+            .collect()
+    }
+}
+
+fn check_env_name(k: &str) -> Result<(), PolicyError> {
+    if k.is_empty() || k.contains('=') || k.contains('\0') {
+        return Err(PolicyError::BadEnvName(k.to_string()));
+    }
+    Ok(())
+}
+
+fn workspace_too_broad(ws: &Path) -> bool {
+    ws == Path::new("/")
+        || ["/proc", "/sys", "/dev"].iter().any(|k| ws.starts_with(k))
+}
+
+/// Merges `--ro`/`--rw` into one sorted list, refusing same-path conflicts
+/// and conflicts with the workspace's own access at this level.
+fn merge_grants(req: &PolicyRequest, level: Level) -> Result<Vec<PathGrant>, PolicyError> {
+    let mut by_path: BTreeMap<PathBuf, Access> = BTreeMap::new();
+    let requested = req
+        .ro
+        .iter()
+        .map(|p| (p, Access::ReadOnly))
+        .chain(req.rw.iter().map(|p| (p, Access::ReadWrite)));
+    for (path, access) in requested {
+        if let Some(prev) = by_path.get(path) {
+            if *prev != access {
+                return Err(PolicyError::Conflict {
+                    path: path.clone(),
+                    first: prev.flag(),
+                    second: access.flag(),
+                });
+            }
+            continue;
+        }
+        if level.is_sandboxed() && *path == req.workspace {
+            let ws_access = if level.workspace_writable() { Access::ReadWrite } else { Access::ReadOnly };
+            if access != ws_access {
+                return Err(PolicyError::WorkspaceConflict {
+                    flag: access.flag(),
+                    path: path.clone(),
+                    workspace_access: if ws_access == Access::ReadWrite { "writable" } else { "read-only" },
+                    level,
+                    hint: if ws_access == Access::ReadOnly {
+                        "use --policy workspace-write to write the workspace"
+                    } else {
+                        "use --policy read-only for a read-only workspace"
+                    },
+                });
+            }
+            continue; // same as the workspace mount: nothing to add
+        }
+        by_path.insert(path.clone(), access);
+    }
+    Ok(by_path.into_iter().map(|(path, access)| PathGrant { path, access }).collect())
+}
+
+/// Returns the protected paths that are opted in (named exactly), and refuses
+/// grants strictly inside a protected path that is not.
+fn check_protected(paths: &[PathGrant], home: &Path) -> Result<Vec<PathBuf>, PolicyError> {
+    let protected: Vec<PathBuf> = PROTECTED_HOME_PATHS.iter().map(|rel| home.join(rel)).collect();
+    let opted: Vec<PathBuf> =
+        protected.iter().filter(|p| paths.iter().any(|g| &g.path == *p)).cloned().collect();
+    for g in paths {
+        for p in &protected {
+            if g.path != *p && g.path.starts_with(p) && !opted.contains(p) {
+                return Err(PolicyError::InsideProtected {
+                    flag: g.access.flag(),
+                    path: g.path.clone(),
+                    protected: p.clone(),
+                });
+            }
+        }
+    }
+    Ok(opted)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,61 @@
+//! The fixed lists of protected paths: secrets hidden behind empty stand-ins,
+//! and workspace files that run code later and so stay read-only.
+
+/// Home-relative paths that hold credentials or agent state.
+pub const PROTECTED_HOME_PATHS: &[&str] = &[
+    ".ssh",
+    ".aws",
+    ".gnupg",
+    ".config/gh",
+    ".kube",
+    ".docker",
+    ".netrc",
+    ".git-credentials",
+    ".npmrc",
+    ".pypirc",
+    ".config/gcloud",
+    ".azure",
+    ".password-store",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".claude",
+    ".claude.json",
+    ".codex",
+    ".omp",
+    ".config/opencode",
+    ".local/share/opencode",
+];
+
+/// Workspace entries (by name, at the workspace root) that run code later.
+/// `.moat*` is matched by prefix, see [`is_write_protected_name`].
+pub const WRITE_PROTECTED_WORKSPACE_NAMES: &[&str] = &[
+    ".gitconfig",
+    ".gitmodules",
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".profile",
+    ".zshrc",
+    ".zshenv",
+    ".zprofile",
+    ".zlogin",
+    ".vscode",
+    ".idea",
+    ".mcp.json",
+    ".envrc",
+    ".moat*",
+];
+
+/// Paths inside `.git` that run code later.
+pub const WRITE_PROTECTED_GIT_PATHS: &[&str] = &["hooks", "config"];
+
+/// True for a workspace-root name that must stay read-only.
+pub fn is_write_protected_name(name: &str) -> bool {
+    name.starts_with(".moat") || WRITE_PROTECTED_WORKSPACE_NAMES.contains(&name)
+}
+
+/// True for a workspace-root name whose content is hidden (`.env`, `.env.*`, `.envrc`).
+pub fn is_protected_workspace_name(name: &str) -> bool {
+    name == ".env" || name == ".envrc" || name.starts_with(".env.")
+}

@@ -1,0 +1,173 @@
+use super::*;
+
+fn req() -> PolicyRequest {
+    PolicyRequest {
+        workspace: "/home/u/proj".into(),
+        home: "/home/u".into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn defaults_are_read_only_and_disabled() {
+    let p = Policy::resolve(req()).unwrap();
+    assert_eq!(p.level, Level::ReadOnly);
+    assert_eq!(p.network.mode, NetworkMode::Disabled);
+    assert!(p.write_protected.is_empty());
+}
+
+#[test]
+fn danger_defaults_to_host_network_and_refuses_disabled() {
+    let mut r = req();
+    r.level = Some(Level::DangerFullAccess);
+    assert_eq!(Policy::resolve(r.clone()).unwrap().network.mode, NetworkMode::Unmanaged);
+    r.network = Some(NetworkMode::Disabled);
+    assert_eq!(Policy::resolve(r).unwrap_err(), PolicyError::DangerNetwork(NetworkMode::Disabled));
+}
+
+#[test]
+fn proxy_is_refused_until_implemented() {
+    let mut r = req();
+    r.network = Some(NetworkMode::Proxy);
+    assert_eq!(Policy::resolve(r).unwrap_err(), PolicyError::ProxyNotImplemented);
+}
+
+#[test]
+fn same_path_with_two_modes_is_a_conflict_naming_both() {
+    let mut r = req();
+    r.ro = vec!["/data".into()];
+    r.rw = vec!["/data".into()];
+    let e = Policy::resolve(r).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("--ro /data") && msg.contains("--rw /data"), "{msg}");
+}
+
+#[test]
+fn same_path_same_mode_is_deduplicated() {
+    let mut r = req();
+    r.ro = vec!["/data".into(), "/data".into(), "/a".into()];
+    let p = Policy::resolve(r).unwrap();
+    assert_eq!(p.paths.len(), 2);
+    assert_eq!(p.paths[0].path, PathBuf::from("/a"), "sorted by path");
+}
+
+#[test]
+fn rw_workspace_at_read_only_level_is_a_conflict() {
+    let mut r = req();
+    r.rw = vec!["/home/u/proj".into()];
+    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::WorkspaceConflict { .. }));
+    let mut r = req();
+    r.level = Some(Level::WorkspaceWrite);
+    r.ro = vec!["/home/u/proj".into()];
+    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::WorkspaceConflict { .. }));
+}
+
+#[test]
+fn grant_inside_protected_path_needs_opt_in() {
+    let mut r = req();
+    r.rw = vec!["/home/u/.ssh/known_hosts".into()];
+    assert!(matches!(Policy::resolve(r.clone()).unwrap_err(), PolicyError::InsideProtected { .. }));
+    r.ro = vec!["/home/u/.ssh".into()];
+    let p = Policy::resolve(r).unwrap();
+    assert_eq!(p.protected_opt_in, vec![PathBuf::from("/home/u/.ssh")]);
+    assert!(!p.protected_paths().contains(&PathBuf::from("/home/u/.ssh")));
+    assert!(p.protected_paths().contains(&PathBuf::from("/home/u/.aws")));
+}
+
+#[test]
+fn broad_workspaces_are_refused() {
+    for ws in ["/", "/proc/self", "/sys", "/dev"] {
+        let mut r = req();
+        r.workspace = ws.into();
+        assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::WorkspaceTooBroad(_)), "{ws}");
+    }
+    let mut r = req();
+    r.workspace = "/".into();
+    r.level = Some(Level::DangerFullAccess);
+    assert!(Policy::resolve(r).is_ok(), "danger-full-access confines nothing, so / is fine");
+}
+
+#[test]
+fn relative_paths_are_refused() {
+    let mut r = req();
+    r.ro = vec!["data".into()];
+    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::RelativePath(_)));
+}
+
+#[test]
+fn hash_is_stable_and_sensitive() {
+    let a = Policy::resolve(req()).unwrap();
+    let b = Policy::resolve(req()).unwrap();
+    assert_eq!(a.hash(), b.hash());
+    assert!(a.hash().starts_with("sha256:") && a.hash().len() == 7 + 64);
+    let mut r = req();
+    r.level = Some(Level::WorkspaceWrite);
+    assert_ne!(Policy::resolve(r).unwrap().hash(), a.hash());
+    let mut r = req();
+    r.ro = vec!["/b".into(), "/a".into()];
+    let mut r2 = req();
+    r2.ro = vec!["/a".into(), "/b".into()];
+    assert_eq!(Policy::resolve(r).unwrap().hash(), Policy::resolve(r2).unwrap().hash(), "order-independent");
+}
+
+#[test]
+fn canonical_json_has_sorted_keys_and_no_env_values() {
+    let mut r = req();
+    r.env = vec![("API_TOKEN".into(), "s3cr3t-value".into())];
+    let p = Policy::resolve(r).unwrap();
+    let json = p.canonical_json();
+    assert!(!json.contains("s3cr3t-value"));
+    assert!(json.contains("API_TOKEN"));
+    let keys: Vec<String> = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&json)
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+    assert!(json.starts_with("{\"env_names\""), "{json}");
+}
+
+#[test]
+fn env_names_are_validated() {
+    let mut r = req();
+    r.env = vec![("A=B".into(), "x".into())];
+    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::BadEnvName(_)));
+    let mut r = req();
+    r.pass_env = vec!["".into()];
+    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::BadEnvName(_)));
+}
+
+#[test]
+fn durations() {
+    assert_eq!(parse_duration("500ms").unwrap(), 500);
+    assert_eq!(parse_duration("2s").unwrap(), 2000);
+    assert_eq!(parse_duration("1m").unwrap(), 60_000);
+    assert_eq!(parse_duration("3").unwrap(), 3000);
+    assert_eq!(parse_duration("1.5").unwrap(), 1500);
+    for bad in ["", "0", "-1s", "abc", "1x", "ms", "0ms"] {
+        assert!(parse_duration(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn secret_env_names() {
+    for n in ["SECRET_TOKEN", "GITHUB_TOKEN", "AWS_REGION", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "DB_PASSWORD", "x_secret", "SESSION_COOKIE"] {
+        assert!(is_secret_env_name(n), "{n}");
+    }
+    for n in ["PATH", "HOME", "LANG", "TERM", "CARGO_HOME", "KEYBOARD"] {
+        assert!(!is_secret_env_name(n), "{n}");
+    }
+}
+
+#[test]
+fn protected_names() {
+    assert!(is_protected_workspace_name(".env"));
+    assert!(is_protected_workspace_name(".env.local"));
+    assert!(is_protected_workspace_name(".envrc"));
+    assert!(!is_protected_workspace_name(".environment"));
+    assert!(is_write_protected_name(".moatrc"));
+    assert!(is_write_protected_name(".vscode"));
+    assert!(!is_write_protected_name("src"));
+}
