@@ -207,8 +207,9 @@ fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
         }
         if let Some((code, signal)) = main_status {
             // The command is done: nothing it started may outlive it.
-            kill_all(libc::SIGKILL);
-            if !pid_namespace {
+            if pid_namespace {
+                kill_all(libc::SIGKILL);
+            } else {
                 crate::tree::kill_descendants_until_gone();
             }
             while waitpid(None::<Pid>, None).is_ok() {}

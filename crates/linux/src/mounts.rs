@@ -170,28 +170,22 @@ fn apply_op(op: &MountOp, scratch: &OwnedFd, empty_dir: &Path, empty_file: &Path
 /// Makes sure `target` exists as a mount point of the right kind, creating it
 /// (and its parents) in moat's own tmpfs layers when the view lacks it.
 fn ensure_mountpoint(target: &Path, kind: Kind) -> Result<(), MountError> {
-    match fs::symlink_metadata(target) {
-        Ok(m) if m.file_type().is_symlink() => Err(MountError {
-            step: "refusing to mount over a symlink at",
-            path: target.to_path_buf(),
-            source: io::Error::from_raw_os_error(libc::ELOOP),
-        }),
-        Ok(_) => Ok(()),
-        Err(_) => {
+    // Create first and treat "exists" as success: most targets already exist
+    // in the host binds, and a failed create costs no more than a stat.
+    let create = |t: &Path| match kind {
+        Kind::Dir => fs::DirBuilder::new().mode(0o755).create(t),
+        _ => fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(t).map(drop),
+    };
+    match create(target) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
             if let Some(parent) = target.parent() {
                 mkdir_p(parent)?;
             }
-            match kind {
-                Kind::Dir => fs::DirBuilder::new().mode(0o755).create(target).map_err(err("mkdir", target)),
-                _ => fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o644)
-                    .open(target)
-                    .map(drop)
-                    .map_err(err("create mount point", target)),
-            }
+            create(target).map_err(err("create mount point", target))
         }
+        Err(e) => Err(MountError { step: "create mount point", path: target.to_path_buf(), source: e }),
     }
 }
 

@@ -101,15 +101,57 @@ const WALK_SKIP: &[&str] = &["node_modules", ".git", "target", "vendor", ".venv"
 const WALK_MAX_DEPTH: usize = 3;
 const WALK_MAX_DIRS: usize = 2000;
 
+/// lstat(2) in one syscall (std's statx path costs two for a missing file).
 fn lstat_kind(p: &Path) -> Option<Kind> {
-    fs::symlink_metadata(p).ok().map(|m| Kind::of(&m))
+    let st = nix::sys::stat::lstat(p).ok()?;
+    Some(match st.st_mode & libc::S_IFMT {
+        libc::S_IFLNK => Kind::Symlink,
+        libc::S_IFDIR => Kind::Dir,
+        _ => Kind::File,
+    })
+}
+
+fn dirent_kind(ft: &fs::FileType) -> Kind {
+    if ft.is_symlink() {
+        Kind::Symlink
+    } else if ft.is_dir() {
+        Kind::Dir
+    } else {
+        Kind::File
+    }
+}
+
+/// Whether host path `p` (or something beneath it) can appear in the view of
+/// `policy`: everything at the whole-host levels; at workspace-contained only
+/// the system runtime, the workspace and the extra paths. Probing only these
+/// keeps the launch path short.
+fn may_be_visible(policy: &Policy, p: &Path) -> bool {
+    if policy.level != Level::WorkspaceContained {
+        return true;
+    }
+    let roots = [Path::new("/etc"), Path::new("/usr")];
+    let overlaps = |r: &Path| p.starts_with(r) || r.starts_with(p);
+    roots.iter().any(|r| overlaps(r))
+        || overlaps(&policy.workspace)
+        || policy.paths.iter().any(|g| overlaps(&g.path))
 }
 
 /// Canonical path and kind of an existing path (following symlinks).
+/// One lstat first: most candidates do not exist, and realpath is costly.
 fn resolve(p: &Path) -> Option<(PathBuf, Kind)> {
-    let c = fs::canonicalize(p).ok()?;
-    let k = lstat_kind(&c)?;
-    Some((c, k))
+    match lstat_kind(p)? {
+        Kind::Symlink => {
+            let c = fs::canonicalize(p).ok()?;
+            let k = lstat_kind(&c)?;
+            Some((c, k))
+        }
+        // Parents are canonical already (home, /etc) unless one of them is a
+        // symlink, which realpath then resolves.
+        k => match fs::canonicalize(p.parent()?) {
+            Ok(parent) if parent == p.parent()? => Some((p.to_path_buf(), k)),
+            _ => Some((fs::canonicalize(p).ok()?, k)),
+        },
+    }
 }
 
 impl HostFacts {
@@ -163,14 +205,20 @@ impl HostFacts {
     }
 
     fn probe_secrets(&mut self, policy: &Policy) {
-        // Every home on the host, not just the caller's: root sees them all.
-        let mut homes = vec![policy.home.clone(), PathBuf::from("/root")];
-        if let Ok(rd) = fs::read_dir("/home") {
-            homes.extend(rd.flatten().map(|e| e.path()));
+        // Every home on the host when running as root (root can read them
+        // all); an unprivileged caller's kernel already keeps it out of
+        // other users' 0700 homes.
+        let mut homes = vec![policy.home.clone()];
+        if self.uid == 0 {
+            homes.push(PathBuf::from("/root"));
+            if let Ok(rd) = fs::read_dir("/home") {
+                homes.extend(rd.flatten().map(|e| e.path()));
+            }
         }
         homes.sort();
         homes.dedup();
-        for home in &homes {
+        let shown = |p: &Path| may_be_visible(policy, p);
+        for home in homes.iter().filter(|h| shown(h)) {
             for rel in PROTECTED_HOME_PATHS {
                 let p = home.join(rel);
                 if let Some((c, k)) = resolve(&p) {
@@ -253,26 +301,30 @@ impl HostFacts {
         if !matches!(policy.level, Level::WorkspaceWrite | Level::WorkspaceContained) {
             return;
         }
-        // Write-protected names at the workspace root.
+        // Write-protected names at the workspace root, from one readdir.
+        let mut present: BTreeMap<String, Kind> = BTreeMap::new();
+        if let Ok(rd) = fs::read_dir(ws) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if is_write_protected_name(&n) || n == ".git" {
+                    if let Ok(ft) = e.file_type() {
+                        present.insert(n, dirent_kind(&ft));
+                    }
+                }
+            }
+        }
         let mut names: Vec<String> = policy
             .write_protected
             .iter()
             .filter(|n| !n.contains('*'))
             .map(|n| n.to_string())
             .collect();
-        if let Ok(rd) = fs::read_dir(ws) {
-            for e in rd.flatten() {
-                let n = e.file_name().to_string_lossy().into_owned();
-                if is_write_protected_name(&n) && !names.contains(&n) {
-                    names.push(n);
-                }
-            }
-        }
+        names.extend(present.keys().filter(|n| *n != ".git" && !names.contains(n)).cloned().collect::<Vec<_>>());
         for n in names {
             let p = ws.join(&n);
-            match lstat_kind(&p) {
+            match present.get(&n) {
                 Some(k) => {
-                    self.workspace_write_protected.insert(p, k);
+                    self.workspace_write_protected.insert(p, *k);
                 }
                 None => self.workspace_missing.push(p),
             }
@@ -280,7 +332,7 @@ impl HostFacts {
         // .git: the directory itself (so it cannot be renamed away), its
         // hooks and config, and those of submodules.
         let git = ws.join(".git");
-        match lstat_kind(&git) {
+        match present.get(".git").copied() {
             Some(Kind::Dir) => {
                 self.workspace_write_protected.insert(git.clone(), Kind::Dir);
                 let mut gitdirs = vec![git.clone()];
