@@ -215,6 +215,7 @@ fn exec(args: ExecArgs) -> ExitCode {
         argv: args.command,
         capture_limit: args.json.then_some(CAPTURE_LIMIT),
         timeout,
+        tag: id.clone(),
     };
     let outcome = moat_linux::run(&plan, &opts);
     if !args.json {

@@ -140,7 +140,7 @@ fn end_to_end(level: Level, network: NetworkMode, ws: &Path, home: &str, true_bi
     let plan = crate::plan::build(&policy, &facts).map_err(|e| e.to_string())?;
     let out = crate::run::run(
         &plan,
-        &crate::run::RunOptions { argv: vec![OsString::from(true_bin)], capture_limit: Some(4096), timeout: Some(std::time::Duration::from_secs(10)) },
+        &crate::run::RunOptions { argv: vec![OsString::from(true_bin)], capture_limit: Some(4096), timeout: Some(std::time::Duration::from_secs(10)), tag: "probe".into() },
     );
     match (out.exit_code, out.error) {
         (0, _) => Ok(()),

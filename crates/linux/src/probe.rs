@@ -272,6 +272,59 @@ impl HostFacts {
         }
     }
 
+    /// Records the write-protected entries under `root` (and the missing
+    /// ones, by their first missing component); returns the root's names.
+    fn write_protected_at(&mut self, policy: &Policy, root: &Path, is_home: bool) -> BTreeMap<String, Kind> {
+        let mut present: BTreeMap<String, Kind> = BTreeMap::new();
+        if let Ok(rd) = fs::read_dir(root) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if is_write_protected_name(&n) || n == ".git" {
+                    if let Ok(ft) = e.file_type() {
+                        present.insert(n, dirent_kind(&ft));
+                    }
+                }
+            }
+        }
+        let mut names: Vec<String> =
+            policy.write_protected.iter().filter(|n| !n.contains('*')).map(|n| n.to_string()).collect();
+        names.extend(present.keys().filter(|n| *n != ".git" && !names.contains(n)).cloned().collect::<Vec<_>>());
+        for n in names {
+            let p = root.join(&n);
+            match present.get(&n) {
+                Some(k) => {
+                    self.workspace_write_protected.insert(p, *k);
+                }
+                None => self.workspace_missing.push(p),
+            }
+        }
+        if is_home {
+            for rel in &policy.write_protected_home {
+                let p = root.join(rel);
+                match lstat_kind(&p) {
+                    Some(k) => {
+                        self.workspace_write_protected.insert(p, k);
+                    }
+                    None => {
+                        // Sweep the first missing component: creating it is
+                        // the first step towards the protected path.
+                        let mut cur = root.to_path_buf();
+                        for c in Path::new(rel).components() {
+                            cur.push(c);
+                            if lstat_kind(&cur).is_none() {
+                                break;
+                            }
+                        }
+                        if !self.workspace_missing.contains(&cur) {
+                            self.workspace_missing.push(cur);
+                        }
+                    }
+                }
+            }
+        }
+        present
+    }
+
     fn probe_workspace(&mut self, policy: &Policy) {
         let ws = &policy.workspace;
         // `.env`, `.env.*`, `.envrc` anywhere in a bounded walk of the workspace.
@@ -301,38 +354,30 @@ impl HostFacts {
         if !matches!(policy.level, Level::WorkspaceWrite | Level::WorkspaceContained) {
             return;
         }
-        // Write-protected names at the workspace root, from one readdir.
-        let mut present: BTreeMap<String, Kind> = BTreeMap::new();
-        if let Ok(rd) = fs::read_dir(ws) {
-            for e in rd.flatten() {
-                let n = e.file_name().to_string_lossy().into_owned();
-                if is_write_protected_name(&n) || n == ".git" {
-                    if let Ok(ft) = e.file_type() {
-                        present.insert(n, dirent_kind(&ft));
-                    }
-                }
+        // Write-protected names apply at the workspace root and at every
+        // home directory inside the workspace (a workspace of /home must not
+        // let the command write /home/u/.bashrc).
+        let mut roots: Vec<(PathBuf, bool)> = vec![(ws.clone(), *ws == policy.home)];
+        let mut homes = vec![policy.home.clone(), PathBuf::from("/root")];
+        if let Ok(rd) = fs::read_dir("/home") {
+            homes.extend(rd.flatten().map(|e| e.path()));
+        }
+        for h in homes {
+            if h != *ws && h.starts_with(ws) && !roots.iter().any(|(r, _)| *r == h) {
+                roots.push((h, true));
             }
         }
-        let mut names: Vec<String> = policy
-            .write_protected
-            .iter()
-            .filter(|n| !n.contains('*'))
-            .map(|n| n.to_string())
-            .collect();
-        names.extend(present.keys().filter(|n| *n != ".git" && !names.contains(n)).cloned().collect::<Vec<_>>());
-        for n in names {
-            let p = ws.join(&n);
-            match present.get(&n) {
-                Some(k) => {
-                    self.workspace_write_protected.insert(p, *k);
-                }
-                None => self.workspace_missing.push(p),
+        let mut git_kind = None;
+        for (root, is_home) in &roots {
+            let present = self.write_protected_at(policy, root, *is_home);
+            if root == ws {
+                git_kind = present.get(".git").copied();
             }
         }
         // .git: the directory itself (so it cannot be renamed away), its
         // hooks and config, and those of submodules.
         let git = ws.join(".git");
-        match present.get(".git").copied() {
+        match git_kind {
             Some(Kind::Dir) => {
                 self.workspace_write_protected.insert(git.clone(), Kind::Dir);
                 let mut gitdirs = vec![git.clone()];

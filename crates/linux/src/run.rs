@@ -32,6 +32,8 @@ pub struct RunOptions {
     /// Capture stdout/stderr up to this many bytes each (None: pass through).
     pub capture_limit: Option<usize>,
     pub timeout: Option<Duration>,
+    /// Names this run in quarantined paths (the execution id).
+    pub tag: String,
 }
 
 /// How a run ended.
@@ -146,7 +148,7 @@ pub fn run(plan: &Plan, opts: &RunOptions) -> RunOutcome {
     }
     out.duration = start.elapsed();
     if plan.sweep.iter().any(|p| p.symlink_metadata().is_ok()) {
-        out.swept = crate::sweep::sweep(&plan.sweep);
+        out.swept = crate::sweep::sweep(&plan.sweep, &opts.tag);
     }
     out
 }

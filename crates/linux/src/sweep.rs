@@ -5,20 +5,16 @@
 
 use std::path::{Path, PathBuf};
 
-/// Moves each existing path in `paths` to `<name>.moat-quarantine-<n>` in the
+/// Moves each existing path in `paths` to `<name>.moat-quarantine-<tag>` in the
 /// same directory (a rename never crosses filesystems); returns what moved.
-pub fn sweep(paths: &[PathBuf]) -> Vec<(PathBuf, PathBuf)> {
+pub fn sweep(paths: &[PathBuf], tag: &str) -> Vec<(PathBuf, PathBuf)> {
     let mut moved = Vec::new();
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros())
-        .unwrap_or(0);
     for p in paths {
         if p.symlink_metadata().is_err() {
             continue;
         }
         let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let dest = p.with_file_name(format!("{name}.moat-quarantine-{stamp}"));
+        let dest = p.with_file_name(format!("{name}.moat-quarantine-{tag}"));
         match std::fs::rename(p, &dest) {
             Ok(()) => moved.push((p.clone(), dest)),
             Err(_) => {

@@ -29,7 +29,7 @@ pub use duration::{parse_duration, DurationError};
 pub use env::{is_secret_env_name, SAFE_BASE_ENV};
 pub use protected::{
     is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
-    WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_WORKSPACE_NAMES,
+    WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_HOME_PATHS, WRITE_PROTECTED_WORKSPACE_NAMES,
 };
 
 /// Version of the policy semantics; bumps whenever a level's meaning changes.
@@ -191,6 +191,8 @@ pub struct Policy {
     pub protected_opt_in: Vec<PathBuf>,
     /// Workspace names that stay read-only at writable levels.
     pub write_protected: Vec<&'static str>,
+    /// Home-relative paths that stay read-only when a home lies in a writable workspace.
+    pub write_protected_home: Vec<&'static str>,
 }
 
 /// Why a request cannot become a policy. Each message says what to change.
@@ -216,6 +218,8 @@ pub enum PolicyError {
     },
     #[error("{flag} {path} lies inside the protected path {protected}, which stays an empty read-only stand-in; opt the whole path in with --ro {protected} (or --rw) if this tool really needs it")]
     InsideProtected { flag: &'static str, path: PathBuf, protected: PathBuf },
+    #[error("the workspace {workspace} lies inside the protected path {protected}, which every sandboxed level hides; pick another --cwd, or opt the path in with --ro {protected} (or --rw) if this run really needs it")]
+    WorkspaceProtected { workspace: PathBuf, protected: PathBuf },
     #[error("invalid environment variable name {0:?}: names are non-empty and contain no '=' or NUL")]
     BadEnvName(String),
     #[error("invalid value for {0}: it contains a NUL byte")]
@@ -245,6 +249,9 @@ impl Policy {
 
         let paths = merge_grants(&req, level)?;
         let protected_opt_in = check_protected(&paths, &req.home)?;
+        if level.is_sandboxed() {
+            check_workspace_not_protected(&req.workspace, &req.home, &protected_opt_in)?;
+        }
 
         let mut env = BTreeMap::new();
         for (k, v) in req.env {
@@ -276,6 +283,11 @@ impl Policy {
             protected_opt_in,
             write_protected: if level == Level::WorkspaceWrite || level == Level::WorkspaceContained {
                 WRITE_PROTECTED_WORKSPACE_NAMES.to_vec()
+            } else {
+                Vec::new()
+            },
+            write_protected_home: if level == Level::WorkspaceWrite || level == Level::WorkspaceContained {
+                WRITE_PROTECTED_HOME_PATHS.to_vec()
             } else {
                 Vec::new()
             },
@@ -368,6 +380,17 @@ fn merge_grants(req: &PolicyRequest, level: Level) -> Result<Vec<PathGrant>, Pol
         by_path.insert(path.clone(), access);
     }
     Ok(by_path.into_iter().map(|(path, access)| PathGrant { path, access }).collect())
+}
+
+/// Refuses a workspace that is, or lies inside, a protected path not opted in.
+fn check_workspace_not_protected(ws: &Path, home: &Path, opted: &[PathBuf]) -> Result<(), PolicyError> {
+    for rel in PROTECTED_HOME_PATHS {
+        let p = home.join(rel);
+        if ws.starts_with(&p) && !opted.contains(&p) {
+            return Err(PolicyError::WorkspaceProtected { workspace: ws.to_path_buf(), protected: p });
+        }
+    }
+    Ok(())
 }
 
 /// Returns the protected paths that are opted in (named exactly), and refuses

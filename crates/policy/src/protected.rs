@@ -47,6 +47,30 @@ pub const WRITE_PROTECTED_WORKSPACE_NAMES: &[&str] = &[
     ".moat*",
 ];
 
+/// Home-relative paths that also run code later (login sessions, PATH
+/// entries, per-user git config); write-protected wherever a home directory
+/// lies inside a writable workspace.
+pub const WRITE_PROTECTED_HOME_PATHS: &[&str] = &[
+    ".config/git",
+    ".config/autostart",
+    ".config/systemd",
+    ".config/fish",
+    ".config/environment.d",
+    ".local/bin",
+    ".cargo/bin",
+    ".cargo/config",
+    ".cargo/config.toml",
+    ".pam_environment",
+    ".xprofile",
+    ".xinitrc",
+    ".xsession",
+    ".xsessionrc",
+    ".inputrc",
+    ".pythonrc",
+    ".npmrc",
+    "bin",
+];
+
 /// Paths inside `.git` that run code later.
 pub const WRITE_PROTECTED_GIT_PATHS: &[&str] = &["hooks", "config"];
 

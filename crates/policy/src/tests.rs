@@ -171,3 +171,14 @@ fn protected_names() {
     assert!(is_write_protected_name(".vscode"));
     assert!(!is_write_protected_name("src"));
 }
+
+#[test]
+fn workspace_inside_protected_path_is_refused_unless_opted_in() {
+    let mut r = req();
+    r.workspace = "/home/u/.ssh".into();
+    assert!(matches!(Policy::resolve(r.clone()).unwrap_err(), PolicyError::WorkspaceProtected { .. }));
+    r.workspace = "/home/u/.aws/sub".into();
+    assert!(matches!(Policy::resolve(r.clone()).unwrap_err(), PolicyError::WorkspaceProtected { .. }));
+    r.ro = vec!["/home/u/.aws".into()];
+    assert!(Policy::resolve(r).is_ok());
+}

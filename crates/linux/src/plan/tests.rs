@@ -1,0 +1,233 @@
+//! Golden tests of plan building: exact mount lists and filters, no syscalls.
+
+use std::path::PathBuf;
+
+use moat_policy::{Level, NetworkMode, Policy, PolicyRequest};
+
+use super::*;
+use crate::probe::{HostFacts, Kind, RootEntry};
+
+fn entry(name: &str, kind: Kind, link: Option<&str>) -> RootEntry {
+    RootEntry { name: name.into(), kind, link: link.map(PathBuf::from) }
+}
+
+fn host() -> HostFacts {
+    HostFacts {
+        uid: 1000,
+        gid: 1000,
+        landlock_abi: 7,
+        root_entries: vec![
+            entry("bin", Kind::Symlink, Some("usr/bin")),
+            entry("dev", Kind::Dir, None),
+            entry("etc", Kind::Dir, None),
+            entry("home", Kind::Dir, None),
+            entry("proc", Kind::Dir, None),
+            entry("root", Kind::Dir, None),
+            entry("run", Kind::Dir, None),
+            entry("tmp", Kind::Dir, None),
+            entry("usr", Kind::Dir, None),
+            entry("var", Kind::Dir, None),
+        ],
+        secrets: [
+            (PathBuf::from("/home/u/.ssh"), Kind::Dir),
+            (PathBuf::from("/home/u/.aws"), Kind::Dir),
+            (PathBuf::from("/etc/shadow"), Kind::File),
+            (PathBuf::from("/root/.ssh"), Kind::Dir),
+        ]
+        .into_iter()
+        .collect(),
+        home_protected: [(PathBuf::from("/home/u/.ssh"), PathBuf::from("/home/u/.ssh"))].into_iter().collect(),
+        sockets: [(PathBuf::from("/run/user/1000"), Kind::Dir), (PathBuf::from("/var/tmp/agent.sock"), Kind::File)]
+            .into_iter()
+            .collect(),
+        workspace_protected: [(PathBuf::from("/home/u/proj/.env"), Kind::File)].into_iter().collect(),
+        workspace_write_protected: [
+            (PathBuf::from("/home/u/proj/.git"), Kind::Dir),
+            (PathBuf::from("/home/u/proj/.git/hooks"), Kind::Dir),
+            (PathBuf::from("/home/u/proj/.vscode"), Kind::Dir),
+        ]
+        .into_iter()
+        .collect(),
+        workspace_missing: vec![PathBuf::from("/home/u/proj/.git/config"), PathBuf::from("/home/u/proj/.bashrc")],
+        proc_entries: vec!["sys".into(), "kcore".into()],
+        env: vec![
+            ("PATH".into(), "/usr/bin:/bin".into()),
+            ("SECRET_TOKEN".into(), "tok".into()),
+            ("LC_ALL".into(), "C".into()),
+            ("EDITOR".into(), "vi".into()),
+        ],
+        ..Default::default()
+    }
+}
+
+fn policy(level: Level, network: Option<NetworkMode>) -> Policy {
+    Policy::resolve(PolicyRequest {
+        level: Some(level),
+        network,
+        workspace: "/home/u/proj".into(),
+        home: "/home/u".into(),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn targets(plan: &Plan) -> Vec<String> {
+    plan.mounts
+        .iter()
+        .map(|op| {
+            let kind = match op {
+                MountOp::Tmpfs { .. } => "tmpfs",
+                MountOp::Bind { readonly: true, .. } => "ro",
+                MountOp::Bind { readonly: false, .. } => "rw",
+                MountOp::Symlink { .. } => "link",
+                MountOp::Proc { .. } => "proc",
+                MountOp::Devpts { .. } => "devpts",
+                MountOp::ReadOnlyAgain { .. } => "ro-again",
+                MountOp::StandIn { .. } => "stand-in",
+            };
+            format!("{kind} {}", op.target().display())
+        })
+        .collect()
+}
+
+#[test]
+fn workspace_write_golden() {
+    let plan = build(&policy(Level::WorkspaceWrite, None), &host()).unwrap();
+    let t = targets(&plan);
+    let expected = [
+        "link /bin", "ro /etc", "ro /home", "ro /root", "ro /usr", "ro /var", "ro /sys",
+        "tmpfs /tmp", "tmpfs /run", "tmpfs /moat/home", "tmpfs /dev",
+        "rw /dev/null", "rw /dev/zero", "rw /dev/full", "rw /dev/random", "rw /dev/urandom", "rw /dev/tty",
+        "devpts /dev/pts", "link /dev/ptmx", "tmpfs /dev/shm",
+        "link /dev/fd", "link /dev/stdin", "link /dev/stdout", "link /dev/stderr",
+        "proc /proc", "ro-again /proc/sys", "stand-in /proc/kcore",
+        "stand-in /etc/shadow", "stand-in /root/.ssh",
+        "rw /home/u/proj", "stand-in /home/u/.aws", "stand-in /home/u/.ssh", "stand-in /var/tmp/agent.sock",
+        "rw /home/u/proj/.git", "ro /home/u/proj/.vscode", "stand-in /home/u/proj/.env",
+        "ro /home/u/proj/.git/hooks",
+    ];
+    assert_eq!(t, expected, "{t:#?}");
+    assert_eq!(plan.sweep, vec![PathBuf::from("/home/u/proj/.git/config"), PathBuf::from("/home/u/proj/.bashrc")]);
+    assert!(plan.new_netns);
+    assert!(plan.seccomp.deny_network_sockets);
+    assert_eq!(plan.landlock.read, vec![PathBuf::from("/")]);
+    assert!(plan.landlock.write.contains(&PathBuf::from("/home/u/proj")));
+    assert!(plan.landlock.scoped);
+}
+
+#[test]
+fn sockets_outside_hidden_dirs_get_stand_ins() {
+    let plan = build(&policy(Level::ReadOnly, None), &host()).unwrap();
+    let t = targets(&plan);
+    assert!(t.contains(&"stand-in /var/tmp/agent.sock".to_string()), "{t:#?}");
+    // /run is moat's own empty tmpfs: nothing under it needs a stand-in.
+    assert!(!t.iter().any(|s| s.contains("/run/user")), "{t:#?}");
+}
+
+#[test]
+fn read_only_workspace_is_read_only_and_nothing_is_swept() {
+    let plan = build(&policy(Level::ReadOnly, None), &host()).unwrap();
+    assert!(targets(&plan).contains(&"ro /home/u/proj".to_string()));
+    assert!(plan.sweep.is_empty());
+    assert!(!plan.landlock.write.contains(&PathBuf::from("/home/u/proj")));
+}
+
+#[test]
+fn contained_shows_only_the_runtime_and_workspace() {
+    let plan = build(&policy(Level::WorkspaceContained, None), &host()).unwrap();
+    let t = targets(&plan);
+    for absent in ["ro /home", "ro /root", "ro /var", "ro /sys", "stand-in /home/u/.ssh", "stand-in /root/.ssh"] {
+        assert!(!t.contains(&absent.to_string()), "{absent} in {t:#?}");
+    }
+    for present in ["ro /etc", "ro /usr", "link /bin", "rw /home/u/proj", "stand-in /etc/shadow", "stand-in /home/u/proj/.env"] {
+        assert!(t.contains(&present.to_string()), "{present} missing from {t:#?}");
+    }
+    assert!(plan.landlock.read.contains(&PathBuf::from("/usr")));
+    assert!(!plan.landlock.read.contains(&PathBuf::from("/")));
+    assert_eq!(plan.landlock.list_only, vec![PathBuf::from("/")]);
+}
+
+#[test]
+fn opted_in_protected_path_is_bound_not_hidden() {
+    let p = Policy::resolve(PolicyRequest {
+        level: Some(Level::WorkspaceContained),
+        workspace: "/home/u/proj".into(),
+        home: "/home/u".into(),
+        ro: vec!["/home/u/.ssh".into()],
+        ..Default::default()
+    })
+    .unwrap();
+    let mut h = host();
+    h.grant_kinds.insert("/home/u/.ssh".into(), Kind::Dir);
+    let t = targets(&build(&p, &h).unwrap());
+    assert!(t.contains(&"ro /home/u/.ssh".to_string()));
+    assert!(!t.contains(&"stand-in /home/u/.ssh".to_string()));
+}
+
+#[test]
+fn parents_are_mounted_before_children() {
+    let plan = build(&policy(Level::WorkspaceWrite, None), &host()).unwrap();
+    for (i, a) in plan.mounts.iter().enumerate() {
+        for b in &plan.mounts[..i] {
+            assert!(
+                !(b.target() != a.target() && b.target().starts_with(a.target()) && !matches!(a, MountOp::Symlink { .. })),
+                "{} is mounted after its child {}",
+                a.target().display(),
+                b.target().display()
+            );
+        }
+    }
+}
+
+#[test]
+fn danger_builds_no_sandbox() {
+    let plan = build(&policy(Level::DangerFullAccess, None), &host()).unwrap();
+    assert!(!plan.sandboxed && plan.mounts.is_empty() && !plan.new_netns);
+    assert!(plan.env.contains(&("HOME".into(), "/home/u".into())));
+}
+
+#[test]
+fn environment_is_a_safe_base() {
+    let plan = build(&policy(Level::ReadOnly, None), &host()).unwrap();
+    let names: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["HOME", "LC_ALL", "PATH", "TMPDIR"]);
+    assert!(plan.env.contains(&("HOME".into(), SANDBOX_HOME.into())));
+    let p = Policy::resolve(PolicyRequest {
+        workspace: "/home/u/proj".into(),
+        home: "/home/u".into(),
+        pass_env: vec!["SECRET_TOKEN".into()],
+        env: vec![("A".into(), "1".into())],
+        ..Default::default()
+    })
+    .unwrap();
+    let plan = build(&p, &host()).unwrap();
+    assert!(plan.env.contains(&("SECRET_TOKEN".into(), "tok".into())));
+    assert!(plan.env.contains(&("A".into(), "1".into())));
+}
+
+#[test]
+fn kernel_without_landlock_or_scoping_is_refused() {
+    let mut h = host();
+    h.landlock_abi = 0;
+    assert_eq!(build(&policy(Level::ReadOnly, None), &h).unwrap_err(), PlanError::NoLandlock(Level::ReadOnly));
+    h.landlock_abi = 5;
+    assert!(build(&policy(Level::ReadOnly, None), &h).is_ok(), "disabled network isolates abstract sockets by netns");
+    assert_eq!(
+        build(&policy(Level::ReadOnly, Some(NetworkMode::Unmanaged)), &h).unwrap_err(),
+        PlanError::NoAbstractScoping(5)
+    );
+    h.landlock_abi = 0;
+    assert!(build(&policy(Level::DangerFullAccess, None), &h).is_ok());
+}
+
+#[test]
+fn missing_grant_is_an_error() {
+    let p = Policy::resolve(PolicyRequest {
+        workspace: "/home/u/proj".into(),
+        home: "/home/u".into(),
+        ro: vec!["/data".into()],
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(build(&p, &host()).unwrap_err(), PlanError::MissingGrant("/data".into()));
+}
