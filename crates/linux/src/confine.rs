@@ -181,29 +181,7 @@ pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, Con
     for nr in always {
         rules.insert(nr, vec![]);
     }
-    // unshare/clone with any CLONE_NEW* flag: one rule per flag bit.
-    let ns_flags = [
-        libc::CLONE_NEWNS,
-        libc::CLONE_NEWUSER,
-        libc::CLONE_NEWPID,
-        libc::CLONE_NEWNET,
-        libc::CLONE_NEWIPC,
-        libc::CLONE_NEWUTS,
-        libc::CLONE_NEWCGROUP,
-        0x80, // CLONE_NEWTIME
-    ];
-    let ns_rules = |arg: u8| -> Result<Vec<SeccompRule>, ConfineError> {
-        ns_flags
-            .iter()
-            .map(|f| {
-                let f = *f as u64;
-                SeccompRule::new(vec![SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(f), f).map_err(sc)?])
-                    .map_err(sc)
-            })
-            .collect()
-    };
-    rules.insert(libc::SYS_unshare, ns_rules(0)?);
-    rules.insert(libc::SYS_clone, ns_rules(0)?);
+    // clone/unshare with CLONE_NEW* flags are refused by the ABI guard in sys.
     // Terminal injection: TIOCSTI pushes bytes into the host terminal's input,
     // TIOCLINUX can read/paste the console selection.
     let ioctl_cmd = |cmd: u64| -> Result<SeccompRule, ConfineError> {

@@ -324,11 +324,18 @@ fn supervise(
                 stage = stage.saturating_add(1);
             }
         }
-        if pid_ready {
+        // The init reports the final status and closes the pipe before it
+        // tears its namespaces down; everything the command started is dead
+        // by then, so there is no need to wait for the teardown.
+        if pid_ready || (!report_open && has_final_status(&report_buf)) {
             exited = true;
         }
     }
-    let init_status = waitpid(child, None).map_err(|e| format!("wait for the sandbox: {e}"))?;
+    let init_status = if has_final_status(&report_buf) {
+        waitpid(child, Some(nix::sys::wait::WaitPidFlag::WNOHANG)).unwrap_or(WaitStatus::StillAlive)
+    } else {
+        waitpid(child, None).map_err(|e| format!("wait for the sandbox: {e}"))?
+    };
     // Everything that could hold the pipes is gone now; drain what is left.
     set_nonblocking(&report_r);
     if report_open {
@@ -364,6 +371,10 @@ fn set_nonblocking(fd: &OwnedFd) {
     if let Ok(flags) = fcntl(fd, FcntlArg::F_GETFL) {
         let _ = fcntl(fd, FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK));
     }
+}
+
+fn has_final_status(report: &[u8]) -> bool {
+    report.split(|b| *b == b'\n').any(|l| l.starts_with(b"S "))
 }
 
 /// Reads what is available from the report pipe; false at EOF.

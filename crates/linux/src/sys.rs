@@ -385,16 +385,30 @@ pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
-/// One raw x86-64/aarch64 seccomp BPF instruction set installed beside the
-/// seccompiler filter: it refuses the x32 ABI (whose syscall numbers the main
-/// filter would not match) and makes clone3 fail with ENOSYS, so libc falls
-/// back to clone(2), whose namespace flags the main filter can inspect.
+/// Every CLONE_NEW* flag, CLONE_NEWTIME included.
+pub const NEW_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWCGROUP
+    | 0x80) as u32;
+
+/// A small hand-written seccomp program installed beside the seccompiler
+/// filter, for what seccompiler's rule model cannot say compactly: it
+/// refuses foreign and x32 syscall ABIs (whose numbers the main filter would
+/// not match), makes clone3 fail with ENOSYS so libc falls back to clone(2)
+/// (whose flags a filter can inspect, unlike clone3's struct), and refuses
+/// clone/unshare that ask for a new namespace (one JSET test instead of a
+/// rule per flag).
 pub fn install_syscall_abi_guard() -> io::Result<()> {
     use seccompiler::sock_filter;
     const BPF_LD_W_ABS: u16 = 0x20;
     const BPF_JEQ_K: u16 = 0x15;
     const BPF_JGE_K: u16 = 0x35;
     const BPF_RET_K: u16 = 0x06;
+    const BPF_JSET_K: u16 = 0x45;
     const RET_ALLOW: u32 = 0x7fff_0000;
     const RET_KILL_PROCESS: u32 = 0x8000_0000;
     const RET_ERRNO: u32 = 0x0005_0000;
@@ -413,6 +427,13 @@ pub fn install_syscall_abi_guard() -> io::Result<()> {
         ins(BPF_RET_K, 0, 0, RET_ERRNO | libc::EPERM as u32),
         ins(BPF_JEQ_K, 0, 1, libc::SYS_clone3 as u32),
         ins(BPF_RET_K, 0, 0, RET_ERRNO | libc::ENOSYS as u32),
+        // clone/unshare with any CLONE_NEW* flag (flags are the first
+        // argument of both; the namespace bits all sit in the low word).
+        ins(BPF_JEQ_K, 1, 0, libc::SYS_clone as u32),
+        ins(BPF_JEQ_K, 0, 3, libc::SYS_unshare as u32),
+        ins(BPF_LD_W_ABS, 0, 0, 16), // args[0], low 32 bits (little endian)
+        ins(BPF_JSET_K, 0, 1, NEW_NAMESPACE_FLAGS),
+        ins(BPF_RET_K, 0, 0, RET_ERRNO | libc::EPERM as u32),
         ins(BPF_RET_K, 0, 0, RET_ALLOW),
     ];
     seccompiler::apply_filter(&prog).map_err(|e| io::Error::other(e.to_string()))
