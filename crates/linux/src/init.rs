@@ -201,6 +201,9 @@ fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
             },
             libc::SIGTERM => kill_all(libc::SIGTERM),
             libc::SIGUSR1 => kill_all(libc::SIGKILL),
+            // ^C and ^\ come from the terminal, which already delivered them
+            // to the command's process group; relaying would double them.
+            libc::SIGINT | libc::SIGQUIT => {}
             other => {
                 let _ = sys::kill(main_pid.as_raw(), other);
             }

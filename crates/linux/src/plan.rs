@@ -102,6 +102,8 @@ pub struct Plan {
 pub enum PlanError {
     #[error("Landlock is not available on this kernel (needed at --policy {0}); boot Linux >= 5.13 with Landlock in the lsm= list (e.g. lsm=landlock,lockdown,yama,integrity,apparmor), or use --policy danger-full-access to run unconfined")]
     NoLandlock(Level),
+    #[error("moat is running inside another sandbox whose seccomp filter hides Landlock and forbids new namespaces (moat in moat, or a container's default profile); run moat outside it")]
+    Nested,
     #[error("--network unmanaged needs Landlock ABI 6 (Linux >= 6.12) to keep host abstract unix sockets out of reach, and this kernel has ABI {0}; use --network disabled")]
     NoAbstractScoping(i32),
     #[error("{0} does not exist on the host; --ro/--rw paths must exist")]
@@ -133,6 +135,9 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     };
     if !sandboxed {
         return Ok(plan);
+    }
+    if host.landlock_abi < 1 && host.under_seccomp {
+        return Err(PlanError::Nested);
     }
     if host.landlock_abi < 1 {
         return Err(PlanError::NoLandlock(policy.level));

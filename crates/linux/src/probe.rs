@@ -77,6 +77,9 @@ pub struct HostFacts {
     pub grant_kinds: BTreeMap<PathBuf, Kind>,
     /// Host environment, as given to moat.
     pub env: Vec<(String, String)>,
+    /// moat itself already runs under a seccomp filter (probed only when
+    /// Landlock looks absent, to explain why: a nested sandbox).
+    pub under_seccomp: bool,
 }
 
 /// /etc files no sandboxed command needs and that hold secrets.
@@ -119,6 +122,13 @@ fn dirent_kind(ft: &fs::FileType) -> Kind {
     } else {
         Kind::File
     }
+}
+
+/// Whether this process already runs under a seccomp filter.
+pub fn under_seccomp() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .map(|s| s.lines().any(|l| l.starts_with("Seccomp:") && l.trim_end().ends_with('2')))
+        .unwrap_or(false)
 }
 
 /// Whether host path `p` (or something beneath it) can appear in the view of
@@ -172,6 +182,9 @@ impl HostFacts {
             return f;
         }
         f.landlock_abi = sys::landlock_abi();
+        if f.landlock_abi < 1 {
+            f.under_seccomp = under_seccomp();
+        }
         f.probe_root();
         f.probe_secrets(policy);
         f.probe_sockets();

@@ -115,6 +115,8 @@ fn clone_error(e: io::Error, plan: &Plan) -> String {
         "unprivileged user namespaces are disabled; enable them: sysctl -w kernel.unprivileged_userns_clone=1".to_string()
     } else if apparmor.trim() == "1" {
         "AppArmor restricts unprivileged user namespaces; allow moat with an AppArmor profile granting `userns,` or set kernel.apparmor_restrict_unprivileged_userns=0".to_string()
+    } else if code == libc::EPERM && crate::probe::under_seccomp() {
+        "moat is itself running under a seccomp filter that forbids new namespaces (inside another sandbox, e.g. moat in moat, or a container's default profile); run it outside, or relax that filter".to_string()
     } else if code == libc::EPERM {
         "the kernel refused (EPERM); inside a container, run it with --security-opt seccomp=unconfined --security-opt apparmor=unconfined or --privileged".to_string()
     } else {
@@ -293,14 +295,16 @@ fn supervise(
                 match sig {
                     // A terminal already delivered ^C/^\ to the command's group.
                     libc::SIGINT | libc::SIGQUIT if stdin_is_tty => {}
-                    libc::SIGTERM | libc::SIGHUP if stage == 0 => {
+                    // From a harness: stop the run (SIGTERM the tree, then escalate).
+                    libc::SIGTERM | libc::SIGINT | libc::SIGQUIT if stage == 0 => {
                         let _ = sys::kill(child.as_raw(), libc::SIGTERM);
                         stage = 1;
                         deadline = Some(Instant::now() + KILL_GRACE);
                     }
-                    other => {
-                        let _ = sys::kill(child.as_raw(), other);
+                    libc::SIGHUP => {
+                        let _ = sys::kill(child.as_raw(), libc::SIGHUP);
                     }
+                    _ => {}
                 }
             }
         }
