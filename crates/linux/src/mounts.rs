@@ -64,6 +64,7 @@ pub fn build_root(ops: &[MountOp]) -> Result<(), MountError> {
     let empty_dir = Path::new("d");
     let empty_file = Path::new("f");
     make_scratch(&scratch).map_err(err("fill scratch tmpfs", Path::new("(detached)")))?;
+    sys::make_superblock_readonly(&scratch).map_err(err("make scratch tmpfs read-only", Path::new("(detached)")))?;
 
     for op in ops {
         apply_op(op, &scratch, empty_dir, empty_file)?;

@@ -94,6 +94,8 @@ pub struct Plan {
     /// Host paths that must not exist after the run (write-protected paths
     /// the command could create because they did not exist before).
     pub sweep: Vec<PathBuf>,
+    /// Directories where new `<prefix>*` entries are swept after the run.
+    pub sweep_prefixed: Vec<crate::probe::PrefixGuard>,
     pub landlock_abi: i32,
 }
 
@@ -131,6 +133,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         env: command_env(policy, host),
         cwd: policy.workspace.clone(),
         sweep: Vec::new(),
+        sweep_prefixed: Vec::new(),
         landlock_abi: host.landlock_abi,
     };
     if !sandboxed {
@@ -176,7 +179,11 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         });
     }
     base.push(MountOp::Tmpfs { target: "/tmp".into(), mode: 0o1777 });
-    base.push(MountOp::Tmpfs { target: "/run".into(), mode: 0o755 });
+    if whole_host {
+        // An empty /run hides every host socket under it; at
+        // workspace-contained /run is simply absent.
+        base.push(MountOp::Tmpfs { target: "/run".into(), mode: 0o755 });
+    }
     base.push(MountOp::Tmpfs { target: SANDBOX_HOME.into(), mode: 0o700 });
     base.push(MountOp::Tmpfs { target: "/dev".into(), mode: 0o755 });
     for n in DEV_NODES {
@@ -229,6 +236,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     }
     if ws_rw {
         plan.sweep = host.workspace_missing.iter().filter(|p| !explicit(p)).cloned().collect();
+        plan.sweep_prefixed = host.prefix_guards.clone();
     }
 
     // 4. Stand-ins for secrets wherever the view would show them.
@@ -275,7 +283,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
                 ll.read.push(target.clone());
             }
         }
-        ll.read.extend(["/proc".into(), "/tmp".into(), SANDBOX_HOME.into(), "/run".into()]);
+        ll.read.extend(["/proc".into(), "/tmp".into(), SANDBOX_HOME.into()]);
     }
     ll.write.extend(["/tmp".into(), SANDBOX_HOME.into(), "/dev/shm".into()]);
     if ws_rw {

@@ -45,6 +45,14 @@ pub struct RootEntry {
     pub link: Option<PathBuf>,
 }
 
+/// New entries named `<prefix>*` in `dir` are swept after the run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PrefixGuard {
+    pub dir: PathBuf,
+    pub prefix: String,
+    pub existing: Vec<String>,
+}
+
 /// Everything the planner needs to know about this host.
 #[derive(Clone, Debug, Default)]
 pub struct HostFacts {
@@ -69,6 +77,9 @@ pub struct HostFacts {
     /// Write-protected paths that do not exist yet: the first missing
     /// component of each, to be swept after the run.
     pub workspace_missing: Vec<PathBuf>,
+    /// Directories where any new entry starting with a prefix (`.moat`) is
+    /// write-protected: (directory, prefix, names present before the run).
+    pub prefix_guards: Vec<PrefixGuard>,
     /// `/etc/resolv.conf`'s canonical target when it lives under /run.
     pub resolv_conf_in_run: Option<PathBuf>,
     /// /proc entries (host view) that exist, for read-only remounts/masks.
@@ -302,6 +313,13 @@ impl HostFacts {
         let mut names: Vec<String> =
             policy.write_protected.iter().filter(|n| !n.contains('*')).map(|n| n.to_string()).collect();
         names.extend(present.keys().filter(|n| *n != ".git" && !names.contains(n)).cloned().collect::<Vec<_>>());
+        for pattern in policy.write_protected.iter().filter_map(|n| n.strip_suffix('*')) {
+            self.prefix_guards.push(PrefixGuard {
+                dir: root.to_path_buf(),
+                prefix: pattern.to_string(),
+                existing: present.keys().filter(|n| n.starts_with(pattern)).cloned().collect(),
+            });
+        }
         for n in names {
             let p = root.join(&n);
             match present.get(&n) {

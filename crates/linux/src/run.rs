@@ -149,8 +149,10 @@ pub fn run(plan: &Plan, opts: &RunOptions) -> RunOutcome {
         out.error = Some(e);
     }
     out.duration = start.elapsed();
-    if plan.sweep.iter().any(|p| p.symlink_metadata().is_ok()) {
-        out.swept = crate::sweep::sweep(&plan.sweep, &opts.tag);
+    let mut created: Vec<PathBuf> = plan.sweep.iter().filter(|p| p.symlink_metadata().is_ok()).cloned().collect();
+    created.extend(crate::sweep::new_prefixed(&plan.sweep_prefixed));
+    if !created.is_empty() {
+        out.swept = crate::sweep::sweep(&created, &opts.tag);
     }
     out
 }

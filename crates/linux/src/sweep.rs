@@ -28,6 +28,22 @@ pub fn sweep(paths: &[PathBuf], tag: &str) -> Vec<(PathBuf, PathBuf)> {
     moved
 }
 
+/// Entries named `<prefix>*` in each guard's directory that were not there
+/// before the run.
+pub fn new_prefixed(guards: &[crate::probe::PrefixGuard]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for g in guards {
+        let Ok(rd) = std::fs::read_dir(&g.dir) else { continue };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&g.prefix) && !g.existing.contains(&name) {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
 fn remove_any(p: &Path) -> std::io::Result<()> {
     let meta = p.symlink_metadata()?;
     if meta.is_dir() {

@@ -167,6 +167,30 @@ pub fn detached_tmpfs(mode: &CStr) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(mfd as RawFd) })
 }
 
+const FSPICK_CLOEXEC: libc::c_uint = 1;
+const FSPICK_EMPTY_PATH: libc::c_uint = 8;
+const FSCONFIG_SET_FLAG: libc::c_uint = 0;
+const FSCONFIG_CMD_RECONFIGURE: libc::c_uint = 7;
+
+/// Makes the superblock behind a (detached) mount read-only. Unlike a
+/// read-only mount, a read-only superblock answers a write open of an
+/// existing file with EROFS before checking its mode bits.
+pub fn make_superblock_readonly(mount_fd: &OwnedFd) -> io::Result<()> {
+    let empty = c"";
+    // SAFETY: valid C string; returns a new fs-context fd that we own.
+    let fc = check(unsafe {
+        libc::syscall(libc::SYS_fspick, mount_fd.as_raw_fd(), empty.as_ptr(), FSPICK_CLOEXEC | FSPICK_EMPTY_PATH)
+    })?;
+    // SAFETY: fresh fd from the kernel.
+    let fc = unsafe { OwnedFd::from_raw_fd(fc as RawFd) };
+    let ro = c"ro";
+    // SAFETY: key is a valid C string; SET_FLAG takes no value.
+    check(unsafe { libc::syscall(libc::SYS_fsconfig, fc.as_raw_fd(), FSCONFIG_SET_FLAG, ro.as_ptr(), 0usize, 0) })?;
+    // SAFETY: no pointer arguments are dereferenced for CMD_RECONFIGURE.
+    check(unsafe { libc::syscall(libc::SYS_fsconfig, fc.as_raw_fd(), FSCONFIG_CMD_RECONFIGURE, 0usize, 0usize, 0) })?;
+    Ok(())
+}
+
 /// close_range(first, last, flags).
 pub fn close_range(first: u32, last: u32, cloexec: bool) -> io::Result<()> {
     let flags: libc::c_uint = if cloexec { libc::CLOSE_RANGE_CLOEXEC } else { 0 };

@@ -136,7 +136,7 @@ fn read_only_workspace_is_read_only_and_nothing_is_swept() {
 fn contained_shows_only_the_runtime_and_workspace() {
     let plan = build(&policy(Level::WorkspaceContained, None), &host()).unwrap();
     let t = targets(&plan);
-    for absent in ["ro /home", "ro /root", "ro /var", "ro /sys", "stand-in /home/u/.ssh", "stand-in /root/.ssh"] {
+    for absent in ["ro /home", "ro /root", "ro /var", "ro /sys", "tmpfs /run", "stand-in /home/u/.ssh", "stand-in /root/.ssh"] {
         assert!(!t.contains(&absent.to_string()), "{absent} in {t:#?}");
     }
     for present in ["ro /etc", "ro /usr", "link /bin", "rw /home/u/proj", "stand-in /etc/shadow", "stand-in /home/u/proj/.env"] {

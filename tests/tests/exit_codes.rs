@@ -1,0 +1,125 @@
+//! Exit-status family: the command's code, 128+signal, 124 timeout,
+//! 125 refusal, 126 not executable, 127 not found, duration parsing.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use moat_conformance::*;
+
+#[test]
+fn command_exit_codes_pass_through_at_every_level() {
+    let fx = Fixture::new();
+    for level in ALL_LEVELS {
+        run(fx.sh(level, &[], "exit 0")).expect_code(0);
+        run(fx.sh(level, &[], "exit 7")).expect_code(7);
+        run(fx.sh(level, &[], "exit 255")).expect_code(255);
+        run(fx.sh(level, &[], "kill -9 $$")).expect_code(137);
+        run(fx.sh(level, &[], "kill -TERM $$")).expect_code(143);
+        let out = run(fx.moat(["exec", "--policy", level, "--", "/bin/false"]));
+        out.expect_code(1);
+    }
+}
+
+#[test]
+fn timeout_returns_124_at_every_level() {
+    let fx = Fixture::new();
+    for level in ALL_LEVELS {
+        let out = spawn(fx.sh(
+            level,
+            &["--timeout", "1s"],
+            "sleep 30; echo SHOULD-NOT-PRINT",
+        ))
+        .wait_limit(Duration::from_secs(40));
+        out.expect_code(124);
+        assert!(!out.stdout.contains("SHOULD-NOT-PRINT"));
+        assert!(
+            out.elapsed >= Duration::from_millis(900) && out.elapsed < Duration::from_secs(10),
+            "elapsed {:?} at {level}",
+            out.elapsed
+        );
+    }
+}
+
+#[test]
+fn timeout_duration_formats() {
+    let fx = Fixture::new();
+    let out = spawn(fx.sh("read-only", &["--timeout", "500ms"], "sleep 20"))
+        .wait_limit(Duration::from_secs(30));
+    out.expect_code(124);
+    assert!(
+        out.elapsed < Duration::from_secs(5),
+        "500ms timeout took {:?}",
+        out.elapsed
+    );
+    let out = spawn(fx.sh("read-only", &["--timeout", "2"], "sleep 20"))
+        .wait_limit(Duration::from_secs(30));
+    out.expect_code(124);
+    assert!(
+        out.elapsed >= Duration::from_millis(1800) && out.elapsed < Duration::from_secs(8),
+        "plain-seconds timeout took {:?}",
+        out.elapsed
+    );
+    for t in ["2s", "1m", "30"] {
+        run(fx.sh("read-only", &["--timeout", t], "exit 5")).expect_code(5);
+    }
+}
+
+#[test]
+fn missing_program_is_127() {
+    let fx = Fixture::new();
+    for level in ALL_LEVELS {
+        run(fx.moat(["exec", "--policy", level, "--", "/nonexistent/moat-prog"])).expect_code(127);
+        run(fx.moat(["exec", "--policy", level, "--", "moat-no-such-program-xyz"]))
+            .expect_code(127);
+    }
+}
+
+#[test]
+fn non_executable_file_is_126() {
+    let fx = Fixture::new();
+    let p = fx.w("not-exec.sh");
+    write(&p, "#!/bin/sh\necho hi\n");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    for level in ALL_LEVELS {
+        run(fx.moat(["exec", "--policy", level, "--", p.to_str().unwrap()])).expect_code(126);
+        run(fx.moat(["exec", "--policy", level, "--", "./not-exec.sh"])).expect_code(126);
+    }
+    // A directory is not executable either.
+    run(fx.moat(["exec", "--", fx.ws.to_str().unwrap()])).expect_code(126);
+}
+
+#[test]
+fn program_resolved_via_path() {
+    let fx = Fixture::new();
+    let out = run(fx.moat(["exec", "--", "echo", "hello;", "$(id)", "`x`"]));
+    out.expect_code(0);
+    assert_eq!(
+        out.stdout,
+        "hello; $(id) `x`\n",
+        "arguments must reach the program verbatim\n{}",
+        out.dump()
+    );
+}
+
+#[test]
+fn refusals_are_125() {
+    let fx = Fixture::new();
+    let x = fx.root.join("x");
+    std::fs::create_dir_all(&x).unwrap();
+    let xs = x.to_str().unwrap();
+    run(fx.moat(["exec", "--network", "proxy", "--", "true"])).expect_code(125);
+    run(fx.moat([
+        "exec",
+        "--policy",
+        "workspace-write",
+        "--ro",
+        xs,
+        "--rw",
+        xs,
+        "--",
+        "true",
+    ]))
+    .expect_code(125);
+    run(fx.moat(["exec", "--ro", "/nonexistent/moat-path", "--", "true"])).expect_code(125);
+    run(fx.moat(["exec", "--cwd", "/nonexistent/moat-cwd", "--", "true"])).expect_code(125);
+}
