@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use moat_linux::{HostFacts, RunOptions, RunOutcome, RunStatus};
+use moat_linux::{HostFacts, NoObserver, OutputMode, RunOptions, RunOutcome, RunStatus};
 use moat_policy::{parse_duration, Level, NetworkMode, Policy, PolicyRequest, POLICY_VERSION};
 use serde_json::{json, Value};
 
@@ -213,11 +213,11 @@ fn exec(args: ExecArgs) -> ExitCode {
     };
     let opts = RunOptions {
         argv: args.command,
-        capture_limit: args.json.then_some(CAPTURE_LIMIT),
+        output: if args.json { OutputMode::Capture { limit: CAPTURE_LIMIT } } else { OutputMode::Passthrough },
         timeout,
         tag: id.clone(),
     };
-    let outcome = moat_linux::run(&plan, &opts);
+    let outcome = moat_linux::run(&plan, &opts, &mut NoObserver);
     if !args.json {
         report_plain(&outcome);
     } else {

@@ -69,7 +69,7 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
     ));
     let seccomp = in_child(|| {
         sys::set_no_new_privs().map_err(|e| e.raw_os_error().unwrap_or(1))?;
-        let prog = crate::confine::seccomp_filter(&crate::plan::SeccompSpec { deny_network_sockets: true }).map_err(|_| 22)?;
+        let prog = crate::confine::seccomp_filter(&crate::plan::SeccompSpec { socket_families: Some(vec![libc::AF_UNIX]) }).map_err(|_| 22)?;
         crate::confine::apply_seccomp(&prog).map_err(|_| 1)?;
         // The filter must actually refuse: an AF_INET socket has to fail with EPERM.
         match nix::sys::socket::socket(
@@ -140,7 +140,13 @@ fn end_to_end(level: Level, network: NetworkMode, ws: &Path, home: &str, true_bi
     let plan = crate::plan::build(&policy, &facts).map_err(|e| e.to_string())?;
     let out = crate::run::run(
         &plan,
-        &crate::run::RunOptions { argv: vec![OsString::from(true_bin)], capture_limit: Some(4096), timeout: Some(std::time::Duration::from_secs(10)), tag: "probe".into() },
+        &crate::run::RunOptions {
+            argv: vec![OsString::from(true_bin)],
+            output: crate::run::OutputMode::Capture { limit: 4096 },
+            timeout: Some(std::time::Duration::from_secs(10)),
+            tag: "probe".into(),
+        },
+        &mut crate::run::NoObserver,
     );
     match (out.exit_code, out.error) {
         (0, _) => Ok(()),

@@ -188,18 +188,13 @@ pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, Con
         SeccompRule::new(vec![SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, cmd).map_err(sc)?]).map_err(sc)
     };
     rules.insert(libc::SYS_ioctl, vec![ioctl_cmd(libc::TIOCSTI as u64)?, ioctl_cmd(libc::TIOCLINUX as u64)?]);
-    if spec.deny_network_sockets {
-        rules.insert(
-            libc::SYS_socket,
-            vec![SeccompRule::new(vec![SeccompCondition::new(
-                0,
-                SeccompCmpArgLen::Dword,
-                SeccompCmpOp::Ne,
-                libc::AF_UNIX as u64,
-            )
-            .map_err(sc)?])
-            .map_err(sc)?],
-        );
+    if let Some(families) = &spec.socket_families {
+        // One rule whose conditions are ANDed: the family is none of the allowed.
+        let conditions = families
+            .iter()
+            .map(|f| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f as u64).map_err(sc))
+            .collect::<Result<Vec<_>, _>>()?;
+        rules.insert(libc::SYS_socket, vec![SeccompRule::new(conditions).map_err(sc)?]);
     }
     #[cfg(target_arch = "x86_64")]
     let arch = TargetArch::x86_64;

@@ -28,6 +28,8 @@ pub struct InitArgs<'a> {
     /// Pipes for stdout/stderr when the output is captured.
     pub stdout_fd: Option<RawFd>,
     pub stderr_fd: Option<RawFd>,
+    /// Socket to hand the proxy listeners to the supervisor (proxy mode).
+    pub proxy_fd: Option<RawFd>,
     pub argv: Vec<CString>,
     pub envp: Vec<CString>,
     pub seccomp: Option<seccompiler::BpfProgram>,
@@ -86,9 +88,8 @@ fn setup(args: &InitArgs<'_>) -> Result<(), String> {
     }
     // Inherited descriptors are a way around every path rule: close them all,
     // keeping only stdio and the report pipe (close-on-exec).
-    let fdu = fd as u32;
-    sys::close_range(3, fdu.saturating_sub(1), false).map_err(|e| format!("close inherited fds: {e}"))?;
-    sys::close_range(fdu + 1, u32::MAX, false).map_err(|e| format!("close inherited fds: {e}"))?;
+    close_all_but(&[Some(fd), args.proxy_fd].into_iter().flatten().collect::<Vec<_>>())
+        .map_err(|e| format!("close inherited fds: {e}"))?;
     if !plan.sandboxed {
         return Ok(());
     }
@@ -99,9 +100,28 @@ fn setup(args: &InitArgs<'_>) -> Result<(), String> {
     // After the id maps: a non-dumpable process's /proc files belong to root.
     sys::set_not_dumpable().map_err(|e| format!("set non-dumpable: {e}"))?;
     nix::unistd::sethostname("moat").map_err(|e| format!("set hostname: {e}"))?;
+    if let Some(pfd) = args.proxy_fd {
+        // First, so the supervisor can start serving while the view is built.
+        crate::netns::create_and_send_listeners(pfd)?;
+        let _ = nix::unistd::close(pfd);
+    }
     mounts::build_root(&plan.mounts).map_err(|e| format!("build the sandbox view: {e}"))?;
     nix::unistd::chdir(&plan.cwd).map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
     Ok(())
+}
+
+/// Closes every fd >= 3 except `keep`.
+fn close_all_but(keep: &[RawFd]) -> io::Result<()> {
+    let mut keep: Vec<u32> = keep.iter().map(|f| *f as u32).collect();
+    keep.sort_unstable();
+    let mut first = 3u32;
+    for k in keep {
+        if k >= first {
+            sys::close_range(first, k.saturating_sub(1), false)?;
+            first = k + 1;
+        }
+    }
+    sys::close_range(first, u32::MAX, false)
 }
 
 /// The command's own process: confine, then exec. Never returns.

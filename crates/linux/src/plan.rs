@@ -73,9 +73,19 @@ pub struct LandlockSpec {
 /// The seccomp floor.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SeccompSpec {
-    /// Refuse socket() for every family but AF_UNIX.
-    pub deny_network_sockets: bool,
+    /// When set, socket() is refused for every address family not listed.
+    pub socket_families: Option<Vec<i32>>,
 }
+
+/// Proxy networking: where moat's own binary appears in the view (ssh's
+/// ProxyCommand runs it to reach the SOCKS endpoint).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProxyPlan {
+    pub moat_bin: PathBuf,
+}
+
+/// moat's own binary inside the view, in proxy mode.
+pub const SANDBOX_MOAT_BIN: &str = "/moat/bin/moat";
 
 /// Everything needed to launch one run, decided before anything runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -89,6 +99,7 @@ pub struct Plan {
     pub mounts: Vec<MountOp>,
     pub landlock: LandlockSpec,
     pub seccomp: SeccompSpec,
+    pub proxy: Option<ProxyPlan>,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
     /// Host paths that must not exist after the run (write-protected paths
@@ -108,6 +119,8 @@ pub enum PlanError {
     Nested,
     #[error("--network unmanaged needs Landlock ABI 6 (Linux >= 6.12) to keep host abstract unix sockets out of reach, and this kernel has ABI {0}; use --network disabled")]
     NoAbstractScoping(i32),
+    #[error("cannot find moat's own binary (needed inside the sandbox for ssh through the proxy)")]
+    NoMoatBinary,
     #[error("{0} does not exist on the host; --ro/--rw paths must exist")]
     MissingGrant(PathBuf),
 }
@@ -124,12 +137,21 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         level: policy.level,
         network: policy.network.mode,
         sandboxed,
-        new_netns: sandboxed && policy.network.mode == NetworkMode::Disabled,
+        new_netns: sandboxed && policy.network.mode != NetworkMode::Unmanaged,
         uid: host.uid,
         gid: host.gid,
         mounts: Vec::new(),
         landlock: LandlockSpec::default(),
-        seccomp: SeccompSpec { deny_network_sockets: policy.network.mode == NetworkMode::Disabled },
+        seccomp: SeccompSpec {
+            socket_families: match policy.network.mode {
+                NetworkMode::Disabled => Some(vec![libc::AF_UNIX]),
+                // Inside the proxy's network namespace only loopback exists;
+                // inet sockets reach the proxy endpoints and nothing else.
+                NetworkMode::Proxy => Some(vec![libc::AF_UNIX, libc::AF_INET, libc::AF_INET6]),
+                NetworkMode::Unmanaged => None,
+            },
+        },
+        proxy: None,
         env: command_env(policy, host),
         cwd: policy.workspace.clone(),
         sweep: Vec::new(),
@@ -204,6 +226,30 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         } else if PROC_MASKED.contains(&n.as_str()) {
             base.push(MountOp::StandIn { target, kind: Kind::File });
         }
+    }
+    if sandboxed && policy.network.mode == NetworkMode::Proxy {
+        let Some(exe) = &host.moat_exe else {
+            return Err(PlanError::NoMoatBinary);
+        };
+        layered.push(MountOp::Bind {
+            source: exe.clone(),
+            target: SANDBOX_MOAT_BIN.into(),
+            kind: Kind::File,
+            recursive: false,
+            readonly: true,
+            device: false,
+        });
+        plan.proxy = Some(ProxyPlan { moat_bin: SANDBOX_MOAT_BIN.into() });
+        let mut env: std::collections::BTreeMap<String, String> = plan.env.drain(..).collect();
+        // An explicit --env wins (e.g. NO_PROXY for a server inside the
+        // sandbox); a passed-through host proxy variable does not. Either
+        // way the namespace has no route out but the proxy endpoints.
+        for (k, v) in crate::netns::proxy_env(SANDBOX_MOAT_BIN) {
+            if !policy.env.contains_key(&k) {
+                env.insert(k, v);
+            }
+        }
+        plan.env = env.into_iter().collect();
     }
     if whole_host && host.var_run_is_dir {
         base.push(MountOp::Tmpfs { target: "/var/run".into(), mode: 0o755 });

@@ -88,6 +88,8 @@ pub struct HostFacts {
     pub grant_kinds: BTreeMap<PathBuf, Kind>,
     /// Host environment, as given to moat.
     pub env: Vec<(String, String)>,
+    /// moat's own binary (canonical), probed in proxy mode.
+    pub moat_exe: Option<PathBuf>,
     /// moat itself already runs under a seccomp filter (probed only when
     /// Landlock looks absent, to explain why: a nested sandbox).
     pub under_seccomp: bool,
@@ -193,6 +195,9 @@ impl HostFacts {
             return f;
         }
         f.landlock_abi = sys::landlock_abi();
+        if policy.network.mode == moat_policy::NetworkMode::Proxy {
+            f.moat_exe = std::env::current_exe().ok().and_then(|p| fs::canonicalize(p).ok());
+        }
         if f.landlock_abi < 1 {
             f.under_seccomp = under_seccomp();
         }

@@ -25,16 +25,55 @@ use crate::sys::{self, Forked};
 /// Grace between SIGTERM and SIGKILL when a run is stopped.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
 
+/// Where the command's stdout and stderr go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OutputMode {
+    /// Straight through to moat's own stdout/stderr (a terminal stays a
+    /// terminal). When stderr is not a terminal it is relayed through a pipe
+    /// so moat can read refusals back from it; the bytes are unchanged.
+    #[default]
+    Passthrough,
+    /// Both streams captured, up to `limit` bytes each.
+    Capture { limit: usize },
+    /// Every chunk handed to the observer as it arrives; nothing buffered.
+    Stream,
+}
+
+/// Which output stream a chunk came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Hooks a caller can use to follow a run while it happens.
+pub trait RunObserver {
+    /// The command is about to exec; `pid` is its host pid when known.
+    fn started(&mut self, _pid: Option<i32>) {}
+    /// A chunk of output (only in [`OutputMode::Stream`]).
+    fn output(&mut self, _stream: Stream, _offset: u64, _data: &[u8]) {}
+    /// The proxy endpoints created inside the sandbox's network namespace
+    /// (only when the plan has a proxy); the observer serves them.
+    fn proxy_listeners(&mut self, _http: std::net::TcpListener, _socks: std::net::TcpListener) {}
+}
+
+/// An observer that ignores everything.
+pub struct NoObserver;
+impl RunObserver for NoObserver {}
+
 /// How to run the command.
 #[derive(Clone, Debug, Default)]
 pub struct RunOptions {
     pub argv: Vec<OsString>,
-    /// Capture stdout/stderr up to this many bytes each (None: pass through).
-    pub capture_limit: Option<usize>,
+    pub output: OutputMode,
     pub timeout: Option<Duration>,
     /// Names this run in quarantined paths (the execution id).
     pub tag: String,
 }
+
+/// How much of stderr is kept for reading refusals back.
+const STDERR_TAIL: usize = 256 * 1024;
 
 /// How a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -70,26 +109,52 @@ pub struct RunOutcome {
     pub error: Option<String>,
     /// Write-protected paths the command created, and where they were moved.
     pub swept: Vec<(PathBuf, PathBuf)>,
+    /// The last bytes of stderr that moat saw (empty when stderr went to a
+    /// terminal directly), for reading refusals back.
+    pub stderr_tail: Vec<u8>,
 }
 
 struct Capture {
     fd: OwnedFd,
+    stream: Stream,
+    /// Captured bytes (Capture mode only).
     buf: Vec<u8>,
+    limit: usize,
     truncated: bool,
+    offset: u64,
+    /// Relay every chunk to this fd of ours (Passthrough of a non-tty stderr).
+    relay: Option<i32>,
+    /// Keep a tail for reading refusals back (stderr).
+    tail: bool,
     open: bool,
 }
 
 impl Capture {
-    fn read_some(&mut self, limit: usize) {
+    fn read_some(&mut self, observer: &mut dyn RunObserver, tail: &mut Vec<u8>) {
         let mut chunk = [0u8; 65536];
         match nix::unistd::read(&self.fd, &mut chunk) {
             Ok(0) => self.open = false,
             Ok(n) => {
-                let room = limit.saturating_sub(self.buf.len());
-                if n > room {
-                    self.truncated = true;
+                let data = &chunk[..n];
+                if let Some(fd) = self.relay {
+                    sys::write_all_fd(fd, data);
                 }
-                self.buf.extend_from_slice(&chunk[..n.min(room)]);
+                if self.limit > 0 {
+                    let room = self.limit.saturating_sub(self.buf.len());
+                    if n > room {
+                        self.truncated = true;
+                    }
+                    self.buf.extend_from_slice(&data[..n.min(room)]);
+                } else if self.relay.is_none() {
+                    observer.output(self.stream, self.offset, data);
+                }
+                if self.tail {
+                    tail.extend_from_slice(data);
+                    if tail.len() > 2 * STDERR_TAIL {
+                        tail.drain(..tail.len() - STDERR_TAIL);
+                    }
+                }
+                self.offset += n as u64;
             }
             Err(nix::errno::Errno::EINTR) | Err(nix::errno::Errno::EAGAIN) => {}
             Err(_) => self.open = false,
@@ -127,7 +192,7 @@ fn clone_error(e: io::Error, plan: &Plan) -> String {
 
 /// Runs the command under `plan`. Errors here are moat's own failures before
 /// the command could start; they map to exit 125.
-pub fn run(plan: &Plan, opts: &RunOptions) -> RunOutcome {
+pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> RunOutcome {
     let start = Instant::now();
     let mut out = RunOutcome {
         status: RunStatus::FailedToStart,
@@ -142,8 +207,9 @@ pub fn run(plan: &Plan, opts: &RunOptions) -> RunOutcome {
         layers: Layers { namespaces: Enforcement::None, landlock: Enforcement::None, seccomp: Enforcement::None },
         error: None,
         swept: Vec::new(),
+        stderr_tail: Vec::new(),
     };
-    if let Err(e) = launch(plan, opts, &mut out, start) {
+    if let Err(e) = launch(plan, opts, &mut out, start, observer) {
         out.status = RunStatus::FailedToStart;
         out.exit_code = 125;
         out.error = Some(e);
@@ -164,7 +230,13 @@ fn cstrings(items: impl IntoIterator<Item = Vec<u8>>) -> Result<Vec<CString>, St
         .collect()
 }
 
-fn launch(plan: &Plan, opts: &RunOptions, out: &mut RunOutcome, start: Instant) -> Result<(), String> {
+fn launch(
+    plan: &Plan,
+    opts: &RunOptions,
+    out: &mut RunOutcome,
+    start: Instant,
+    observer: &mut dyn RunObserver,
+) -> Result<(), String> {
     if opts.argv.is_empty() {
         return Err("no command given; put it after --".into());
     }
@@ -177,14 +249,40 @@ fn launch(plan: &Plan, opts: &RunOptions, out: &mut RunOutcome, start: Instant) 
     };
     let (report_r, report_w) = pipe().map_err(|e| format!("create a pipe: {e}"))?;
     let mut captures = Vec::new();
-    let mut child_ends = Vec::new();
-    if opts.capture_limit.is_some() {
-        for _ in 0..2 {
-            let (r, w) = pipe().map_err(|e| format!("create a pipe: {e}"))?;
-            captures.push(Capture { fd: r, buf: Vec::new(), truncated: false, open: true });
-            child_ends.push(w);
+    let (mut stdout_end, mut stderr_end) = (None, None);
+    let stderr_is_tty = nix::unistd::isatty(std::io::stderr()).unwrap_or(false);
+    let wanted: &[(Stream, usize, Option<i32>)] = match opts.output {
+        OutputMode::Passthrough if stderr_is_tty => &[],
+        OutputMode::Passthrough => &[(Stream::Stderr, 0, Some(2))],
+        OutputMode::Capture { limit } => &[(Stream::Stdout, limit, None), (Stream::Stderr, limit, None)],
+        OutputMode::Stream => &[(Stream::Stdout, 0, None), (Stream::Stderr, 0, None)],
+    };
+    for (stream, limit, relay) in wanted.iter().copied() {
+        let (r, w) = pipe().map_err(|e| format!("create a pipe: {e}"))?;
+        captures.push(Capture {
+            fd: r,
+            stream,
+            buf: Vec::new(),
+            limit,
+            truncated: false,
+            offset: 0,
+            relay,
+            tail: stream == Stream::Stderr,
+            open: true,
+        });
+        match stream {
+            Stream::Stdout => stdout_end = Some(w),
+            Stream::Stderr => stderr_end = Some(w),
         }
     }
+    // The init sends the proxy's listening sockets, created inside the new
+    // network namespace, back over this pair.
+    let (proxy_rx, proxy_tx) = if plan.proxy.is_some() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("create a socket pair: {e}"))?;
+        (Some(a), Some(b))
+    } else {
+        (None, None)
+    };
     // Block the signals we read through a signalfd (and the init waits for)
     // before the clone, so none arrives in a window without a handler.
     let old_mask = sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS).map_err(|e| format!("block signals: {e}"))?;
@@ -204,8 +302,9 @@ fn launch(plan: &Plan, opts: &RunOptions, out: &mut RunOutcome, start: Instant) 
         Ok(Forked::Child) => init::main(InitArgs {
             plan,
             report_fd: report_w.as_raw_fd(),
-            stdout_fd: child_ends.first().map(|f| f.as_raw_fd()),
-            stderr_fd: child_ends.get(1).map(|f| f.as_raw_fd()),
+            stdout_fd: stdout_end.as_ref().map(|f| f.as_raw_fd()),
+            stderr_fd: stderr_end.as_ref().map(|f| f.as_raw_fd()),
+            proxy_fd: proxy_tx.as_ref().map(|s| s.as_raw_fd()),
             argv,
             envp,
             seccomp,
@@ -217,11 +316,20 @@ fn launch(plan: &Plan, opts: &RunOptions, out: &mut RunOutcome, start: Instant) 
         }
     };
     drop(report_w);
-    drop(child_ends);
+    drop(stdout_end);
+    drop(stderr_end);
+    drop(proxy_tx);
     if plan.sandboxed {
         out.layers.namespaces = Enforcement::Full;
     }
-    let result = supervise(child, plan, opts, out, captures, report_r, start);
+    if let Some(rx) = proxy_rx {
+        // Blocks until the init has created the listeners (or died trying,
+        // which closes the pair and surfaces as its setup error below).
+        if let Some((http, socks)) = crate::netns::receive_listeners(&rx) {
+            observer.proxy_listeners(http, socks);
+        }
+    }
+    let result = supervise(child, plan, opts, out, captures, report_r, start, observer);
     sys::restore_sigmask(&old_mask);
     result
 }
@@ -235,6 +343,7 @@ fn supervise(
     mut captures: Vec<Capture>,
     report_r: OwnedFd,
     start: Instant,
+    observer: &mut dyn RunObserver,
 ) -> Result<(), String> {
     let pidfd = sys::pidfd_open(child.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
     let mut mask = SigSet::empty();
@@ -244,7 +353,8 @@ fn supervise(
     let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|e| format!("signalfd: {e}"))?;
     let stdin_is_tty = nix::unistd::isatty(std::io::stdin()).unwrap_or(false);
-    let limit = opts.capture_limit.unwrap_or(0);
+    let mut tail = Vec::new();
+    let mut started_seen = false;
     let mut report_buf = Vec::new();
     let mut report_open = true;
     let mut deadline = opts.timeout.map(|t| start + t);
@@ -283,11 +393,15 @@ fn supervise(
         drop(fds);
         if report_ready {
             report_open = read_report(&report_r, &mut report_buf);
+            if !started_seen && report_buf.split(|b| *b == b'\n').any(|l| l.starts_with(b"L ")) {
+                started_seen = true;
+                observer.started(command_host_pid(child));
+            }
         }
         let mut k = 0;
         for c in captures.iter_mut().filter(|c| c.open) {
             if cap_ready.get(k).copied().unwrap_or(false) {
-                c.read_some(limit);
+                c.read_some(observer, &mut tail);
             }
             k += 1;
         }
@@ -351,23 +465,30 @@ fn supervise(
         set_nonblocking(&c.fd);
         let mut spins = 0;
         while c.open && spins < 100_000 {
-            let before = c.buf.len();
-            c.read_some(limit);
-            if c.buf.len() == before && c.open {
+            let before = c.offset;
+            c.read_some(observer, &mut tail);
+            if c.offset == before && c.open {
                 // EAGAIN: a writer outside our tree still holds the pipe.
                 break;
             }
             spins += 1;
         }
     }
-    let mut it = captures.into_iter();
-    if let Some(c) = it.next() {
-        out.stdout = c.buf;
-        out.stdout_truncated = c.truncated;
+    if tail.len() > STDERR_TAIL {
+        tail.drain(..tail.len() - STDERR_TAIL);
     }
-    if let Some(c) = it.next() {
-        out.stderr = c.buf;
-        out.stderr_truncated = c.truncated;
+    out.stderr_tail = tail;
+    for c in captures {
+        match c.stream {
+            Stream::Stdout => {
+                out.stdout = c.buf;
+                out.stdout_truncated = c.truncated;
+            }
+            Stream::Stderr => {
+                out.stderr = c.buf;
+                out.stderr_truncated = c.truncated;
+            }
+        }
     }
     interpret(&report_buf, init_status, plan, out)
 }
@@ -377,6 +498,14 @@ fn set_nonblocking(fd: &OwnedFd) {
     if let Ok(flags) = fcntl(fd, FcntlArg::F_GETFL) {
         let _ = fcntl(fd, FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK));
     }
+}
+
+/// The command's host pid: the init's only child at the moment it reports
+/// the command is about to exec.
+fn command_host_pid(init: Pid) -> Option<i32> {
+    let p = init.as_raw();
+    let text = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).ok()?;
+    text.split_whitespace().next().and_then(|s| s.parse().ok())
 }
 
 fn has_final_status(report: &[u8]) -> bool {

@@ -480,3 +480,37 @@ pub fn restore_sigmask(old: &libc::sigset_t) {
     // SAFETY: `old` is an initialised sigset_t returned by pthread_sigmask.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
 }
+
+/// Takes ownership of a raw fd received from the kernel (SCM_RIGHTS).
+pub fn own_fd(fd: RawFd) -> OwnedFd {
+    // SAFETY: the fd was just installed in our table by recvmsg and nothing
+    // else refers to it.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// Sets IFF_UP on `lo` in the current network namespace.
+pub fn bring_loopback_up() -> io::Result<()> {
+    // SAFETY: a plain socket() call; the fd is owned right after.
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if s < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd from the kernel.
+    let sock = unsafe { OwnedFd::from_raw_fd(s) };
+    // SAFETY: ifreq is plain data; zeroed is a valid initial value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (i, b) in b"lo".iter().enumerate() {
+        req.ifr_name[i] = *b as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads into `req`, which lives across the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the union's flags member was just filled by the kernel.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS reads `req`, which lives across the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

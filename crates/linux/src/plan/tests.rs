@@ -109,7 +109,7 @@ fn workspace_write_golden() {
     assert_eq!(t, expected, "{t:#?}");
     assert_eq!(plan.sweep, vec![PathBuf::from("/home/u/proj/.git/config"), PathBuf::from("/home/u/proj/.bashrc")]);
     assert!(plan.new_netns);
-    assert!(plan.seccomp.deny_network_sockets);
+    assert_eq!(plan.seccomp.socket_families, Some(vec![libc::AF_UNIX]));
     assert_eq!(plan.landlock.read, vec![PathBuf::from("/")]);
     assert!(plan.landlock.write.contains(&PathBuf::from("/home/u/proj")));
     assert!(plan.landlock.scoped);

@@ -1,0 +1,92 @@
+//! The sandbox's side of proxy networking: inside the new network namespace
+//! the init brings loopback up, creates the two listening sockets the
+//! command's proxy variables point at, and passes them to the supervisor
+//! over a unix socket pair (SCM_RIGHTS). The supervisor, which stays in the
+//! host's network namespace, serves them: no relay process, no extra binary,
+//! no route out of the namespace except through those two sockets.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+
+use crate::sys;
+
+/// Where the proxy endpoints listen inside the sandbox.
+pub const HTTP_PROXY_ADDR: &str = "127.0.0.1:3128";
+pub const SOCKS_PROXY_ADDR: &str = "127.0.0.1:1080";
+
+/// In the init, inside the new network namespace: loopback up, listeners
+/// bound, both sent to the supervisor over `fd`.
+pub fn create_and_send_listeners(fd: RawFd) -> Result<(), String> {
+    sys::bring_loopback_up().map_err(|e| format!("bring up loopback in the sandbox's network namespace: {e}"))?;
+    let bind = |a: &str| -> Result<TcpListener, String> {
+        let addr: SocketAddr = a.parse().map_err(|e| format!("{a}: {e}"))?;
+        TcpListener::bind(addr).map_err(|e| format!("listen on {a} inside the sandbox: {e}"))
+    };
+    let http = bind(HTTP_PROXY_ADDR)?;
+    let socks = bind(SOCKS_PROXY_ADDR)?;
+    let fds = [http.as_raw_fd(), socks.as_raw_fd()];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let iov = [IoSlice::new(b"P")];
+    sendmsg::<()>(fd, &iov, &cmsg, MsgFlags::empty(), None).map_err(|e| format!("hand the proxy sockets to moat: {e}"))?;
+    // Our copies close here; the supervisor's stay open.
+    Ok(())
+}
+
+/// In the supervisor: receives the two listeners, or None if the init failed
+/// before sending them (its error arrives on the report pipe).
+pub fn receive_listeners(sock: &UnixStream) -> Option<(TcpListener, TcpListener)> {
+    let mut byte = [0u8; 1];
+    let mut iov = [IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([RawFd; 2]);
+    let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC).ok()?;
+    let mut fds = Vec::new();
+    for c in msg.cmsgs().ok()? {
+        if let ControlMessageOwned::ScmRights(r) = c {
+            fds.extend(r);
+        }
+    }
+    if fds.len() != 2 {
+        for f in fds {
+            drop(owned(f)); // closes it
+        }
+        return None;
+    }
+    let http = TcpListener::from(owned(fds[0]));
+    let socks = TcpListener::from(owned(fds[1]));
+    Some((http, socks))
+}
+
+fn owned(fd: RawFd) -> OwnedFd {
+    sys::own_fd(fd)
+}
+
+/// Environment that routes every proxy-aware client through the endpoints.
+/// `moat_bin` is moat's own binary inside the view (ssh's ProxyCommand).
+pub fn proxy_env(moat_bin: &str) -> Vec<(String, String)> {
+    let http = format!("http://{HTTP_PROXY_ADDR}");
+    let socks = format!("socks5h://{SOCKS_PROXY_ADDR}");
+    let (host, port) = HTTP_PROXY_ADDR.split_once(':').unwrap_or(("127.0.0.1", "3128"));
+    let mut env = Vec::new();
+    for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+        env.push((k.to_string(), http.clone()));
+    }
+    for k in ["ALL_PROXY", "all_proxy"] {
+        env.push((k.to_string(), socks.clone()));
+    }
+    for k in ["NO_PROXY", "no_proxy"] {
+        env.push((k.to_string(), String::new()));
+    }
+    env.push(("NODE_USE_ENV_PROXY".into(), "1".into()));
+    env.push(("GIT_SSH_COMMAND".into(), format!("ssh -o ProxyCommand='{moat_bin} proxy-connect %h %p'")));
+    env.push((
+        "JAVA_TOOL_OPTIONS".into(),
+        format!(
+            "-Dhttp.proxyHost={host} -Dhttp.proxyPort={port} -Dhttps.proxyHost={host} -Dhttps.proxyPort={port} -Dhttp.nonProxyHosts="
+        ),
+    ));
+    env
+}
