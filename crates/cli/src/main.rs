@@ -1,24 +1,27 @@
 //! The `moat` command line: parses flags into a policy request, and prints
 //! results for humans or, with `--json`, for agent harnesses.
 
+mod audit_cmd;
+mod exec;
+
 use std::ffi::OsString;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use moat_linux::{HostFacts, NoObserver, OutputMode, RunOptions, RunOutcome, RunStatus};
 use moat_policy::{parse_duration, Level, NetworkMode, Policy, PolicyRequest, POLICY_VERSION};
-use serde_json::{json, Value};
+use serde_json::json;
+
+use crate::exec::print_json;
 
 /// Version of the JSON protocol (result fields, capabilities keys).
 const PROTOCOL_VERSION: &str = "1";
 /// Captured output per stream with --json.
-const CAPTURE_LIMIT: usize = 1 << 20;
+pub(crate) const CAPTURE_LIMIT: usize = 1 << 20;
 /// Exit status when moat itself refuses or fails.
-const EXIT_MOAT_FAILED: u8 = 125;
+pub(crate) const EXIT_MOAT_FAILED: u8 = 125;
 
 #[derive(Parser)]
 #[command(
@@ -49,14 +52,19 @@ enum Command {
     },
     /// Print the resolved policy as canonical JSON, with its sha256 hash
     ExplainPolicy(PolicyArgs),
+    /// Read and verify the audit log
+    Audit(audit_cmd::AuditArgs),
+    /// Used inside a proxy sandbox as ssh's ProxyCommand: connect HOST PORT through moat's SOCKS5 endpoint
+    #[command(hide = true)]
+    ProxyConnect { host: String, port: u16 },
 }
 
 #[derive(Args, Clone)]
-struct PolicyArgs {
+pub(crate) struct PolicyArgs {
     /// Sandbox level: read-only, workspace-write, workspace-contained, danger-full-access
     #[arg(long, value_name = "LEVEL", default_value = "read-only")]
     policy: String,
-    /// Network: disabled (default when sandboxed), unmanaged (host network); proxy is not available yet
+    /// Network: disabled (default when sandboxed), proxy (only through moat's filtering proxy), unmanaged (host network)
     #[arg(long, value_name = "MODE")]
     network: Option<String>,
     /// The workspace (default: current directory); the command starts there, at the same path
@@ -77,24 +85,53 @@ struct PolicyArgs {
     /// Stop the whole process tree after this long: 500ms, 2s, 1m, or seconds
     #[arg(long, value_name = "DURATION")]
     timeout: Option<String>,
+    /// With --network proxy: a host the command may reach (repeatable). PATTERN is
+    /// example.com, *.example.com (subdomains only), either with :PORT, an IP
+    /// literal ([::1]:8080), localhost[:PORT], or a preset: @package-registries =
+    /// crates.io static.crates.io index.crates.io pypi.org files.pythonhosted.org
+    /// registry.npmjs.org github.com codeload.github.com objects.githubusercontent.com
+    /// raw.githubusercontent.com (all :443). No allow entries: nothing is reachable
+    #[arg(long = "allow-domain", value_name = "PATTERN")]
+    allow_domain: Vec<String>,
+    /// With --network proxy: a host the command may never reach; deny wins over allow (repeatable)
+    #[arg(long = "deny-domain", value_name = "PATTERN")]
+    deny_domain: Vec<String>,
+    /// With --network proxy: chain allowed connections through this HTTP proxy (http://[user:pass@]host:port)
+    #[arg(long = "upstream-proxy", value_name = "URL")]
+    upstream_proxy: Option<String>,
 }
 
 #[derive(Args)]
-struct ExecArgs {
+pub(crate) struct ExecArgs {
     #[command(flatten)]
-    policy: PolicyArgs,
+    pub(crate) policy: PolicyArgs,
     /// Capture output and print one JSON result object on exit
+    #[arg(long, conflicts_with = "events")]
+    pub(crate) json: bool,
+    /// Stream NDJSON lifecycle events on stdout as they happen (output chunks base64);
+    /// the last line is execution.finished (or execution.failed)
     #[arg(long)]
-    json: bool,
+    pub(crate) events: bool,
+    /// Audit log to append to (default: $XDG_STATE_HOME/moat/audit.jsonl or ~/.local/state/moat/audit.jsonl)
+    #[arg(long, value_name = "PATH")]
+    pub(crate) audit_log: Option<PathBuf>,
+    /// Do not record this run in the audit log
+    #[arg(long, conflicts_with = "audit_log")]
+    pub(crate) no_audit: bool,
+    /// Do not print the end-of-run summary of refused accesses on stderr
+    #[arg(long)]
+    pub(crate) quiet: bool,
     /// The program and its arguments (after --)
     #[arg(last = true, required = true, value_name = "PROGRAM")]
-    command: Vec<OsString>,
+    pub(crate) command: Vec<OsString>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Exec(args) => exec(args),
+        Command::Exec(args) => exec::exec(args),
+        Command::Audit(args) => audit_cmd::run(args),
+        Command::ProxyConnect { host, port } => exec::proxy_connect(&host, port),
         Command::Capabilities => {
             let report = moat_linux::capabilities::report(std::env::vars().collect());
             print_json(&report);
@@ -122,20 +159,14 @@ fn main() -> ExitCode {
     }
 }
 
-fn print_json(v: &Value) {
-    let mut out = std::io::stdout().lock();
-    let _ = serde_json::to_writer_pretty(&mut out, v);
-    let _ = writeln!(out);
-}
-
 /// Reads the world (cwd, HOME, path existence) into a policy request.
-fn resolve_policy(args: &PolicyArgs) -> Result<(Policy, Option<Duration>)> {
+pub(crate) fn resolve_policy(args: &PolicyArgs) -> Result<(Policy, Option<Duration>)> {
     let level = Level::parse(&args.policy).ok_or_else(|| {
         anyhow!("unknown --policy {:?}; use read-only, workspace-write, workspace-contained or danger-full-access", args.policy)
     })?;
     let network = match &args.network {
         None => None,
-        Some(m) => Some(NetworkMode::parse(m).ok_or_else(|| anyhow!("unknown --network {m:?}; use disabled or unmanaged"))?),
+        Some(m) => Some(NetworkMode::parse(m).ok_or_else(|| anyhow!("unknown --network {m:?}; use disabled, proxy or unmanaged"))?),
     };
     let here = std::env::current_dir().context("cannot read the current directory")?;
     let home_raw = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"));
@@ -174,6 +205,9 @@ fn resolve_policy(args: &PolicyArgs) -> Result<(Policy, Option<Duration>)> {
         env,
         pass_env: args.pass_env.clone(),
         timeout_ms,
+        allow_domains: args.allow_domain.clone(),
+        deny_domains: args.deny_domain.clone(),
+        upstream_proxy: args.upstream_proxy.clone(),
     })?;
     Ok((policy, timeout_ms.map(Duration::from_millis)))
 }
@@ -190,117 +224,3 @@ fn expand(p: &Path, home: &Path, here: &Path) -> PathBuf {
     }
 }
 
-fn execution_id() -> String {
-    let mut bytes = [0u8; 16];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = f.read_exact(&mut bytes);
-    }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("exec_{hex}")
-}
-
-fn exec(args: ExecArgs) -> ExitCode {
-    let id = execution_id();
-    let (policy, timeout) = match resolve_policy(&args.policy) {
-        Ok(p) => p,
-        Err(e) => return refuse(args.json, &id, None, &format!("{e:#}")),
-    };
-    let facts = HostFacts::probe(&policy, std::env::vars_os().map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned())).collect());
-    let plan = match moat_linux::build_plan(&policy, &facts) {
-        Ok(p) => p,
-        Err(e) => return refuse(args.json, &id, Some(&policy), &e.to_string()),
-    };
-    let opts = RunOptions {
-        argv: args.command,
-        output: if args.json { OutputMode::Capture { limit: CAPTURE_LIMIT } } else { OutputMode::Passthrough },
-        timeout,
-        tag: id.clone(),
-    };
-    let outcome = moat_linux::run(&plan, &opts, &mut NoObserver);
-    if !args.json {
-        report_plain(&outcome);
-    } else {
-        print_json(&result_json(&id, &policy, &outcome));
-    }
-    ExitCode::from(outcome.exit_code.clamp(0, 255) as u8)
-}
-
-fn report_plain(o: &RunOutcome) {
-    if let Some(e) = &o.error {
-        eprintln!("moat: {e}");
-    }
-    if o.timed_out {
-        eprintln!("moat: timed out after {} ms; the process tree was stopped", o.duration.as_millis());
-    }
-    for (from, to) in &o.swept {
-        eprintln!(
-            "moat: the command created {} (a write-protected path that runs code later); moved it to {}",
-            from.display(),
-            to.display()
-        );
-    }
-}
-
-fn refuse(json_mode: bool, id: &str, policy: Option<&Policy>, msg: &str) -> ExitCode {
-    if json_mode {
-        print_json(&json!({
-            "execution_id": id,
-            "exit_code": EXIT_MOAT_FAILED,
-            "signal": null,
-            "timed_out": false,
-            "status": "failed_to_start",
-            "error": msg,
-            "stdout": "",
-            "stderr": "",
-            "stdout_truncated": false,
-            "stderr_truncated": false,
-            "duration_ms": 0,
-            "sandbox": {"enforced": false, "level": policy.map(|p| p.level.as_str())},
-            "network": {"mode": policy.map(|p| p.network.mode.as_str())},
-            "policy_hash": policy.map(|p| p.hash()),
-        }));
-    } else {
-        eprintln!("moat: {msg}");
-    }
-    ExitCode::from(EXIT_MOAT_FAILED)
-}
-
-fn result_json(id: &str, policy: &Policy, o: &RunOutcome) -> Value {
-    let status = match o.status {
-        RunStatus::Finished => "finished",
-        RunStatus::FailedToStart => "failed_to_start",
-        RunStatus::TimedOut => "timed_out",
-    };
-    let enforced = policy.level.is_sandboxed() && o.status != RunStatus::FailedToStart;
-    let mut v = json!({
-        "execution_id": id,
-        "exit_code": o.exit_code,
-        "signal": o.signal,
-        "timed_out": o.timed_out,
-        "status": status,
-        "stdout": String::from_utf8_lossy(&o.stdout),
-        "stderr": String::from_utf8_lossy(&o.stderr),
-        "stdout_truncated": o.stdout_truncated,
-        "stderr_truncated": o.stderr_truncated,
-        "duration_ms": o.duration.as_millis() as u64,
-        "sandbox": {
-            "enforced": enforced,
-            "level": policy.level.as_str(),
-            "layers": {
-                "namespaces": o.layers.namespaces.as_str(),
-                "landlock": o.layers.landlock.as_str(),
-                "seccomp": o.layers.seccomp.as_str(),
-            },
-        },
-        "network": {"mode": policy.network.mode.as_str()},
-        "policy_hash": policy.hash(),
-    });
-    if let Some(e) = &o.error {
-        v["error"] = json!(e);
-    }
-    if !o.swept.is_empty() {
-        v["swept"] = json!(o.swept.iter().map(|(a, b)| json!({"path": a, "moved_to": b})).collect::<Vec<_>>());
-    }
-    v
-}

@@ -14,6 +14,7 @@
 
 pub mod capabilities;
 pub mod confine;
+pub mod explain;
 mod init;
 pub mod mounts;
 pub mod netns;

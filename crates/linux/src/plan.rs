@@ -280,6 +280,20 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         let git_dir = *p == policy.workspace.join(".git") && *kind == Kind::Dir;
         layered.push(host_bind(p, *kind, true, !git_dir));
     }
+    // moat's own state (audit log, trust store) and config: read-only
+    // wherever a writable bind would otherwise expose them to writes.
+    let writable_binds: Vec<PathBuf> = layered
+        .iter()
+        .filter_map(|op| match op {
+            MountOp::Bind { target, readonly: false, .. } => Some(target.clone()),
+            _ => None,
+        })
+        .collect();
+    for d in &host.moat_dirs {
+        if writable_binds.iter().any(|w| d.starts_with(w)) && !explicit(d) {
+            layered.push(host_bind(d, Kind::Dir, true, true));
+        }
+    }
     if ws_rw {
         plan.sweep = host.workspace_missing.iter().filter(|p| !explicit(p)).cloned().collect();
         plan.sweep_prefixed = host.prefix_guards.clone();

@@ -88,6 +88,9 @@ pub struct HostFacts {
     pub grant_kinds: BTreeMap<PathBuf, Kind>,
     /// Host environment, as given to moat.
     pub env: Vec<(String, String)>,
+    /// moat's own state and configuration (audit log, trust store, profiles):
+    /// read-only wherever a writable part of the view contains them.
+    pub moat_dirs: Vec<PathBuf>,
     /// moat's own binary (canonical), probed in proxy mode.
     pub moat_exe: Option<PathBuf>,
     /// moat itself already runs under a seccomp filter (probed only when
@@ -178,6 +181,16 @@ fn resolve(p: &Path) -> Option<(PathBuf, Kind)> {
 }
 
 impl HostFacts {
+    /// Protects the directory holding `file` (e.g. the audit log) from
+    /// writes by the command, wherever the view would let it write there.
+    pub fn add_write_protected_file(&mut self, file: &Path) {
+        if let Some(dir) = file.parent().and_then(|d| fs::canonicalize(d).ok()) {
+            if !self.moat_dirs.contains(&dir) {
+                self.moat_dirs.push(dir);
+            }
+        }
+    }
+
     /// Probes the host for `policy`. `env` is moat's own environment.
     pub fn probe(policy: &Policy, env: Vec<(String, String)>) -> HostFacts {
         let mut f = HostFacts {
@@ -205,6 +218,7 @@ impl HostFacts {
         f.probe_secrets(policy);
         f.probe_sockets();
         f.probe_workspace(policy);
+        f.probe_moat_dirs();
         if let Ok(target) = fs::canonicalize("/etc/resolv.conf") {
             if target.starts_with("/run") && lstat_kind(Path::new("/etc/resolv.conf")) == Some(Kind::Symlink) {
                 f.resolv_conf_in_run = Some(target);
@@ -217,6 +231,21 @@ impl HostFacts {
             .map(|n| n.to_string())
             .collect();
         f
+    }
+
+    /// moat's config and state directories (XDG or under HOME), if present.
+    fn probe_moat_dirs(&mut self) {
+        let get = |k: &str| self.env.iter().find(|(n, _)| n == k).map(|(_, v)| PathBuf::from(v)).filter(|p| p.is_absolute());
+        let home = get("HOME");
+        let config = get("XDG_CONFIG_HOME").or_else(|| home.as_ref().map(|h| h.join(".config")));
+        let state = get("XDG_STATE_HOME").or_else(|| home.as_ref().map(|h| h.join(".local/state")));
+        for d in [config, state].into_iter().flatten() {
+            if let Ok(c) = fs::canonicalize(d.join("moat")) {
+                if !self.moat_dirs.contains(&c) {
+                    self.moat_dirs.push(c);
+                }
+            }
+        }
     }
 
     fn probe_root(&mut self) {

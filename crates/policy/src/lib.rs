@@ -153,6 +153,11 @@ pub struct PolicyRequest {
     pub env: Vec<(String, String)>,
     pub pass_env: Vec<String>,
     pub timeout_ms: Option<u64>,
+    /// `--allow-domain` / `--deny-domain` (presets allowed), proxy mode only.
+    pub allow_domains: Vec<String>,
+    pub deny_domains: Vec<String>,
+    /// `--upstream-proxy URL`, proxy mode only.
+    pub upstream_proxy: Option<String>,
 }
 
 /// An extra host path in the view, with its access.
@@ -166,6 +171,14 @@ pub struct PathGrant {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct NetworkPolicy {
     pub mode: NetworkMode,
+    /// Allow/deny lists (proxy mode); empty otherwise.
+    #[serde(flatten)]
+    pub rules: net::NetRules,
+    /// The upstream proxy without credentials, e.g. `http://proxy.corp:3128`.
+    pub upstream: Option<String>,
+    /// The upstream URL as given, credentials included; never serialized.
+    #[serde(skip)]
+    pub upstream_url: Option<String>,
 }
 
 /// A validated policy: the single source of truth for one run.
@@ -198,8 +211,12 @@ pub struct Policy {
 /// Why a request cannot become a policy. Each message says what to change.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PolicyError {
-    #[error("--network proxy is not available in this version of moat; use --network disabled or --network unmanaged")]
-    ProxyNotImplemented,
+    #[error("{0} only applies with --network proxy")]
+    NeedsProxyMode(&'static str),
+    #[error(transparent)]
+    Pattern(#[from] net::PatternError),
+    #[error("invalid --upstream-proxy {0:?}: use http://[user:pass@]host:port")]
+    BadUpstream(String),
     #[error("danger-full-access runs on the host network and cannot give --network {0}; pick a sandboxed --policy to confine the network")]
     DangerNetwork(NetworkMode),
     #[error("the workspace must be an absolute path, got {0}")]
@@ -231,7 +248,6 @@ impl Policy {
     pub fn resolve(req: PolicyRequest) -> Result<Policy, PolicyError> {
         let level = req.level.unwrap_or(Level::ReadOnly);
         let network = match (level, req.network) {
-            (_, Some(NetworkMode::Proxy)) => return Err(PolicyError::ProxyNotImplemented),
             (Level::DangerFullAccess, None | Some(NetworkMode::Unmanaged)) => NetworkMode::Unmanaged,
             (Level::DangerFullAccess, Some(m)) => return Err(PolicyError::DangerNetwork(m)),
             (_, None) => NetworkMode::Disabled,
@@ -247,6 +263,7 @@ impl Policy {
             return Err(PolicyError::WorkspaceTooBroad(req.workspace));
         }
 
+        let network_policy = network_policy(network, &req)?;
         let paths = merge_grants(&req, level)?;
         let protected_opt_in = check_protected(&paths, &req.home)?;
         if level.is_sandboxed() {
@@ -271,7 +288,7 @@ impl Policy {
         Ok(Policy {
             policy_version: POLICY_VERSION,
             level,
-            network: NetworkPolicy { mode: network },
+            network: network_policy,
             workspace: req.workspace,
             home: req.home,
             paths,
@@ -325,6 +342,52 @@ impl Policy {
             .map(|rel| self.home.join(rel))
             .filter(|p| !self.protected_opt_in.contains(p))
             .collect()
+    }
+}
+
+fn network_policy(mode: NetworkMode, req: &PolicyRequest) -> Result<NetworkPolicy, PolicyError> {
+    if mode != NetworkMode::Proxy {
+        if !req.allow_domains.is_empty() {
+            return Err(PolicyError::NeedsProxyMode("--allow-domain"));
+        }
+        if !req.deny_domains.is_empty() {
+            return Err(PolicyError::NeedsProxyMode("--deny-domain"));
+        }
+        if req.upstream_proxy.is_some() {
+            return Err(PolicyError::NeedsProxyMode("--upstream-proxy"));
+        }
+    }
+    let rules = net::NetRules::from_args(&req.allow_domains, &req.deny_domains)?;
+    let upstream = match &req.upstream_proxy {
+        Some(u) => Some(upstream_display(u).ok_or_else(|| PolicyError::BadUpstream(redact_userinfo(u)))?),
+        None => None,
+    };
+    Ok(NetworkPolicy { mode, rules, upstream, upstream_url: req.upstream_proxy.clone() })
+}
+
+/// `http://[user:pass@]host:port[/]` → `http://host:port` (lowercased host).
+fn upstream_display(url: &str) -> Option<String> {
+    let rest = url.strip_prefix("http://")?;
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let hostport = rest.rsplit_once('@').map(|(_, h)| h).unwrap_or(rest);
+    if hostport.is_empty() || hostport.contains('/') {
+        return None;
+    }
+    let (host, port) = hostport.rsplit_once(':')?;
+    let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
+    if host.is_empty() {
+        return None;
+    }
+    Some(format!("http://{}:{port}", host.to_ascii_lowercase()))
+}
+
+fn redact_userinfo(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((_, host)) => format!("{scheme}://***@{host}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
     }
 }
 
@@ -415,3 +478,4 @@ fn check_protected(paths: &[PathGrant], home: &Path) -> Result<Vec<PathBuf>, Pol
 
 #[cfg(test)]
 mod tests;
+pub mod net;

@@ -51,6 +51,8 @@ pub const WRITE_PROTECTED_WORKSPACE_NAMES: &[&str] = &[
 /// entries, per-user git config); write-protected wherever a home directory
 /// lies inside a writable workspace.
 pub const WRITE_PROTECTED_HOME_PATHS: &[&str] = &[
+    ".config/moat",
+    ".local/state/moat",
     ".config/git",
     ".config/autostart",
     ".config/systemd",

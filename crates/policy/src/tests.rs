@@ -26,10 +26,30 @@ fn danger_defaults_to_host_network_and_refuses_disabled() {
 }
 
 #[test]
-fn proxy_is_refused_until_implemented() {
+fn proxy_rules_are_validated_and_canonical() {
     let mut r = req();
     r.network = Some(NetworkMode::Proxy);
-    assert_eq!(Policy::resolve(r).unwrap_err(), PolicyError::ProxyNotImplemented);
+    r.allow_domains = vec!["Example.COM:443".into(), "@package-registries".into()];
+    r.deny_domains = vec!["evil.example.com".into()];
+    r.upstream_proxy = Some("http://user:hunter2@Proxy.Corp:3128".into());
+    let p = Policy::resolve(r.clone()).unwrap();
+    let json = p.canonical_json();
+    assert!(json.contains("example.com:443") && json.contains("registry.npmjs.org:443"), "{json}");
+    assert!(json.contains("http://proxy.corp:3128"));
+    assert!(!json.contains("hunter2"), "credentials never reach the canonical policy");
+    r.allow_domains = vec!["*".into()];
+    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::Pattern(_)));
+}
+
+#[test]
+fn proxy_flags_need_proxy_mode() {
+    let mut r = req();
+    r.allow_domains = vec!["example.com".into()];
+    assert_eq!(Policy::resolve(r).unwrap_err(), PolicyError::NeedsProxyMode("--allow-domain"));
+    let mut r = req();
+    r.network = Some(NetworkMode::Proxy);
+    r.upstream_proxy = Some("socks5://x:1".into());
+    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::BadUpstream(_)));
 }
 
 #[test]

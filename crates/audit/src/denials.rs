@@ -1,0 +1,309 @@
+//! Post-mortem denials: refusals read back from a command's stderr
+//! ("Read-only file system", "Permission denied", "Operation not permitted"),
+//! with the path they name when there is one.
+//!
+//! This sees what the command chose to print, in the C or an English locale:
+//! a refusal it swallowed, or printed translated, is not caught.
+
+/// At most this many denials are returned.
+pub const MAX_DENIALS: usize = 64;
+/// Longest stderr line kept in a [`Denial`] (bytes, cut at a char boundary).
+const MAX_LINE: usize = 512;
+/// Longest prefix of a stderr line that is parsed.
+const MAX_SCAN: usize = 8192;
+/// Longest path kept.
+const MAX_PATH: usize = 4096;
+
+/// One refusal reported by the command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    /// The path the message names, as printed (may be relative).
+    pub path: Option<String>,
+    /// `"EROFS"`, `"EACCES"` or `"EPERM"`.
+    pub errno: &'static str,
+    /// What the command tried, guessed from the wording: `"write"`, `"read"`,
+    /// `"execute"` or `"access"` when it cannot be told.
+    pub op: &'static str,
+    /// The stderr line (trimmed, at most 512 bytes).
+    pub line: String,
+}
+
+/// Message fragments (lowercase) and the errno each stands for. Earlier
+/// entries win when a line holds several.
+const MARKERS: &[(&str, &str)] = &[
+    ("read-only file system", "EROFS"),
+    ("[errno 30]", "EROFS"),
+    ("erofs", "EROFS"),
+    ("permission denied", "EACCES"),
+    ("[errno 13]", "EACCES"),
+    ("eacces", "EACCES"),
+    ("operation not permitted", "EPERM"),
+    ("[errno 1]", "EPERM"),
+    ("eperm", "EPERM"),
+];
+
+const WRITE_WORDS: &[&str] = &[
+    "cannot touch",
+    "cannot create",
+    "can't create",
+    "cannot remove",
+    "cannot move",
+    "cannot make",
+    "cannot write",
+    "can't write",
+    "could not lock",
+    "could not create",
+    "unable to create",
+    "unable to write",
+    "failed to write",
+    "failed to create",
+    "cannot overwrite",
+    "cannot change",
+    "cannot set",
+    "mkdir",
+    "unlink",
+    "rename",
+];
+const READ_WORDS: &[&str] = &[
+    "cannot open directory",
+    "cannot access",
+    "cannot read",
+    "can't read",
+    "cannot open",
+    "can't open",
+    "could not open",
+    "failed to open",
+    "unable to open",
+    "opendir",
+    "cannot stat",
+    ", open '",
+    ", scandir '",
+    "open /",
+];
+const EXEC_WORDS: &[&str] = &["cannot execute", "can't execute", "exec", "cannot run"];
+
+/// Denials in `stderr`, in order of appearance, at most [`MAX_DENIALS`],
+/// one per (path, errno).
+pub fn parse_denials(stderr: &str) -> Vec<Denial> {
+    let mut out: Vec<Denial> = Vec::new();
+    for raw in stderr.lines() {
+        if out.len() >= MAX_DENIALS {
+            break;
+        }
+        // Only the start of a very long line is looked at (bounded work).
+        let line = truncate(raw.trim(), MAX_SCAN);
+        let lower = line.to_ascii_lowercase();
+        let Some((errno, at)) = classify(&lower) else { continue };
+        let path = extract_path(line, at);
+        if out.iter().any(|d| d.errno == errno && d.path == path) {
+            continue;
+        }
+        let op = if errno == "EROFS" || WRITE_WORDS.iter().any(|w| lower.contains(w)) {
+            "write"
+        } else if EXEC_WORDS.iter().any(|w| lower.contains(w)) {
+            "execute"
+        } else if READ_WORDS.iter().any(|w| lower.contains(w)) {
+            "read"
+        } else {
+            "access"
+        };
+        out.push(Denial { path, errno, op, line: truncate(line, MAX_LINE).to_owned() });
+    }
+    out
+}
+
+/// The errno a line reports, and where its first marker starts.
+fn classify(lower: &str) -> Option<(&'static str, usize)> {
+    let errno = MARKERS.iter().find(|(m, _)| contains_marker(lower, m))?.1;
+    let at = MARKERS.iter().filter_map(|(m, _)| find_marker(lower, m)).min()?;
+    Some((errno, at))
+}
+
+/// Bare errno names (`eperm`) count only as whole words.
+fn find_marker(lower: &str, marker: &str) -> Option<usize> {
+    let whole_word = !marker.contains(' ') && !marker.starts_with('[');
+    let b = lower.as_bytes();
+    let mut from = 0;
+    while let Some(off) = lower[from..].find(marker) {
+        let start = from + off;
+        let end = start + marker.len();
+        let boundary = |i: Option<&u8>| i.is_none_or(|c| !c.is_ascii_alphanumeric() && *c != b'_');
+        if !whole_word || (boundary(start.checked_sub(1).and_then(|i| b.get(i))) && boundary(b.get(end))) {
+            return Some(start);
+        }
+        from = end;
+    }
+    None
+}
+
+fn contains_marker(lower: &str, marker: &str) -> bool {
+    find_marker(lower, marker).is_some()
+}
+
+/// The path a message names: the quoted string closest before the error
+/// text, else the first quoted string after it, else the `: `-separated
+/// field just before it (`cat: /a/b: Permission denied`, `sh: 1: cannot
+/// create /a/b: …`).
+fn extract_path(line: &str, marker_at: usize) -> Option<String> {
+    let quoted = quoted_strings(line);
+    let before = quoted.iter().rev().find(|q| q.1 <= marker_at && !q.2.is_empty());
+    let after = quoted.iter().find(|q| q.0 >= marker_at && looks_like_path(q.2));
+    if let Some(q) = before.or(after) {
+        return Some(truncate(q.2, MAX_PATH).to_owned());
+    }
+    let head = line.get(..marker_at)?.trim_end().trim_end_matches([':', ',']).trim_end();
+    let fields: Vec<&str> = head.split(": ").collect();
+    let last = fields.last()?.trim();
+    // A lone first field is the program's name ("cat"), never the path.
+    let bare_word_ok = fields.len() > 1;
+    let candidate = if bare_word_ok && !last.contains(' ') && !last.is_empty() && !last.bytes().all(|b| b.is_ascii_digit()) {
+        Some(last)
+    } else {
+        last.split_whitespace().rev().find(|w| looks_like_path(w))
+    };
+    candidate.map(|p| truncate(p.trim_end_matches([':', ',']), MAX_PATH).to_owned())
+}
+
+fn looks_like_path(s: &str) -> bool {
+    s.starts_with('/') || s.starts_with("./") || s.starts_with("../") || s.starts_with("~/")
+}
+
+/// Quoted strings as (start byte, end byte, content): '…', "…", `…`, `…',
+/// ‘…’, “…”. An apostrophe inside a word (can't) opens nothing.
+fn quoted_strings(line: &str) -> Vec<(usize, usize, &str)> {
+    let mut out = Vec::new();
+    let chars: Vec<(usize, char)> = line.char_indices().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let (start, c) = chars[i];
+        let closers: &[char] = match c {
+            '\'' => &['\''],
+            '"' => &['"'],
+            '`' => &['`', '\''],
+            '\u{2018}' => &['\u{2019}'],
+            '\u{201c}' => &['\u{201d}'],
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let left_ok = i == 0 || !chars[i - 1].1.is_alphanumeric();
+        if !left_ok {
+            i += 1;
+            continue;
+        }
+        let close = (i + 1..chars.len()).find(|&j| {
+            closers.contains(&chars[j].1) && chars.get(j + 1).is_none_or(|(_, n)| !n.is_alphanumeric())
+        });
+        match close {
+            Some(j) => {
+                let content_start = start + c.len_utf8();
+                out.push((start, chars[j].0 + chars[j].1.len_utf8(), &line[content_start..chars[j].0]));
+                i = j + 1;
+            }
+            None => i += 1,
+        }
+    }
+    out
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(line: &str) -> (Option<String>, &'static str, &'static str) {
+        let d = parse_denials(line);
+        assert_eq!(d.len(), 1, "{line:?} -> {d:?}");
+        (d[0].path.clone(), d[0].errno, d[0].op)
+    }
+
+    fn p(s: &str) -> Option<String> {
+        Some(s.to_owned())
+    }
+
+    #[test]
+    fn coreutils() {
+        assert_eq!(one("touch: cannot touch '/x/y': Read-only file system"), (p("/x/y"), "EROFS", "write"));
+        assert_eq!(one("cat: /a/b: Permission denied"), (p("/a/b"), "EACCES", "access"));
+        assert_eq!(one("ls: cannot open directory '/x': Permission denied"), (p("/x"), "EACCES", "read"));
+        assert_eq!(one("mkdir: cannot create directory \u{2018}/w/d\u{2019}: Read-only file system"), (p("/w/d"), "EROFS", "write"));
+        assert_eq!(one("mv: cannot move 'a' to '/x/b': Permission denied"), (p("/x/b"), "EACCES", "write"));
+        assert_eq!(one("touch: cannot touch 'notes.txt': Read-only file system"), (p("notes.txt"), "EROFS", "write"));
+        assert_eq!(one("rm: cannot remove '/w/.git/hooks/pre-commit': Permission denied"), (p("/w/.git/hooks/pre-commit"), "EACCES", "write"));
+    }
+
+    #[test]
+    fn shells() {
+        assert_eq!(one("bash: /a/b: Operation not permitted"), (p("/a/b"), "EPERM", "access"));
+        assert_eq!(one("bash: line 1: /home/u/.bashrc: Read-only file system"), (p("/home/u/.bashrc"), "EROFS", "write"));
+        assert_eq!(one("sh: 1: cannot create /home/u/.profile: Read-only file system"), (p("/home/u/.profile"), "EROFS", "write"));
+        assert_eq!(one("bash: ./run.sh: Permission denied"), (p("./run.sh"), "EACCES", "access"));
+    }
+
+    #[test]
+    fn python_and_others() {
+        assert_eq!(one("python3: can't open file '/a/b': [Errno 13] Permission denied"), (p("/a/b"), "EACCES", "read"));
+        assert_eq!(one("PermissionError: [Errno 1] Operation not permitted"), (None, "EPERM", "access"));
+        assert_eq!(
+            one("PermissionError: [Errno 13] Permission denied: '/etc/moat.conf'"),
+            (p("/etc/moat.conf"), "EACCES", "access")
+        );
+        assert_eq!(one("OSError: [Errno 30] Read-only file system: '/usr/x'"), (p("/usr/x"), "EROFS", "write"));
+        assert_eq!(
+            one("Error: EACCES: permission denied, open '/home/u/.npmrc'"),
+            (p("/home/u/.npmrc"), "EACCES", "read")
+        );
+        assert_eq!(
+            one("error: could not lock config file /w/.git/config: Permission denied"),
+            (p("/w/.git/config"), "EACCES", "write")
+        );
+        assert_eq!(one("open /var/x: permission denied"), (p("/var/x"), "EACCES", "read"));
+        assert_eq!(one("error: failed to open `/w/Cargo.lock`: Permission denied (os error 13)"), (p("/w/Cargo.lock"), "EACCES", "read"));
+    }
+
+    #[test]
+    fn a_real_stderr_mixture() {
+        let stderr = "\
+Traceback (most recent call last):
+  File \"/w/x.py\", line 1, in <module>
+PermissionError: [Errno 13] Permission denied: '/home/u/.ssh/id_rsa'
+touch: cannot touch '/x/y': Read-only file system
+touch: cannot touch '/x/y': Read-only file system
+compiling foo v0.1.0
+warning: unused variable
+socket: Operation not permitted
+";
+        let d = parse_denials(stderr);
+        assert_eq!(d.len(), 3, "{d:?}");
+        assert_eq!(d[0].path.as_deref(), Some("/home/u/.ssh/id_rsa"));
+        assert_eq!(d[1].path.as_deref(), Some("/x/y"));
+        assert_eq!(d[2].errno, "EPERM");
+        assert_eq!(d[2].path, None);
+        assert_eq!(d[1].line, "touch: cannot touch '/x/y': Read-only file system");
+    }
+
+    #[test]
+    fn no_false_positives_and_bounded() {
+        assert!(parse_denials("all good\npermissions: ok\nsuperuser\nEPERMISSIVE").is_empty());
+        let many: String = (0..500).map(|i| format!("cat: /f{i}: Permission denied\n")).collect();
+        assert_eq!(parse_denials(&many).len(), MAX_DENIALS);
+        let long = format!("cat: /{}: Permission denied", "é".repeat(3000));
+        let d = parse_denials(&long);
+        assert!(d[0].line.len() <= 512);
+        let start = std::time::Instant::now();
+        let hostile = format!("{} Permission denied", " 'x".repeat(400_000));
+        let _ = parse_denials(&hostile);
+        assert!(start.elapsed() < std::time::Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,382 @@
+//! The append-only, hash-chained JSONL log: locked appends, verification,
+//! and reading lines back.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+use serde::Deserialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// `prev` of the first line.
+pub const GENESIS: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+/// First window read from the end of the log to find its last line; doubled
+/// until the line fits.
+const TAIL_WINDOW: u64 = 8 * 1024;
+
+/// Errors of opening, appending to and reading the log.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("audit log {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("audit log {path}: cannot take the lock: {errno}")]
+    Lock { path: PathBuf, errno: Errno },
+    #[error("audit log {path}: {reason}; run `moat audit verify --log {path}`")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("audit log {path}, line {line}: not a JSON event: {source}")]
+    BadLine { path: PathBuf, line: u64, source: serde_json::Error },
+    #[error("an audit event must be a JSON object")]
+    NotAnObject,
+    #[error("cannot serialize an audit event: {0}")]
+    Serialize(serde_json::Error),
+}
+
+/// Why [`verify`] failed: the first broken line (1-based) and what is wrong
+/// with it, or the log could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("broken at line {line}: {reason}")]
+    Broken { line: u64, reason: String },
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// What an intact log holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub lines: u64,
+    pub executions: u64,
+}
+
+/// The log, open for appending. Appends from many processes (and threads
+/// sharing one `AuditLog`) are serialized; none interleave or get lost.
+#[derive(Debug)]
+pub struct AuditLog {
+    path: PathBuf,
+    file: File,
+    /// `flock` excludes other open file descriptions, not threads sharing
+    /// this one, so threads of one process also queue here.
+    in_process: Mutex<()>,
+}
+
+impl AuditLog {
+    /// Opens (creating it 0600, and missing parent directories 0700) the log
+    /// at `path` for appending.
+    pub fn open(path: &Path) -> Result<AuditLog, AuditError> {
+        let io = |source| AuditError::Io { path: path.to_path_buf(), source };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            DirBuilder::new().recursive(true).mode(0o700).create(parent).map_err(io)?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .mode(0o600) // std adds O_CLOEXEC
+            .open(path)
+            .map_err(io)?;
+        Ok(AuditLog { path: path.to_path_buf(), file, in_process: Mutex::new(()) })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends `events` (JSON objects) in order as one locked write:
+    /// `flock(LOCK_EX)`, read the last line from the file's tail for its
+    /// hash and `seq`, give each event `seq` (previous + 1, from 1) and
+    /// `prev` (`sha256:` of the previous line without its newline, or
+    /// [`GENESIS`]), write all lines with one `write(2)`, unlock.
+    ///
+    /// A log whose last line is incomplete or not an event is refused
+    /// ([`AuditError::Corrupt`]) rather than extended. A failed write is
+    /// rolled back (the file is cut back to its old length) so no partial
+    /// line stays behind. There is no fsync: an event survives a crash of
+    /// moat, not necessarily one of the machine.
+    pub fn append(&self, events: &[Value]) -> Result<(), AuditError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let io = |source| AuditError::Io { path: self.path.clone(), source };
+        let _thread_guard = self.in_process.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let locked = lock_exclusive(self.file.try_clone().map_err(io)?, &self.path)?;
+        let len = locked.metadata().map_err(io)?.len();
+        let (mut prev, mut seq) = last_line_state(&locked, len, &self.path)?;
+
+        let mut buf = Vec::with_capacity(events.len() * 512);
+        for ev in events {
+            let Value::Object(fields) = ev else { return Err(AuditError::NotAnObject) };
+            let mut line = fields.clone();
+            seq += 1;
+            line.insert("seq".into(), Value::from(seq));
+            line.insert("prev".into(), Value::String(prev));
+            let start = buf.len();
+            serde_json::to_writer(&mut buf, &line).map_err(AuditError::Serialize)?;
+            prev = chain_hash(&buf[start..]);
+            buf.push(b'\n');
+        }
+
+        if let Err(e) = write_all(&locked, &buf) {
+            // Never leave half a line: cut back to where this append began.
+            let _ = locked.set_len(len);
+            return Err(io(e));
+        }
+        // Dropping `locked` unlocks (and closes the duplicate descriptor).
+        Ok(())
+    }
+}
+
+fn lock_exclusive(file: File, path: &Path) -> Result<Flock<File>, AuditError> {
+    let mut file = file;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusive) {
+            Ok(locked) => return Ok(locked),
+            Err((back, Errno::EINTR)) => file = back,
+            Err((_, errno)) => return Err(AuditError::Lock { path: path.to_path_buf(), errno }),
+        }
+    }
+}
+
+/// One `write(2)` for the whole batch in practice; loops only on a short
+/// write (a full disk), still under the lock.
+fn write_all(mut file: &File, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match file.write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// `sha256:<hex>` of one line's bytes (without its newline).
+pub(crate) fn chain_hash(line: &[u8]) -> String {
+    let mut s = String::with_capacity(71);
+    s.push_str("sha256:");
+    s.push_str(&hex(&Sha256::digest(line)));
+    s
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 15)]));
+    }
+    s
+}
+
+#[derive(Deserialize)]
+struct SeqOnly {
+    seq: u64,
+}
+
+/// The chain state after the log's last line: its hash and `seq`, read from
+/// the end of the file only.
+fn last_line_state(file: &File, len: u64, path: &Path) -> Result<(String, u64), AuditError> {
+    if len == 0 {
+        return Ok((GENESIS.to_owned(), 0));
+    }
+    let corrupt = |reason: String| AuditError::Corrupt { path: path.to_path_buf(), reason };
+    let mut window = TAIL_WINDOW.min(len);
+    loop {
+        let start = len - window;
+        let mut buf = vec![0u8; usize::try_from(window).unwrap_or(usize::MAX)];
+        file.read_exact_at(&mut buf, start).map_err(|source| AuditError::Io { path: path.to_path_buf(), source })?;
+        if buf.last() != Some(&b'\n') {
+            return Err(corrupt("its last line is incomplete (no trailing newline)".into()));
+        }
+        let body = &buf[..buf.len() - 1];
+        let line = match body.iter().rposition(|&b| b == b'\n') {
+            Some(i) => &body[i + 1..],
+            None if start == 0 => body,
+            None => {
+                window = (window * 4).min(len);
+                continue;
+            }
+        };
+        let seq = serde_json::from_slice::<SeqOnly>(line)
+            .map_err(|e| corrupt(format!("its last line is not an event with a seq: {e}")))?
+            .seq;
+        return Ok((chain_hash(line), seq));
+    }
+}
+
+#[derive(Deserialize)]
+struct ChainFields<'a> {
+    seq: u64,
+    #[serde(borrow)]
+    prev: Cow<'a, str>,
+    #[serde(borrow, default)]
+    execution_id: Option<Cow<'a, str>>,
+}
+
+/// Checks that every line is a JSON event, that `seq` runs 1, 2, 3, … and
+/// that each `prev` is the sha256 of the line before (the first: [`GENESIS`]).
+///
+/// Which line is named: an edit inside a line that keeps it valid JSON and
+/// leaves its `seq`/`prev` alone is reported at the NEXT line (whose `prev`
+/// no longer matches); an edit that breaks the JSON or touches `seq`/`prev`
+/// is reported at the edited line itself. A deleted or moved line is
+/// reported where `seq` first skips or goes back. A cut-off last line is
+/// reported as truncated. Removing whole lines from the END cannot be told
+/// from a shorter log by a chain alone (compare `lines` with a count kept
+/// elsewhere), nor can a rewrite that recomputes every later hash.
+pub fn verify(path: &Path) -> Result<VerifyReport, VerifyError> {
+    let io = |source| VerifyError::Io { path: path.to_path_buf(), source };
+    let file = File::open(path).map_err(io)?;
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut raw = Vec::with_capacity(4096);
+    let mut expected_prev = GENESIS.to_owned();
+    let mut executions: HashSet<String> = HashSet::new();
+    let mut line_no: u64 = 0;
+    loop {
+        raw.clear();
+        if reader.read_until(b'\n', &mut raw).map_err(io)? == 0 {
+            break;
+        }
+        line_no += 1;
+        let broken = |reason: String| VerifyError::Broken { line: line_no, reason };
+        let Some(body) = raw.strip_suffix(b"\n") else {
+            return Err(broken(if serde_json::from_slice::<Value>(&raw).is_ok() {
+                "the last line has no newline (the file was truncated)".into()
+            } else {
+                "the last line is cut off (the file was truncated)".into()
+            }));
+        };
+        if body.is_empty() {
+            return Err(broken("empty line (a line was blanked or a newline inserted)".into()));
+        }
+        let fields: ChainFields = serde_json::from_slice(body)
+            .map_err(|e| broken(format!("not a valid JSON event (edited or damaged): {e}")))?;
+        if fields.seq != line_no {
+            let previous = line_no - 1;
+            let reason = if fields.seq > line_no {
+                format!("seq {} follows seq {previous}: a line is missing (deleted) or lines are out of order", fields.seq)
+            } else {
+                format!("seq {} follows seq {previous}: lines were reordered, duplicated or edited", fields.seq)
+            };
+            return Err(broken(reason));
+        }
+        if fields.prev != expected_prev {
+            return Err(broken(if line_no == 1 {
+                "prev of the first line is not the genesis hash (lines were removed from the start or it was edited)"
+                    .into()
+            } else {
+                format!(
+                    "prev does not match the sha256 of line {}: line {} was edited (or this line's prev was)",
+                    line_no - 1,
+                    line_no - 1
+                )
+            }));
+        }
+        if let Some(id) = fields.execution_id {
+            if !executions.contains(id.as_ref()) {
+                executions.insert(id.into_owned());
+            }
+        }
+        expected_prev = chain_hash(body);
+    }
+    Ok(VerifyReport { lines: line_no, executions: executions.len() as u64 })
+}
+
+/// Every event of the log, in order. A line that is not JSON is an error
+/// naming it.
+pub fn read_events(path: &Path) -> Result<Vec<Value>, AuditError> {
+    let io = |source| AuditError::Io { path: path.to_path_buf(), source };
+    let reader = BufReader::with_capacity(1 << 20, File::open(path).map_err(io)?);
+    let mut events = Vec::new();
+    for (i, line) in reader.split(b'\n').enumerate() {
+        let line = line.map_err(io)?;
+        if line.is_empty() {
+            continue;
+        }
+        let value = serde_json::from_slice(&line).map_err(|source| AuditError::BadLine {
+            path: path.to_path_buf(),
+            line: i as u64 + 1,
+            source,
+        })?;
+        events.push(value);
+    }
+    Ok(events)
+}
+
+/// The last `n` complete lines of the log (without newlines), read from its
+/// end, and the byte offset just after the last complete line (where
+/// [`lines_from`] continues for `--follow`).
+pub fn tail_lines(path: &Path, n: usize) -> Result<(Vec<String>, u64), AuditError> {
+    let io = |source| AuditError::Io { path: path.to_path_buf(), source };
+    let file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let mut window = TAIL_WINDOW.min(len);
+    loop {
+        let start = len - window;
+        let mut buf = vec![0u8; usize::try_from(window).unwrap_or(usize::MAX)];
+        file.read_exact_at(&mut buf, start).map_err(io)?;
+        // Only complete lines count; a fragment being written is left for later.
+        let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let end = start + complete as u64;
+        let body = &buf[..complete];
+        let newlines = body.iter().filter(|&&b| b == b'\n').count();
+        // Enough lines when the window holds n + 1 newlines (the first line may
+        // be partial) or reaches the start of the file.
+        if newlines > n || start == 0 {
+            let mut lines: Vec<String> = body
+                .split(|&b| b == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| String::from_utf8_lossy(l).into_owned())
+                .collect();
+            if start > 0 && !lines.is_empty() {
+                lines.remove(0); // partial first line of the window
+            }
+            let skip = lines.len().saturating_sub(n);
+            return Ok((lines.split_off(skip), end));
+        }
+        window = (window * 4).min(len);
+    }
+}
+
+/// Complete lines written at or after byte `offset`, and the offset after
+/// the last of them. If the file became shorter than `offset` (replaced or
+/// truncated), reading restarts at 0.
+pub fn lines_from(path: &Path, offset: u64) -> Result<(Vec<String>, u64), AuditError> {
+    let io = |source| AuditError::Io { path: path.to_path_buf(), source };
+    let mut file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let offset = if len < offset { 0 } else { offset };
+    file.seek(SeekFrom::Start(offset)).map_err(io)?;
+    let mut buf = Vec::new();
+    file.take(len - offset).read_to_end(&mut buf).map_err(io)?;
+    let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let lines = buf[..complete]
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| String::from_utf8_lossy(l).into_owned())
+        .collect();
+    Ok((lines, offset + complete as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_and_hash() {
+        assert_eq!(hex(&[0, 15, 255]), "000fff");
+        assert_eq!(
+            chain_hash(b""),
+            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(GENESIS.len(), chain_hash(b"x").len());
+    }
+}

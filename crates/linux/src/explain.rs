@@ -1,0 +1,109 @@
+//! Attributes a refusal the command reported (a path and an errno read back
+//! from its stderr) to the part of the plan that caused it, so the agent is
+//! told why instead of seeing a bare EACCES. Pure: uses only the plan.
+
+use std::path::{Component, Path, PathBuf};
+
+use moat_policy::Level;
+use serde::Serialize;
+
+use crate::plan::{visible, MountOp, Plan};
+use crate::probe::Kind;
+
+/// Why moat refused an access, as a stable code plus a short phrase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DenyReason {
+    /// The path is a protected path, shown as an empty read-only stand-in.
+    Protected,
+    /// A write-protected file that runs code later (hooks, rc files, …).
+    WriteProtected,
+    /// A write outside the writable part of the view.
+    OutsideWritable,
+    /// The path exists on the host but is not part of the view.
+    OutsideView,
+}
+
+impl DenyReason {
+    pub fn code(self) -> &'static str {
+        match self {
+            DenyReason::Protected => "protected",
+            DenyReason::WriteProtected => "write_protected",
+            DenyReason::OutsideWritable => "outside_writable",
+            DenyReason::OutsideView => "outside_view",
+        }
+    }
+
+    /// A phrase for the one-line stderr summary.
+    pub fn phrase(self, level: Level) -> String {
+        match self {
+            DenyReason::Protected => "protected path, an empty read-only stand-in; opt in with --ro/--rw PATH".into(),
+            DenyReason::WriteProtected => "write-protected: it runs code later".into(),
+            DenyReason::OutsideWritable => match level {
+                Level::ReadOnly => "read-only policy; use --policy workspace-write or --rw PATH".into(),
+                _ => "outside the workspace; add --rw PATH to grant it".into(),
+            },
+            DenyReason::OutsideView => format!("not in the view at --policy {level}; add --ro PATH to show it"),
+        }
+    }
+}
+
+/// Lexically absolute and normalized (`..` folded), relative to `cwd`.
+pub fn absolute(cwd: &Path, p: &str) -> PathBuf {
+    let raw = if p.starts_with('/') { PathBuf::from(p) } else { cwd.join(p) };
+    let mut out = PathBuf::from("/");
+    for c in raw.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(n) => out.push(n),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The deepest mount op covering `path`.
+fn covering<'a>(plan: &'a Plan, path: &Path) -> Option<&'a MountOp> {
+    plan.mounts
+        .iter()
+        .filter(|op| path.starts_with(op.target()))
+        .max_by_key(|op| op.target().components().count())
+}
+
+/// Explains a refusal of `path` with `errno` ("EROFS", "EACCES", "EPERM",
+/// "ENOENT"), or None when moat's policy did not cause it.
+pub fn explain(plan: &Plan, path: &str, errno: &str, host_exists: impl Fn(&Path) -> bool) -> Option<DenyReason> {
+    if !plan.sandboxed {
+        return None;
+    }
+    let abs = absolute(&plan.cwd, path);
+    let op = covering(plan, &abs);
+    if let Some(MountOp::StandIn { target, kind }) = op {
+        // The stand-in itself, or something "inside" an empty directory.
+        if *target == abs || *kind == Kind::Dir {
+            return Some(DenyReason::Protected);
+        }
+    }
+    match errno {
+        "EROFS" | "EACCES" | "EPERM" => {
+            let writable = plan.landlock.write.iter().any(|w| abs.starts_with(w));
+            match op {
+                Some(MountOp::Bind { readonly: true, target, .. }) if writable && *target != plan.cwd => {
+                    Some(DenyReason::WriteProtected)
+                }
+                _ if !writable && errno != "EPERM" => Some(DenyReason::OutsideWritable),
+                _ => None,
+            }
+        }
+        "ENOENT" => {
+            if !visible(&abs, &plan.mounts) && host_exists(&abs) {
+                Some(DenyReason::OutsideView)
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
