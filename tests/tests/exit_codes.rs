@@ -107,7 +107,9 @@ fn refusals_are_125() {
     let x = fx.root.join("x");
     std::fs::create_dir_all(&x).unwrap();
     let xs = x.to_str().unwrap();
-    run(fx.moat(["exec", "--network", "proxy", "--", "true"])).expect_code(125);
+    run(fx.moat(["exec", "--allow-domain", "example.com", "--", "true"])).expect_code(125);
+    run(fx.moat(["exec", "--network", "proxy", "--allow-domain", "*", "--", "true"])).expect_code(125);
+    run(fx.moat(["exec", "--network", "proxy", "--allow-domain", "*.com", "--", "true"])).expect_code(125);
     run(fx.moat([
         "exec",
         "--policy",

@@ -107,7 +107,7 @@ fn network_unmanaged_reaches_host_loopback_positive_control() {
 }
 
 #[test]
-fn network_proxy_is_refused() {
+fn danger_full_access_cannot_be_put_behind_the_proxy() {
     let fx = Fixture::new();
     let marker = unique("proxyran");
     let out = run(fx.sh(
@@ -118,7 +118,7 @@ fn network_proxy_is_refused() {
     out.expect_code(125);
     assert!(
         !exists(fx.w(&marker)),
-        "command ran despite --network proxy refusal"
+        "command ran despite the refusal of --network proxy at danger-full-access"
     );
 }
 
