@@ -159,7 +159,9 @@ fn extract_path(line: &str, marker_at: usize) -> Option<String> {
     let candidate = if bare_word_ok && !last.contains(' ') && !last.is_empty() && !last.bytes().all(|b| b.is_ascii_digit()) {
         Some(last)
     } else {
-        last.split_whitespace().rev().find(|w| looks_like_path(w))
+        // "cannot create .local/x" (dash): a relative path is the last
+        // word when it has a slash or is a dotfile.
+        last.split_whitespace().rev().find(|w| looks_like_path(w) || w.contains('/') || (w.starts_with('.') && w.len() > 1))
     };
     candidate.map(|p| truncate(p.trim_end_matches([':', ',']), MAX_PATH).to_owned())
 }

@@ -3,7 +3,6 @@
 //! in the audit log.
 
 use std::io::Write;
-use std::path::Path;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
@@ -86,6 +85,11 @@ impl RunObserver for Session {
 
     fn proxy_listeners(&mut self, http: std::net::TcpListener, socks: std::net::TcpListener) {
         let Some(config) = self.proxy_config.take() else { return };
+        // Each tunnel costs two descriptors here. The sandbox was forked
+        // already, so raising our own soft limit does not reach the command.
+        if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+            let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+        }
         let sink = self.sink.clone();
         let ctx = self.ctx.clone();
         let on_decision: moat_proxy::OnDecision = Box::new(move |rec| {
@@ -462,5 +466,3 @@ pub fn proxy_connect(host: &str, port: u16) -> ExitCode {
     }
 }
 
-#[allow(dead_code)]
-fn _path_is_used(_: &Path) {}

@@ -22,6 +22,8 @@ pub enum DenyReason {
     OutsideWritable,
     /// The path exists on the host but is not part of the view.
     OutsideView,
+    /// moat's own audit log, trust store or configuration.
+    MoatState,
 }
 
 impl DenyReason {
@@ -31,6 +33,7 @@ impl DenyReason {
             DenyReason::WriteProtected => "write_protected",
             DenyReason::OutsideWritable => "outside_writable",
             DenyReason::OutsideView => "outside_view",
+            DenyReason::MoatState => "moat_state",
         }
     }
 
@@ -44,6 +47,7 @@ impl DenyReason {
                 _ => "outside the workspace; add --rw PATH to grant it".into(),
             },
             DenyReason::OutsideView => format!("not in the view at --policy {level}; add --ro PATH to show it"),
+            DenyReason::MoatState => "moat's own audit log and configuration are read-only to sandboxed commands".into(),
         }
     }
 }
@@ -85,6 +89,9 @@ pub fn explain(plan: &Plan, path: &str, errno: &str, host_exists: impl Fn(&Path)
         if *target == abs || *kind == Kind::Dir {
             return Some(DenyReason::Protected);
         }
+    }
+    if plan.moat_dirs.iter().any(|d| abs.starts_with(d)) && errno != "ENOENT" {
+        return Some(DenyReason::MoatState);
     }
     match errno {
         "EROFS" | "EACCES" | "EPERM" => {

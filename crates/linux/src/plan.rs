@@ -105,6 +105,8 @@ pub struct Plan {
     /// Host paths that must not exist after the run (write-protected paths
     /// the command could create because they did not exist before).
     pub sweep: Vec<PathBuf>,
+    /// moat's own state/config directories made read-only in this view.
+    pub moat_dirs: Vec<PathBuf>,
     /// Directories where new `<prefix>*` entries are swept after the run.
     pub sweep_prefixed: Vec<crate::probe::PrefixGuard>,
     pub landlock_abi: i32,
@@ -156,6 +158,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         cwd: policy.workspace.clone(),
         sweep: Vec::new(),
         sweep_prefixed: Vec::new(),
+        moat_dirs: Vec::new(),
         landlock_abi: host.landlock_abi,
     };
     if !sandboxed {
@@ -292,6 +295,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     for d in &host.moat_dirs {
         if writable_binds.iter().any(|w| d.starts_with(w)) && !explicit(d) {
             layered.push(host_bind(d, Kind::Dir, true, true));
+            plan.moat_dirs.push(d.clone());
         }
     }
     if ws_rw {
