@@ -187,7 +187,7 @@ pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, Con
     let ioctl_cmd = |cmd: u64| -> Result<SeccompRule, ConfineError> {
         SeccompRule::new(vec![SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, cmd).map_err(sc)?]).map_err(sc)
     };
-    rules.insert(libc::SYS_ioctl, vec![ioctl_cmd(libc::TIOCSTI as u64)?, ioctl_cmd(libc::TIOCLINUX as u64)?]);
+    rules.insert(libc::SYS_ioctl, vec![ioctl_cmd(libc::TIOCSTI)?, ioctl_cmd(libc::TIOCLINUX)?]);
     if let Some(families) = &spec.socket_families {
         // One rule whose conditions are ANDed: the family is none of the allowed.
         let conditions = families

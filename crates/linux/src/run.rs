@@ -398,12 +398,10 @@ fn supervise(
                 observer.started(command_host_pid(child));
             }
         }
-        let mut k = 0;
-        for c in captures.iter_mut().filter(|c| c.open) {
+        for (k, c) in captures.iter_mut().filter(|c| c.open).enumerate() {
             if cap_ready.get(k).copied().unwrap_or(false) {
                 c.read_some(observer, &mut tail);
             }
-            k += 1;
         }
         if sig_ready {
             while let Ok(Some(info)) = sigfd.read_signal() {
