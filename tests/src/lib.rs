@@ -845,3 +845,180 @@ pub fn expect_probe_errno(out: &Out, names: &[&str], errno: i32) {
         out.dump()
     );
 }
+
+// ---------------------------------------------------------------- HTTP servers
+
+/// A tiny HTTP/1.x server on 127.0.0.1 (random port), run in threads, that
+/// records every accepted connection and request line. It serves either one
+/// fixed body for every path or the files of a directory (GET and HEAD;
+/// `Connection: close` on every response). Used as the "remote" host behind
+/// moat's proxy: its counters are the side effect the proxy tests assert.
+pub struct HttpServer {
+    pub port: u16,
+    conns: Arc<AtomicUsize>,
+    requests: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+enum Served {
+    Fixed(String),
+    Dir(PathBuf),
+}
+
+impl HttpServer {
+    /// Answer every GET with 200 and `body`.
+    pub fn fixed(body: &str) -> HttpServer {
+        HttpServer::start(Served::Fixed(body.to_string()))
+    }
+
+    /// Serve the files under `dir` (`/a/` serves `a/index.html`).
+    pub fn dir(dir: &Path) -> HttpServer {
+        HttpServer::start(Served::Dir(dir.to_path_buf()))
+    }
+
+    fn start(what: Served) -> HttpServer {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind http");
+        let port = l.local_addr().expect("addr").port();
+        l.set_nonblocking(true).expect("nonblocking");
+        let conns = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let what = Arc::new(what);
+        let (c, r, s) = (conns.clone(), requests.clone(), stop.clone());
+        let handle = thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(300);
+            while !s.load(Ordering::SeqCst) && Instant::now() < deadline {
+                match l.accept() {
+                    Ok((stream, _)) => {
+                        c.fetch_add(1, Ordering::SeqCst);
+                        let (r, what) = (r.clone(), what.clone());
+                        thread::spawn(move || http_serve_one(stream, &what, &r));
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        });
+        HttpServer {
+            port,
+            conns,
+            requests,
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.conns.load(Ordering::SeqCst)
+    }
+
+    /// Request lines (`GET /path HTTP/1.1`) received so far.
+    pub fn requests(&self) -> Vec<String> {
+        self.requests.lock().expect("lock").clone()
+    }
+
+    /// Connections after a short settle period (late arrivals count).
+    pub fn settled_connections(&self) -> usize {
+        thread::sleep(Duration::from_millis(300));
+        self.connections()
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn http_serve_one(mut s: std::net::TcpStream, what: &Served, reqs: &Mutex<Vec<String>>) {
+    use std::io::Write;
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut head = Vec::new();
+    let mut b = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+        match s.read(&mut b) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&b[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let line = head.lines().next().unwrap_or("").to_string();
+    if line.is_empty() {
+        return;
+    }
+    reqs.lock().expect("lock").push(line.clone());
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("");
+    let target = parts.next().unwrap_or("/");
+    // Absolute-form (a client talking to us as if we were a proxy): keep the path.
+    let path = match target.find("://") {
+        Some(i) => {
+            let rest = &target[i + 3..];
+            rest.find('/').map(|j| &rest[j..]).unwrap_or("/")
+        }
+        None => target,
+    };
+    let path = path.split(['?', '#']).next().unwrap_or("/");
+    let (status, ctype, body): (&str, &str, Vec<u8>) = match what {
+        Served::Fixed(body) => ("200 OK", "text/plain", body.as_bytes().to_vec()),
+        Served::Dir(root) => {
+            let rel = path.trim_start_matches('/');
+            if rel.split('/').any(|c| c == "..") {
+                ("403 Forbidden", "text/plain", b"no\n".to_vec())
+            } else {
+                let mut p = root.join(rel);
+                if p.is_dir() {
+                    p = p.join("index.html");
+                }
+                match fs::read(&p) {
+                    Ok(data) => {
+                        let html = p.extension().is_some_and(|e| e == "html");
+                        (
+                            "200 OK",
+                            if html {
+                                "text/html"
+                            } else {
+                                "application/octet-stream"
+                            },
+                            data,
+                        )
+                    }
+                    Err(_) => ("404 Not Found", "text/plain", b"not found\n".to_vec()),
+                }
+            }
+        }
+    };
+    let mut resp = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    if method != "HEAD" {
+        resp.extend_from_slice(&body);
+    }
+    let _ = s.write_all(&resp);
+    let _ = s.flush();
+}
+
+/// A non-loopback IPv4 address of this host (for "direct connection to a
+/// host address" probes), if it has one.
+pub fn host_ipv4() -> Option<std::net::Ipv4Addr> {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        while let Some(w) = it.next() {
+            if w == "inet" {
+                return it.next()?.split('/').next()?.parse().ok();
+            }
+        }
+        None
+    })
+}

@@ -156,8 +156,12 @@ fn extract_path(line: &str, marker_at: usize) -> Option<String> {
     let last = fields.last()?.trim();
     // A lone first field is the program's name ("cat"), never the path.
     let bare_word_ok = fields.len() > 1;
+    // "cannot create NAME" (dash): what follows the verb is the path.
+    let after_verb = last.strip_prefix("cannot ").and_then(|r| r.split_once(' ')).map(|(_, p)| p.trim());
     let candidate = if bare_word_ok && !last.contains(' ') && !last.is_empty() && !last.bytes().all(|b| b.is_ascii_digit()) {
         Some(last)
+    } else if let Some(p) = after_verb.filter(|p| !p.is_empty() && !p.contains(' ')) {
+        Some(p)
     } else {
         // "cannot create .local/x" (dash): a relative path is the last
         // word when it has a slash or is a dotfile.

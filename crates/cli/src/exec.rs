@@ -236,7 +236,7 @@ pub fn exec(args: ExecArgs) -> ExitCode {
     let resolved = policy_resolved(&ctx, &policy);
     let mut facts = HostFacts::probe(&policy, env);
     if let Some(log) = &audit {
-        facts.add_write_protected_file(log.path());
+        facts.add_hidden_file(log.path());
     }
     let plan = match moat_linux::build_plan(&policy, &facts) {
         Ok(p) => p,

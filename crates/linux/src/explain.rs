@@ -83,15 +83,15 @@ pub fn explain(plan: &Plan, path: &str, errno: &str, host_exists: impl Fn(&Path)
         return None;
     }
     let abs = absolute(&plan.cwd, path);
+    if plan.moat_dirs.iter().any(|d| abs.starts_with(d)) && errno != "ENOENT" {
+        return Some(DenyReason::MoatState);
+    }
     let op = covering(plan, &abs);
     if let Some(MountOp::StandIn { target, kind }) = op {
         // The stand-in itself, or something "inside" an empty directory.
         if *target == abs || *kind == Kind::Dir {
             return Some(DenyReason::Protected);
         }
-    }
-    if plan.moat_dirs.iter().any(|d| abs.starts_with(d)) && errno != "ENOENT" {
-        return Some(DenyReason::MoatState);
     }
     match errno {
         "EROFS" | "EACCES" | "EPERM" => {

@@ -283,8 +283,8 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         let git_dir = *p == policy.workspace.join(".git") && *kind == Kind::Dir;
         layered.push(host_bind(p, *kind, true, !git_dir));
     }
-    // moat's own state (audit log, trust store) and config: read-only
-    // wherever a writable bind would otherwise expose them to writes.
+    // moat's configuration: read-only wherever a writable bind would
+    // otherwise let the command change it (a profile could widen later runs).
     let writable_binds: Vec<PathBuf> = layered
         .iter()
         .filter_map(|op| match op {
@@ -292,8 +292,8 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             _ => None,
         })
         .collect();
-    for d in &host.moat_dirs {
-        if writable_binds.iter().any(|w| d.starts_with(w)) && !explicit(d) {
+    for d in &host.moat_readonly {
+        if writable_binds.iter().any(|w| d.starts_with(w)) {
             layered.push(host_bind(d, Kind::Dir, true, true));
             plan.moat_dirs.push(d.clone());
         }
@@ -313,6 +313,14 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     };
     let mut all_ops: Vec<MountOp> = base.iter().chain(layered.iter()).cloned().collect();
     let mut stand_ins = Vec::new();
+    // moat's own state (audit log, trust store) is outside every view: no
+    // grant opts it in, so a command can neither read, lock nor change it.
+    for (p, kind) in &host.moat_hidden {
+        if visible(p, &all_ops) {
+            stand_ins.push(MountOp::StandIn { target: p.clone(), kind: *kind });
+        }
+        plan.moat_dirs.push(p.clone());
+    }
     let secrets = host.secrets.iter().chain(&host.workspace_protected).chain(&host.sockets);
     for (p, kind) in secrets {
         if opted_in(p) || !visible(p, &all_ops) {

@@ -88,9 +88,12 @@ pub struct HostFacts {
     pub grant_kinds: BTreeMap<PathBuf, Kind>,
     /// Host environment, as given to moat.
     pub env: Vec<(String, String)>,
-    /// moat's own state and configuration (audit log, trust store, profiles):
-    /// read-only wherever a writable part of the view contains them.
-    pub moat_dirs: Vec<PathBuf>,
+    /// moat's own state (audit log, trust store): hidden behind empty
+    /// stand-ins wherever the view would show them, at every level.
+    pub moat_hidden: BTreeMap<PathBuf, Kind>,
+    /// moat's configuration (profiles, config): read-only wherever a
+    /// writable part of the view contains it.
+    pub moat_readonly: Vec<PathBuf>,
     /// moat's own binary (canonical), probed in proxy mode.
     pub moat_exe: Option<PathBuf>,
     /// moat itself already runs under a seccomp filter (probed only when
@@ -181,12 +184,12 @@ fn resolve(p: &Path) -> Option<(PathBuf, Kind)> {
 }
 
 impl HostFacts {
-    /// Protects the directory holding `file` (e.g. the audit log) from
-    /// writes by the command, wherever the view would let it write there.
-    pub fn add_write_protected_file(&mut self, file: &Path) {
-        if let Some(dir) = file.parent().and_then(|d| fs::canonicalize(d).ok()) {
-            if !self.moat_dirs.contains(&dir) {
-                self.moat_dirs.push(dir);
+    /// Hides the audit log `file` from the command wherever the view would
+    /// show it (a custom `--audit-log` may live anywhere).
+    pub fn add_hidden_file(&mut self, file: &Path) {
+        if let Ok(c) = fs::canonicalize(file) {
+            if !self.moat_hidden.keys().any(|h| c.starts_with(h)) {
+                self.moat_hidden.insert(c, Kind::File);
             }
         }
     }
@@ -239,12 +242,11 @@ impl HostFacts {
         let home = get("HOME");
         let config = get("XDG_CONFIG_HOME").or_else(|| home.as_ref().map(|h| h.join(".config")));
         let state = get("XDG_STATE_HOME").or_else(|| home.as_ref().map(|h| h.join(".local/state")));
-        for d in [config, state].into_iter().flatten() {
-            if let Ok(c) = fs::canonicalize(d.join("moat")) {
-                if !self.moat_dirs.contains(&c) {
-                    self.moat_dirs.push(c);
-                }
-            }
+        if let Some(c) = config.and_then(|d| fs::canonicalize(d.join("moat")).ok()) {
+            self.moat_readonly.push(c);
+        }
+        if let Some(s) = state.and_then(|d| fs::canonicalize(d.join("moat")).ok()) {
+            self.moat_hidden.insert(s, Kind::Dir);
         }
     }
 
