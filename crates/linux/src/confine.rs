@@ -118,12 +118,59 @@ pub fn apply_landlock(spec: &LandlockSpec, kernel_abi: i32) -> Result<Enforcemen
         let fd = PathFd::new(path).map_err(|e| ConfineError::Landlock(format!("{}: {e}", path.display())))?;
         created = created.add_rule(PathBeneath::new(fd, access)).map_err(ll)?;
     }
+    // The command's own stdin/stdout/stderr may be host files (a redirect
+    // by the caller) that lie outside every rule above; `cat /dev/stdin`
+    // and `echo > /dev/stderr` reopen them by path. Grant exactly those
+    // files, with the access the caller opened them with — no more.
+    for (fd, access) in stdio_reopen_rights(abi) {
+        created = created.add_rule(PathBeneath::new(fd, access)).map_err(ll)?;
+    }
     let status = created.restrict_self().map_err(ll)?;
     match status.ruleset {
         RulesetStatus::FullyEnforced => Ok(Enforcement::Full),
         RulesetStatus::PartiallyEnforced => Ok(Enforcement::Partial),
         RulesetStatus::NotEnforced => Err(ConfineError::LandlockNotEnforced),
     }
+}
+
+/// For each of fds 0–2 that is a file or device (not a pipe or socket,
+/// which Landlock does not govern): an O_PATH handle to it and the rights
+/// matching its open mode.
+fn stdio_reopen_rights(abi: ABI) -> Vec<(PathFd, landlock::BitFlags<AccessFs>)> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    use nix::sys::stat::{fstat, SFlag};
+    let mut out = Vec::new();
+    for fd in 0..3 {
+        let borrowed = unsafe_free_borrow(fd);
+        let Some(b) = borrowed else { continue };
+        let Ok(st) = fstat(b) else { continue };
+        let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+        let is_dev = kind == SFlag::S_IFCHR || kind == SFlag::S_IFBLK;
+        if kind != SFlag::S_IFREG && !is_dev {
+            continue;
+        }
+        let Ok(flags) = fcntl(b, FcntlArg::F_GETFL) else { continue };
+        let mode = OFlag::from_bits_truncate(flags) & OFlag::O_ACCMODE;
+        let mut access = landlock::BitFlags::<AccessFs>::empty();
+        if mode == OFlag::O_RDONLY || mode == OFlag::O_RDWR {
+            access |= AccessFs::ReadFile;
+        }
+        if mode == OFlag::O_WRONLY || mode == OFlag::O_RDWR {
+            access |= AccessFs::WriteFile | AccessFs::Truncate;
+        }
+        if is_dev {
+            access |= AccessFs::IoctlDev;
+        }
+        access &= AccessFs::from_all(abi);
+        if let Ok(p) = PathFd::new(format!("/proc/self/fd/{fd}")) {
+            out.push((p, access));
+        }
+    }
+    out
+}
+
+fn unsafe_free_borrow(fd: i32) -> Option<std::os::fd::BorrowedFd<'static>> {
+    crate::sys::borrow_stdio(fd)
 }
 
 /// The seccomp floor as a seccompiler filter: listed syscalls fail with EPERM.

@@ -514,3 +514,17 @@ pub fn bring_loopback_up() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Borrows one of the standard descriptors (0, 1, 2) if it is open.
+pub fn borrow_stdio(fd: RawFd) -> Option<std::os::fd::BorrowedFd<'static>> {
+    if !(0..=2).contains(&fd) {
+        return None;
+    }
+    // SAFETY: F_GETFD only queries the descriptor table.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return None;
+    }
+    // SAFETY: fds 0-2 stay open for the life of the process (nothing in the
+    // command's setup closes them), so a 'static borrow is sound.
+    Some(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+}
