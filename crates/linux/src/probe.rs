@@ -143,6 +143,15 @@ fn dirent_kind(ft: &fs::FileType) -> Kind {
     }
 }
 
+/// The home directory of `uid` in /etc/passwd (no NSS: moat links statically).
+fn passwd_home(uid: u32) -> Option<PathBuf> {
+    let text = fs::read_to_string("/etc/passwd").ok()?;
+    text.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() >= 7 && f[2].parse::<u32>().ok() == Some(uid)).then(|| PathBuf::from(f[5]))
+    })
+}
+
 /// Whether this process already runs under a seccomp filter.
 pub fn under_seccomp() -> bool {
     fs::read_to_string("/proc/self/status")
@@ -268,7 +277,12 @@ impl HostFacts {
         // Every home on the host when running as root (root can read them
         // all); an unprivileged caller's kernel already keeps it out of
         // other users' 0700 homes.
+        // $HOME can be set to anything by whoever launched moat; the
+        // account's home from /etc/passwd holds the real keys.
         let mut homes = vec![policy.home.clone()];
+        if let Some(h) = passwd_home(self.uid).and_then(|h| fs::canonicalize(h).ok()) {
+            homes.push(h);
+        }
         if self.uid == 0 {
             homes.push(PathBuf::from("/root"));
             if let Ok(rd) = fs::read_dir("/home") {
