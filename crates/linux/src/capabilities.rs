@@ -103,7 +103,13 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
     let unmanaged = end_to_end(Level::WorkspaceContained, NetworkMode::Unmanaged, &ws, &home, true_bin, &moat_env);
     probes.push(probe_result("network_mode:unmanaged", unmanaged.is_ok(), unmanaged.clone().err().unwrap_or_else(|| "ran `true` on the host network with abstract-socket scoping".into())));
     modes.insert("unmanaged".into(), status_value(&unmanaged));
-    modes.insert("proxy".into(), json!("unsupported: not implemented in this version of moat"));
+    let proxy = end_to_end(Level::WorkspaceContained, NetworkMode::Proxy, &ws, &home, true_bin, &moat_env);
+    probes.push(probe_result(
+        "network_mode:proxy",
+        proxy.is_ok(),
+        proxy.clone().err().unwrap_or_else(|| "ran `true` in a loopback-only namespace with the proxy endpoints handed out".into()),
+    ));
+    modes.insert("proxy".into(), status_value(&proxy));
 
     json!({
         "platform": "linux",
