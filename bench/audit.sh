@@ -50,3 +50,36 @@ fi
 
 "$BENCH" append "$LOG" "$APPENDS"
 "$BENCH" verify "$LOG" >/dev/null && echo "chain still intact after $APPENDS appends"
+
+# ---------------------------------------------------------------------------
+# 3. What the audit log costs one `moat exec -- true` (static release binary):
+#    default (log under $HOME/.local/state/moat) vs --no-audit, both commands
+#    in one hyperfine run; prints the median difference (target < 0.3 ms).
+#    HOME is a scratch directory on /var/tmp. Env: EXEC_RUNS (default 300).
+EXEC_RUNS="${EXEC_RUNS:-300}"
+if command -v hyperfine >/dev/null; then
+    A_DIR="$(mktemp -d /var/tmp/moat-bench-audit-exec-XXXXXX)"
+    trap 'rm -rf "$LOG_DIR" "$A_DIR"' EXIT
+    mkdir -p "$A_DIR/home" "$A_DIR/ws"
+    (
+        cd "$A_DIR/ws"
+        HOME="$A_DIR/home" hyperfine -N --style basic --warmup 20 --runs "$EXEC_RUNS" \
+            --export-json "$A_DIR/exec.json" \
+            -n no-audit "$MOAT exec --no-audit -- true" \
+            -n audit "$MOAT exec -- true" >&2
+    )
+    python3 - "$A_DIR/exec.json" <<'PY'
+import json, sys
+r = {x["command"]: x for x in json.load(open(sys.argv[1]))["results"]}
+n, a = r["no-audit"], r["audit"]
+ms = lambda s: s * 1000
+print(f"exec true, median of {len(n['times'])} runs: --no-audit {ms(n['median']):.3f} ms, "
+      f"audited {ms(a['median']):.3f} ms (mean {ms(n['mean']):.3f} / {ms(a['mean']):.3f})")
+diff = ms(a["median"] - n["median"])
+print(f"audit adds {diff:.3f} ms median ({ms(a['mean'] - n['mean']):.3f} ms mean) per run; "
+      f"target < 0.3 ms: {'met' if diff < 0.3 else 'NOT met'}")
+PY
+    HOME="$A_DIR/home" "$MOAT" audit verify
+else
+    echo "hyperfine not installed: exec cost not measured" >&2
+fi

@@ -44,7 +44,14 @@ fn strs(v: &[String]) -> Vec<&str> {
 
 /// curl inside the sandbox, printing the body then `CODE=<http code>`.
 fn curl(fx: &Fixture, extra: &[&str], curl_args: &[&str]) -> Out {
-    let mut argv = vec![CURL, "-sS", "--max-time", "20", "-w", "\nCODE=%{http_code}\n"];
+    let mut argv = vec![
+        CURL,
+        "-sS",
+        "--max-time",
+        "20",
+        "-w",
+        "\nCODE=%{http_code}\n",
+    ];
     argv.extend_from_slice(curl_args);
     run(pexec(fx, "read-only", extra, &argv))
 }
@@ -83,8 +90,14 @@ fn http_proxy_allowed_port_works_other_port_refused_deny_wins() {
     let a = allow(&[&format!("127.0.0.1:{}", ok.port)]);
 
     // Allowed: the body arrives, the server saw the request.
-    let out = curl(&fx, &strs(&a), &[&format!("http://127.0.0.1:{}/allowed", ok.port)]);
-    out.expect_code(0).expect_stdout_has(&body).expect_stdout_has("CODE=200");
+    let out = curl(
+        &fx,
+        &strs(&a),
+        &[&format!("http://127.0.0.1:{}/allowed", ok.port)],
+    );
+    out.expect_code(0)
+        .expect_stdout_has(&body)
+        .expect_stdout_has("CODE=200");
     assert!(
         ok.requests().iter().any(|r| r.starts_with("GET /allowed")),
         "server saw no GET /allowed: {:?}\n{}",
@@ -93,11 +106,16 @@ fn http_proxy_allowed_port_works_other_port_refused_deny_wins() {
     );
 
     // Same IP, a port not on the list: 403 with the reason, nothing reached.
-    let out = curl(&fx, &strs(&a), &[&format!("http://127.0.0.1:{}/x", other.port)]);
-    out.expect_stdout_has("CODE=403").expect_stdout_has(&format!(
-        "moat: blocked 127.0.0.1:{} (not_allowed)",
-        other.port
-    ));
+    let out = curl(
+        &fx,
+        &strs(&a),
+        &[&format!("http://127.0.0.1:{}/x", other.port)],
+    );
+    out.expect_stdout_has("CODE=403")
+        .expect_stdout_has(&format!(
+            "moat: blocked 127.0.0.1:{} (not_allowed)",
+            other.port
+        ));
     assert_no_conn(&other, "non-allowed port", &out);
     // Positive control: that server does count connections.
     assert!(host_get(other.port, "/ctl").contains("other-server"));
@@ -107,11 +125,13 @@ fn http_proxy_allowed_port_works_other_port_refused_deny_wins() {
     let before = ok.connections();
     let mut a2 = a.clone();
     a2.extend(["--deny-domain".into(), format!("127.0.0.1:{}", ok.port)]);
-    let out = curl(&fx, &strs(&a2), &[&format!("http://127.0.0.1:{}/denied", ok.port)]);
-    out.expect_stdout_has("CODE=403").expect_stdout_has(&format!(
-        "moat: blocked 127.0.0.1:{} (denied)",
-        ok.port
-    ));
+    let out = curl(
+        &fx,
+        &strs(&a2),
+        &[&format!("http://127.0.0.1:{}/denied", ok.port)],
+    );
+    out.expect_stdout_has("CODE=403")
+        .expect_stdout_has(&format!("moat: blocked 127.0.0.1:{} (denied)", ok.port));
     out.expect_absent(&body, "body of a denied server");
     let a3 = [
         "--allow-domain".to_string(),
@@ -119,8 +139,13 @@ fn http_proxy_allowed_port_works_other_port_refused_deny_wins() {
         "--deny-domain".into(),
         "localhost".into(),
     ];
-    let out3 = curl(&fx, &strs(&a3), &[&format!("http://localhost:{}/denied2", ok.port)]);
-    out3.expect_stdout_has("CODE=403").expect_stdout_has("(denied)");
+    let out3 = curl(
+        &fx,
+        &strs(&a3),
+        &[&format!("http://localhost:{}/denied2", ok.port)],
+    );
+    out3.expect_stdout_has("CODE=403")
+        .expect_stdout_has("(denied)");
     thread::sleep(Duration::from_millis(300));
     assert_eq!(
         ok.connections(),
@@ -133,9 +158,15 @@ fn http_proxy_allowed_port_works_other_port_refused_deny_wins() {
 
     // No allow entries at all: nothing reachable.
     let out = curl(&fx, &[], &[&format!("http://127.0.0.1:{}/none", ok.port)]);
-    out.expect_stdout_has("CODE=403").expect_stdout_has("(not_allowed)");
+    out.expect_stdout_has("CODE=403")
+        .expect_stdout_has("(not_allowed)");
     thread::sleep(Duration::from_millis(300));
-    assert_eq!(ok.connections(), before, "LEAK with no allow list\n{}", out.dump());
+    assert_eq!(
+        ok.connections(),
+        before,
+        "LEAK with no allow list\n{}",
+        out.dump()
+    );
 }
 
 // ------------------------------------------------------------ 2. CONNECT
@@ -148,7 +179,11 @@ fn connect_tunnel_allowed_and_refused() {
     let other = HttpServer::fixed("other");
     let a = allow(&[&format!("127.0.0.1:{}", ok.port)]);
 
-    let out = curl(&fx, &strs(&a), &["-p", &format!("http://127.0.0.1:{}/t", ok.port)]);
+    let out = curl(
+        &fx,
+        &strs(&a),
+        &["-p", &format!("http://127.0.0.1:{}/t", ok.port)],
+    );
     out.expect_code(0).expect_stdout_has(&body);
     // Through a tunnel the origin server gets origin-form, not a proxy request.
     assert!(
@@ -158,9 +193,22 @@ fn connect_tunnel_allowed_and_refused() {
         out.dump()
     );
 
-    let out = curl(&fx, &strs(&a), &["-p", &format!("http://127.0.0.1:{}/t", other.port)]);
-    assert_ne!(out.code, Some(0), "CONNECT to a non-allowed port succeeded\n{}", out.dump());
-    assert!(out.stderr.contains("403"), "curl should report the 403 to CONNECT\n{}", out.dump());
+    let out = curl(
+        &fx,
+        &strs(&a),
+        &["-p", &format!("http://127.0.0.1:{}/t", other.port)],
+    );
+    assert_ne!(
+        out.code,
+        Some(0),
+        "CONNECT to a non-allowed port succeeded\n{}",
+        out.dump()
+    );
+    assert!(
+        out.stderr.contains("403"),
+        "curl should report the 403 to CONNECT\n{}",
+        out.dump()
+    );
     assert_no_conn(&other, "CONNECT to a non-allowed port", &out);
 }
 
@@ -180,10 +228,16 @@ fn socks5h_allowed_and_refused() {
     // Explicit socks5h endpoint, IP and name (the name is resolved by moat).
     for host in ["127.0.0.1", "localhost"] {
         let url = format!("http://{host}:{}/s-{host}", ok.port);
-        let out = curl(&fx, &strs(&a), &["--socks5-hostname", "127.0.0.1:1080", &url]);
+        let out = curl(
+            &fx,
+            &strs(&a),
+            &["--socks5-hostname", "127.0.0.1:1080", &url],
+        );
         out.expect_code(0).expect_stdout_has(&body);
         assert!(
-            ok.requests().iter().any(|r| r.starts_with(&format!("GET /s-{host} "))),
+            ok.requests()
+                .iter()
+                .any(|r| r.starts_with(&format!("GET /s-{host} "))),
             "server did not see the SOCKS request for {host}: {:?}\n{}",
             ok.requests(),
             out.dump()
@@ -196,14 +250,29 @@ fn socks5h_allowed_and_refused() {
         &fx,
         "read-only",
         &strs(&a),
-        &["/usr/bin/env", "-u", "http_proxy", "-u", "HTTP_PROXY", CURL, "-sS", "--max-time", "20", &url],
+        &[
+            "/usr/bin/env",
+            "-u",
+            "http_proxy",
+            "-u",
+            "HTTP_PROXY",
+            CURL,
+            "-sS",
+            "--max-time",
+            "20",
+            &url,
+        ],
     ));
     out.expect_code(0).expect_stdout_has(&body);
     assert!(ok.requests().iter().any(|r| r.starts_with("GET /s-env ")));
 
     // Refused: SOCKS reply 0x02, curl exit 97, nothing reached.
     let url = format!("http://127.0.0.1:{}/s", other.port);
-    let out = curl(&fx, &strs(&a), &["--socks5-hostname", "127.0.0.1:1080", &url]);
+    let out = curl(
+        &fx,
+        &strs(&a),
+        &["--socks5-hostname", "127.0.0.1:1080", &url],
+    );
     out.expect_code(97);
     assert_no_conn(&other, "SOCKS to a non-allowed port", &out);
 }
@@ -238,20 +307,40 @@ fn address_guard_localhost_explicit_only() {
     let p = srv.port;
 
     // localhost:PORT explicitly allowed: works.
-    let out = curl(&fx, &strs(&allow(&[&format!("localhost:{p}")])), &[&format!("http://localhost:{p}/lh")]);
+    let out = curl(
+        &fx,
+        &strs(&allow(&[&format!("localhost:{p}")])),
+        &[&format!("http://localhost:{p}/lh")],
+    );
     out.expect_code(0).expect_stdout_has(&body);
     let n0 = srv.connections();
     assert!(n0 >= 1);
 
     // Only *.example.com allowed: a loopback literal is refused.
-    let out = curl(&fx, &strs(&allow(&["*.example.com"])), &[&format!("http://127.0.0.1:{p}/x")]);
-    out.expect_stdout_has("CODE=403").expect_stdout_has(&format!("moat: blocked 127.0.0.1:{p} ("));
+    let out = curl(
+        &fx,
+        &strs(&allow(&["*.example.com"])),
+        &[&format!("http://127.0.0.1:{p}/x")],
+    );
+    out.expect_stdout_has("CODE=403")
+        .expect_stdout_has(&format!("moat: blocked 127.0.0.1:{p} ("));
     // A loopback literal does not match a name pattern, and localhost is not
     // implied by allowing 127.0.0.1 the other way round either.
-    let out2 = curl(&fx, &strs(&allow(&["*.example.com"])), &[&format!("http://localhost:{p}/y")]);
+    let out2 = curl(
+        &fx,
+        &strs(&allow(&["*.example.com"])),
+        &[&format!("http://localhost:{p}/y")],
+    );
     out2.expect_stdout_has("CODE=403");
     thread::sleep(Duration::from_millis(300));
-    assert_eq!(srv.connections(), n0, "LEAK: {:?}\n{}\n{}", srv.requests(), out.dump(), out2.dump());
+    assert_eq!(
+        srv.connections(),
+        n0,
+        "LEAK: {:?}\n{}\n{}",
+        srv.requests(),
+        out.dump(),
+        out2.dump()
+    );
 
     // An allowed NAME that resolves to loopback (via /etc/hosts) is refused
     // with private_address unless the IP literal is allowed too.
@@ -259,15 +348,28 @@ fn address_guard_localhost_explicit_only() {
         skip("no multi-label non-localhost loopback name in /etc/hosts; name->loopback guard case not run (the proxy crate covers it)");
         return;
     };
-    let out = curl(&fx, &strs(&allow(&[&format!("{alias}:{p}")])), &[&format!("http://{alias}:{p}/alias")]);
+    let out = curl(
+        &fx,
+        &strs(&allow(&[&format!("{alias}:{p}")])),
+        &[&format!("http://{alias}:{p}/alias")],
+    );
     out.expect_stdout_has("CODE=403")
         .expect_stdout_has(&format!("moat: blocked {alias}:{p} (private_address)"));
     thread::sleep(Duration::from_millis(300));
-    assert_eq!(srv.connections(), n0, "LEAK via {alias}: {:?}\n{}", srv.requests(), out.dump());
+    assert_eq!(
+        srv.connections(),
+        n0,
+        "LEAK via {alias}: {:?}\n{}",
+        srv.requests(),
+        out.dump()
+    );
     // Positive control: with the literal allowed as well, the same name works.
     let out = curl(
         &fx,
-        &strs(&allow(&[&format!("{alias}:{p}"), &format!("127.0.0.1:{p}")])),
+        &strs(&allow(&[
+            &format!("{alias}:{p}"),
+            &format!("127.0.0.1:{p}"),
+        ])),
         &[&format!("http://{alias}:{p}/alias-ok")],
     );
     out.expect_code(0).expect_stdout_has(&body);
@@ -288,7 +390,15 @@ fn bypass_noproxy_direct_connect_records_nothing() {
         &fx,
         "read-only",
         &strs(&a),
-        &[CURL, "-sS", "--max-time", "10", "--noproxy", "*", &format!("http://127.0.0.1:{p}/direct")],
+        &[
+            CURL,
+            "-sS",
+            "--max-time",
+            "10",
+            "--noproxy",
+            "*",
+            &format!("http://127.0.0.1:{p}/direct"),
+        ],
     ));
     assert_ne!(out.code, Some(0), "direct curl succeeded\n{}", out.dump());
     out.expect_absent(&body, "server body over a direct connection");
@@ -313,24 +423,54 @@ for host, port in [("127.0.0.1", int(sys.argv[1])), (sys.argv[2], int(sys.argv[3
     let ips = ip.map(|i| i.to_string()).unwrap_or_else(|| "-".into());
     let mut argv: Vec<String> = vec!["exec".into(), "--network".into(), "proxy".into()];
     argv.extend(a.iter().cloned());
-    argv.extend(["--".into(), PY.into(), "-c".into(), code.into(), p.to_string(), ips.clone(), wport.to_string()]);
+    argv.extend([
+        "--".into(),
+        PY.into(),
+        "-c".into(),
+        code.into(),
+        p.to_string(),
+        ips.clone(),
+        wport.to_string(),
+    ]);
     let out2 = run(fx.moat(argv));
     out2.expect_code(0);
-    let lines: Vec<String> = out2.stdout.lines().filter(|l| l.starts_with("CONNECT")).map(String::from).collect();
+    let lines: Vec<String> = out2
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("CONNECT"))
+        .map(String::from)
+        .collect();
     assert!(
-        lines.iter().any(|l| l.starts_with("CONNECT 127.0.0.1 ERRNO")),
+        lines
+            .iter()
+            .any(|l| l.starts_with("CONNECT 127.0.0.1 ERRNO")),
         "python direct connect to 127.0.0.1:{p} did not fail\n{}",
         out2.dump()
     );
-    assert!(!out2.stdout.contains(" OK"), "a direct connect succeeded\n{}", out2.dump());
+    assert!(
+        !out2.stdout.contains(" OK"),
+        "a direct connect succeeded\n{}",
+        out2.dump()
+    );
     assert_no_conn(&srv, "direct connection (curl --noproxy / python)", &out);
     let mut wide_hits = 0;
     while wide.accept().is_ok() {
         wide_hits += 1;
     }
-    assert_eq!(wide_hits, 0, "LEAK: listener on 0.0.0.0:{wport} reached via {ips}\n{}", out2.dump());
+    assert_eq!(
+        wide_hits,
+        0,
+        "LEAK: listener on 0.0.0.0:{wport} reached via {ips}\n{}",
+        out2.dump()
+    );
     if let Some(ip) = ip {
-        assert!(lines.iter().any(|l| l.starts_with(&format!("CONNECT {ip} ERRNO"))), "{}", out2.dump());
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(&format!("CONNECT {ip} ERRNO"))),
+            "{}",
+            out2.dump()
+        );
         // Positive control: the host itself reaches that address.
         TcpStream::connect((ip, wport)).expect("host connect to own address");
         thread::sleep(Duration::from_millis(50));
@@ -338,7 +478,10 @@ for host, port in [("127.0.0.1", int(sys.argv[1])), (sys.argv[2], int(sys.argv[3
         while wide.accept().is_ok() {
             n += 1;
         }
-        assert_eq!(n, 1, "positive control: listener on {ip}:{wport} does not count");
+        assert_eq!(
+            n, 1,
+            "positive control: listener on {ip}:{wport} does not count"
+        );
     } else {
         skip("no global IPv4 address: direct connect to a host address not probed");
     }
@@ -365,13 +508,22 @@ fn bypass_caller_http_proxy_env_reaches_nothing() {
     let e1 = format!("http_proxy={fake_url}");
     let e2 = format!("HTTP_PROXY={fake_url}");
     extra.extend(["--env", &e1, "--env", &e2]);
-    let out = run(fx.sh("read-only", &[&["--network", "proxy"][..], extra.as_slice()].concat(), &script));
+    let out = run(fx.sh(
+        "read-only",
+        &[&["--network", "proxy"][..], extra.as_slice()].concat(),
+        &script,
+    ));
     assert!(
-        out.stdout.contains(&format!("SEEN http_proxy={fake_url} HTTP_PROXY={fake_url}")),
+        out.stdout
+            .contains(&format!("SEEN http_proxy={fake_url} HTTP_PROXY={fake_url}")),
         "the --env proxy value was not in effect (test would be vacuous)\n{}",
         out.dump()
     );
-    assert!(!out.stdout.contains("RC=0"), "curl via the caller's proxy succeeded\n{}", out.dump());
+    assert!(
+        !out.stdout.contains("RC=0"),
+        "curl via the caller's proxy succeeded\n{}",
+        out.dump()
+    );
     assert!(
         out.stderr.contains(&fport.to_string()),
         "curl did not try the fake proxy port {fport}\n{}",
@@ -381,7 +533,18 @@ fn bypass_caller_http_proxy_env_reaches_nothing() {
     // --pass-env of a host HTTP_PROXY: whatever wins, nothing reaches the host.
     let mut c = fx.sh(
         "read-only",
-        &[&["--network", "proxy", "--pass-env", "HTTP_PROXY", "--pass-env", "http_proxy"][..], strs(&a).as_slice()].concat(),
+        &[
+            &[
+                "--network",
+                "proxy",
+                "--pass-env",
+                "HTTP_PROXY",
+                "--pass-env",
+                "http_proxy",
+            ][..],
+            strs(&a).as_slice(),
+        ]
+        .concat(),
         &format!("{CURL} -sS --max-time 10 {url}; echo \"RC=$?\""),
     );
     c.env("HTTP_PROXY", &fake_url).env("http_proxy", &fake_url);
@@ -398,7 +561,10 @@ fn bypass_caller_http_proxy_env_reaches_nothing() {
     // With --pass-env moat's proxy stays in charge (or the request fails);
     // either way the target was reached at most through moat.
     if out2.stdout.contains("RC=0") {
-        assert!(target.requests().iter().any(|r| r.starts_with("GET /via-fake")));
+        assert!(target
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("GET /via-fake")));
     }
     let reqs_via_env = target.requests().len();
     assert!(
@@ -421,7 +587,17 @@ for i in range(5):
     except OSError as e:
         print("ERRNO", e.errno, flush=True)
 "#;
-    let out = run(fx.py("read-only", &["--network", "proxy", "--allow-domain", &format!("127.0.0.1:{up}")], code, &[&up.to_string()]));
+    let out = run(fx.py(
+        "read-only",
+        &[
+            "--network",
+            "proxy",
+            "--allow-domain",
+            &format!("127.0.0.1:{up}"),
+        ],
+        code,
+        &[&up.to_string()],
+    ));
     out.expect_code(0);
     thread::sleep(Duration::from_millis(300));
     let inside = ul.hits.load(Ordering::SeqCst);
@@ -429,7 +605,13 @@ for i in range(5):
     let s = UdpSocket::bind("127.0.0.1:0").expect("udp");
     s.send_to(b"control", ("127.0.0.1", up)).expect("send");
     let (hits, data) = ul.finish();
-    assert_eq!(inside, 0, "LEAK: host UDP listener got datagrams from the sandbox: {:?}\n{}", String::from_utf8_lossy(&data), out.dump());
+    assert_eq!(
+        inside,
+        0,
+        "LEAK: host UDP listener got datagrams from the sandbox: {:?}\n{}",
+        String::from_utf8_lossy(&data),
+        out.dump()
+    );
     assert_eq!(hits, 1, "positive control: the UDP listener does not count");
 }
 
@@ -437,7 +619,14 @@ for i in range(5):
 
 fn host_git(dir: &Path, fx: &Fixture, args: &[&str]) {
     let out = Command::new("git")
-        .args(["-c", "user.name=moat", "-c", "user.email=moat@example.invalid", "-c", "init.defaultBranch=main"])
+        .args([
+            "-c",
+            "user.name=moat",
+            "-c",
+            "user.email=moat@example.invalid",
+            "-c",
+            "init.defaultBranch=main",
+        ])
         .args(args)
         .current_dir(dir)
         .env_clear()
@@ -465,14 +654,28 @@ fn git_clone_over_http_through_proxy() {
     write(src.join("hello.txt"), &format!("{marker}\n"));
     host_git(&src, &fx, &["add", "hello.txt"]);
     host_git(&src, &fx, &["commit", "-q", "-m", "init"]);
-    host_git(&fx.root, &fx, &["clone", "-q", "--bare", "gitsrc", "served/repo.git"]);
+    host_git(
+        &fx.root,
+        &fx,
+        &["clone", "-q", "--bare", "gitsrc", "served/repo.git"],
+    );
     host_git(&served.join("repo.git"), &fx, &["update-server-info"]);
     let srv = HttpServer::dir(&served);
     let url = format!("http://127.0.0.1:{}/repo.git", srv.port);
 
     // Without an allow entry: fails, nothing lands, server saw nothing.
-    let out = run(pexec(&fx, "workspace-write", &[], &["git", "clone", &url, "denied"]));
-    assert_ne!(out.code, Some(0), "git clone without allow succeeded\n{}", out.dump());
+    let out = run(pexec(
+        &fx,
+        "workspace-write",
+        &[],
+        &["git", "clone", &url, "denied"],
+    ));
+    assert_ne!(
+        out.code,
+        Some(0),
+        "git clone without allow succeeded\n{}",
+        out.dump()
+    );
     assert!(read(fx.w("denied/hello.txt")).is_none());
     assert_no_conn(&srv, "git clone without allow entry", &out);
 
@@ -480,7 +683,12 @@ fn git_clone_over_http_through_proxy() {
     let a = allow(&[&format!("127.0.0.1:{}", srv.port)]);
     let mut extra = strs(&a);
     extra.extend(["--timeout", "60s"]);
-    let out = run(pexec(&fx, "workspace-write", &extra, &["git", "clone", &url, "cloned"]));
+    let out = run(pexec(
+        &fx,
+        "workspace-write",
+        &extra,
+        &["git", "clone", &url, "cloned"],
+    ));
     out.expect_code(0);
     assert_eq!(
         read(fx.w("cloned/hello.txt")).as_deref(),
@@ -489,7 +697,9 @@ fn git_clone_over_http_through_proxy() {
         out.dump()
     );
     assert!(
-        srv.requests().iter().any(|r| r.contains("/repo.git/info/refs")),
+        srv.requests()
+            .iter()
+            .any(|r| r.contains("/repo.git/info/refs")),
         "server saw no info/refs request: {:?}",
         srv.requests()
     );
@@ -554,15 +764,34 @@ fn pip_install_from_local_index_through_proxy() {
             "workspace-write",
             &e,
             &[
-                PY, "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check", "--no-input",
-                "--retries", "0", "--timeout", "15", "--target", "./site", "-i", &index, name,
+                PY,
+                "-m",
+                "pip",
+                "install",
+                "--no-cache-dir",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--retries",
+                "0",
+                "--timeout",
+                "15",
+                "--target",
+                "./site",
+                "-i",
+                &index,
+                name,
             ],
         ))
     };
 
     // Not allowed: nothing installed, nothing reached.
     let out = pip(&[]);
-    assert_ne!(out.code, Some(0), "pip install without allow succeeded\n{}", out.dump());
+    assert_ne!(
+        out.code,
+        Some(0),
+        "pip install without allow succeeded\n{}",
+        out.dump()
+    );
     assert!(!exists(fx.w("site").join(name)));
     assert_no_conn(&srv, "pip without allow entry", &out);
 
@@ -577,12 +806,20 @@ fn pip_install_from_local_index_through_proxy() {
         out.dump()
     );
     assert!(
-        srv.requests().iter().any(|r| r.contains(&format!("/simple/{name}/"))),
+        srv.requests()
+            .iter()
+            .any(|r| r.contains(&format!("/simple/{name}/"))),
         "index not queried: {:?}",
         srv.requests()
     );
-    let out = run(fx.py("read-only", &["--env", "PYTHONPATH=site"], &format!("import {name}; print('IMPORTED', {name}.MARK)"), &[]));
-    out.expect_code(0).expect_stdout_has(&format!("IMPORTED {marker}"));
+    let out = run(fx.py(
+        "read-only",
+        &["--env", "PYTHONPATH=site"],
+        &format!("import {name}; print('IMPORTED', {name}.MARK)"),
+        &[],
+    ));
+    out.expect_code(0)
+        .expect_stdout_has(&format!("IMPORTED {marker}"));
 }
 
 // ------------------------------------------------ 8. --json network.requests
@@ -595,8 +832,17 @@ fn json_network_requests_match_what_happened() {
     let no = HttpServer::fixed("no");
     let den = HttpServer::fixed("den");
     let log = fx.root.join("audit.jsonl");
-    let mut a = allow(&[&format!("127.0.0.1:{}", ok.port), &format!("127.0.0.1:{}", den.port)]);
-    a.extend(["--deny-domain".into(), format!("127.0.0.1:{}", den.port), "--json".into(), "--audit-log".into(), log.to_string_lossy().into_owned()]);
+    let mut a = allow(&[
+        &format!("127.0.0.1:{}", ok.port),
+        &format!("127.0.0.1:{}", den.port),
+    ]);
+    a.extend([
+        "--deny-domain".into(),
+        format!("127.0.0.1:{}", den.port),
+        "--json".into(),
+        "--audit-log".into(),
+        log.to_string_lossy().into_owned(),
+    ]);
     let script = format!(
         "{CURL} -sS --max-time 20 http://127.0.0.1:{ok}/a; {CURL} -sS --max-time 20 http://127.0.0.1:{no}/b; \
          {CURL} -sS --max-time 20 http://127.0.0.1:{den}/c; {CURL} -sS --max-time 20 -p http://127.0.0.1:{ok}/d; true",
@@ -609,28 +855,63 @@ fn json_network_requests_match_what_happened() {
     let out = run(fx.sh("read-only", &extra, &script));
     out.expect_code(0);
     let j = out.json();
-    assert!(j["stdout"].as_str().unwrap_or("").contains(&body), "{}", out.dump());
+    assert!(
+        j["stdout"].as_str().unwrap_or("").contains(&body),
+        "{}",
+        out.dump()
+    );
     assert_eq!(j["network"]["mode"], "proxy");
-    let reqs = j["network"]["requests"].as_array().unwrap_or_else(|| panic!("no network.requests\n{}", out.dump())).clone();
-    assert_eq!(reqs.len(), 4, "expected 4 decisions (2 allow, 2 deny): {reqs:#?}");
-    let keys = ["protocol", "host", "port", "decision", "reason", "address", "bytes_up", "bytes_down", "duration_ms"];
+    let reqs = j["network"]["requests"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no network.requests\n{}", out.dump()))
+        .clone();
+    assert_eq!(
+        reqs.len(),
+        4,
+        "expected 4 decisions (2 allow, 2 deny): {reqs:#?}"
+    );
+    let keys = [
+        "protocol",
+        "host",
+        "port",
+        "decision",
+        "reason",
+        "address",
+        "bytes_up",
+        "bytes_down",
+        "duration_ms",
+    ];
     for r in &reqs {
         for k in keys {
             assert!(r.get(k).is_some(), "record lacks {k}: {r}");
         }
         assert_eq!(r["host"], "127.0.0.1", "{r}");
     }
-    let find = |port: u16| reqs.iter().filter(|r| r["port"] == port).cloned().collect::<Vec<_>>();
+    let find = |port: u16| {
+        reqs.iter()
+            .filter(|r| r["port"] == port)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
     let allowed = find(ok.port);
     assert_eq!(allowed.len(), 2, "{reqs:#?}");
     for r in &allowed {
         assert_eq!(r["decision"], "allow", "{r}");
         assert!(r["reason"].is_null(), "{r}");
         assert_eq!(r["address"], format!("127.0.0.1:{}", ok.port), "{r}");
-        assert!(r["bytes_up"].as_u64().unwrap_or(0) >= 16, "bytes_up too small: {r}");
-        assert!(r["bytes_down"].as_u64().unwrap_or(0) >= body.len() as u64, "bytes_down too small: {r}");
+        assert!(
+            r["bytes_up"].as_u64().unwrap_or(0) >= 16,
+            "bytes_up too small: {r}"
+        );
+        assert!(
+            r["bytes_down"].as_u64().unwrap_or(0) >= body.len() as u64,
+            "bytes_down too small: {r}"
+        );
     }
-    assert_ne!(allowed[0]["protocol"], allowed[1]["protocol"], "plain HTTP and CONNECT recorded alike: {allowed:#?}");
+    assert_ne!(
+        allowed[0]["protocol"], allowed[1]["protocol"],
+        "plain HTTP and CONNECT recorded alike: {allowed:#?}"
+    );
     let n = find(no.port);
     assert_eq!(n.len(), 1);
     assert_eq!(n[0]["decision"], "deny");
@@ -655,7 +936,10 @@ fn json_network_requests_match_what_happened() {
     assert_eq!(ev.len(), 4, "network.decision events: {ev:#?}");
     for (e, r) in ev.iter().zip(&reqs) {
         for k in ["host", "port", "decision", "reason", "protocol"] {
-            assert_eq!(e[k], r[k], "log event {e} vs --json record {r} differ in {k}");
+            assert_eq!(
+                e[k], r[k],
+                "log event {e} vs --json record {r} differ in {k}"
+            );
         }
         assert_eq!(e["execution_id"], j["execution_id"]);
     }
@@ -669,7 +953,11 @@ fn proxy_mode_launches_and_sets_proxy_env() {
     for level in SANDBOXED {
         let out = run(pexec(&fx, level, &[], &["/bin/true"]));
         out.expect_code(0);
-        assert!(out.stderr.is_empty(), "unexpected stderr at {level}\n{}", out.dump());
+        assert!(
+            out.stderr.is_empty(),
+            "unexpected stderr at {level}\n{}",
+            out.dump()
+        );
     }
     let out = run(pexec(&fx, "read-only", &[], &["/usr/bin/env"]));
     out.expect_code(0);
@@ -688,23 +976,50 @@ fn proxy_mode_launches_and_sets_proxy_env() {
         assert_eq!(out.field(k).as_deref(), Some(v), "{k}\n{}", out.dump());
     }
     let git_ssh = out.field("GIT_SSH_COMMAND").unwrap_or_default();
-    assert!(git_ssh.contains("/moat/bin/moat proxy-connect %h %p"), "{git_ssh}");
+    assert!(
+        git_ssh.contains("/moat/bin/moat proxy-connect %h %p"),
+        "{git_ssh}"
+    );
     let jto = out.field("JAVA_TOOL_OPTIONS").unwrap_or_default();
-    for p in ["-Dhttp.proxyHost=127.0.0.1", "-Dhttp.proxyPort=3128", "-Dhttps.proxyHost=127.0.0.1", "-Dhttps.proxyPort=3128"] {
+    for p in [
+        "-Dhttp.proxyHost=127.0.0.1",
+        "-Dhttp.proxyPort=3128",
+        "-Dhttps.proxyHost=127.0.0.1",
+        "-Dhttps.proxyPort=3128",
+    ] {
         assert!(jto.contains(p), "JAVA_TOOL_OPTIONS lacks {p}: {jto}");
     }
     // --env overrides moat's value.
-    let out = run(pexec(&fx, "read-only", &["--env", "HTTPS_PROXY=http://override.invalid:1"], &["/usr/bin/env"]));
-    assert_eq!(out.field("HTTPS_PROXY").as_deref(), Some("http://override.invalid:1"), "{}", out.dump());
+    let out = run(pexec(
+        &fx,
+        "read-only",
+        &["--env", "HTTPS_PROXY=http://override.invalid:1"],
+        &["/usr/bin/env"],
+    ));
+    assert_eq!(
+        out.field("HTTPS_PROXY").as_deref(),
+        Some("http://override.invalid:1"),
+        "{}",
+        out.dump()
+    );
 }
 
 #[test]
 fn too_broad_patterns_refused_before_running() {
     let fx = Fixture::new();
-    for (flag, pat) in [("--allow-domain", "*"), ("--allow-domain", "*.com"), ("--deny-domain", "*")] {
+    for (flag, pat) in [
+        ("--allow-domain", "*"),
+        ("--allow-domain", "*.com"),
+        ("--deny-domain", "*"),
+    ] {
         let marker = fx.w(&unique("ran"));
         let m = marker.to_string_lossy().into_owned();
-        let out = run(pexec(&fx, "workspace-write", &[flag, pat], &["/usr/bin/touch", &m]));
+        let out = run(pexec(
+            &fx,
+            "workspace-write",
+            &[flag, pat],
+            &["/usr/bin/touch", &m],
+        ));
         if flag == "--deny-domain" {
             // A broad deny cannot widen anything; accept or refuse, but say which.
             if out.code == Some(0) {
@@ -715,12 +1030,25 @@ fn too_broad_patterns_refused_before_running() {
             continue;
         }
         out.expect_code(125);
-        assert!(out.stderr.contains(pat), "error does not name {pat}\n{}", out.dump());
-        assert!(!exists(&marker), "the command ran despite the refused pattern {pat}");
+        assert!(
+            out.stderr.contains(pat),
+            "error does not name {pat}\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(&marker),
+            "the command ran despite the refused pattern {pat}"
+        );
     }
     // Positive control: a proper pattern runs the command.
     let marker = fx.w("ran-ok");
-    run(pexec(&fx, "workspace-write", &["--allow-domain", "*.example.com"], &["/usr/bin/touch", &marker.to_string_lossy()])).expect_code(0);
+    run(pexec(
+        &fx,
+        "workspace-write",
+        &["--allow-domain", "*.example.com"],
+        &["/usr/bin/touch", &marker.to_string_lossy()],
+    ))
+    .expect_code(0);
     assert!(exists(&marker));
 }
 
@@ -741,7 +1069,11 @@ fn proxy_connect_helper_tunnels_only_allowed() {
     let out = run(fx.sh("read-only", &extra, &script(ok.port)));
     out.expect_stdout_has(&body).expect_stdout_has("RC=0");
     let out = run(fx.sh("read-only", &extra, &script(other.port)));
-    assert!(!out.stdout.contains("RC=0"), "proxy-connect to a non-allowed port succeeded\n{}", out.dump());
+    assert!(
+        !out.stdout.contains("RC=0"),
+        "proxy-connect to a non-allowed port succeeded\n{}",
+        out.dump()
+    );
     assert_no_conn(&other, "proxy-connect to a non-allowed port", &out);
 }
 
@@ -757,8 +1089,22 @@ fn many_parallel_requests_through_one_proxy() {
         "for i in $(seq {n}); do {CURL} -sS --max-time 30 http://127.0.0.1:{p}/p$i -o /tmp/o$i & done; wait; cat /tmp/o* | grep -o {body} | wc -l",
         p = srv.port
     );
-    let out = run(fx.sh("read-only", &["--network", "proxy", "--allow-domain", &format!("127.0.0.1:{}", srv.port)], &script));
+    let out = run(fx.sh(
+        "read-only",
+        &[
+            "--network",
+            "proxy",
+            "--allow-domain",
+            &format!("127.0.0.1:{}", srv.port),
+        ],
+        &script,
+    ));
     out.expect_code(0);
-    assert_eq!(out.stdout.trim(), n.to_string(), "not every parallel request got the body\n{}", out.dump());
+    assert_eq!(
+        out.stdout.trim(),
+        n.to_string(),
+        "not every parallel request got the body\n{}",
+        out.dump()
+    );
     assert_eq!(srv.connections(), n, "{:?}", srv.requests());
 }

@@ -334,6 +334,8 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     stand_ins.sort_by(|a, b| a.target().cmp(b.target()));
     stand_ins.dedup_by(|b, a| b.target().starts_with(a.target()) && matches!(a, MountOp::StandIn { kind: Kind::Dir, .. }));
     all_ops.extend(stand_ins);
+    let pins = pins_for(&all_ops);
+    all_ops.extend(pins);
 
     // Parents before children: a stable sort by depth keeps each path's ops
     // in the order above while guaranteeing every mount lands on its final
@@ -367,6 +369,46 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     ll.read.dedup();
     plan.landlock = ll;
     Ok(plan)
+}
+
+/// A protected mount inside a writable bind stays put only if nothing above
+/// it can be renamed: `mv ~/.config ~/.c2` would carry a `.config/gh`
+/// stand-in away and leave the real directory unprotected on the host for
+/// the next run. Every directory strictly between a writable bind and a
+/// protected mount is therefore bound over itself (read-write), which makes
+/// it a mount point: rename and rmdir of a mount point fail with EBUSY.
+fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
+    let writable: Vec<&Path> = ops
+        .iter()
+        .filter_map(|op| match op {
+            MountOp::Bind { target, readonly: false, device: false, kind: Kind::Dir, .. } => Some(target.as_path()),
+            _ => None,
+        })
+        .collect();
+    let mut pins: Vec<PathBuf> = Vec::new();
+    for op in ops {
+        let protected = matches!(op, MountOp::StandIn { .. } | MountOp::Bind { readonly: true, .. });
+        if !protected {
+            continue;
+        }
+        let t = op.target();
+        // The deepest writable bind strictly containing the target.
+        let Some(w) = writable.iter().filter(|w| t != **w && t.starts_with(w)).max_by_key(|w| w.components().count()) else {
+            continue;
+        };
+        let mut a = t.parent();
+        while let Some(dir) = a {
+            if dir == *w || !dir.starts_with(w) {
+                break;
+            }
+            let already = ops.iter().any(|o| o.target() == dir && matches!(o, MountOp::Bind { .. }));
+            if !already && !pins.iter().any(|p| p == dir) {
+                pins.push(dir.to_path_buf());
+            }
+            a = dir.parent();
+        }
+    }
+    pins.into_iter().map(|p| host_bind(&p, Kind::Dir, true, false)).collect()
 }
 
 fn host_bind(path: &Path, kind: Kind, recursive: bool, readonly: bool) -> MountOp {

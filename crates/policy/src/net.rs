@@ -174,7 +174,7 @@ impl DomainPattern {
         };
         if name.contains('*') {
             return Err(bad(if host == "*" {
-                "'*' would allow everything; list the hosts instead"
+                "'*' matches every host; list the hosts instead"
             } else {
                 "a wildcard is only allowed as a leading '*.'"
             }));

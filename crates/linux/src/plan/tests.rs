@@ -231,3 +231,30 @@ fn missing_grant_is_an_error() {
     .unwrap();
     assert_eq!(build(&p, &host()).unwrap_err(), PlanError::MissingGrant("/data".into()));
 }
+
+#[test]
+fn directories_above_protected_mounts_in_writable_binds_are_pinned() {
+    // Workspace = HOME: ~/.config/gh is a stand-in; ~/.config must become a
+    // mount point so `mv ~/.config x` cannot carry the stand-in away.
+    let p = Policy::resolve(PolicyRequest {
+        level: Some(Level::WorkspaceWrite),
+        workspace: "/home/u".into(),
+        home: "/home/u".into(),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut h = host();
+    h.secrets.insert("/home/u/.config/gh".into(), Kind::Dir);
+    h.moat_hidden.insert("/home/u/.local/state/moat".into(), Kind::Dir);
+    let t = targets(&build(&p, &h).unwrap());
+    for pin in ["rw /home/u/.config", "rw /home/u/.local", "rw /home/u/.local/state"] {
+        assert!(t.contains(&pin.to_string()), "{pin} missing from {t:#?}");
+    }
+    let pos = |s: &str| t.iter().position(|x| x == s).unwrap();
+    assert!(pos("rw /home/u/.config") < pos("stand-in /home/u/.config/gh"));
+    assert!(pos("rw /home/u/.local/state") < pos("stand-in /home/u/.local/state/moat"));
+    // Nothing is pinned at the read-only level: nothing there is writable.
+    let ro = Policy::resolve(PolicyRequest { workspace: "/home/u".into(), home: "/home/u".into(), ..Default::default() }).unwrap();
+    let t = targets(&build(&ro, &h).unwrap());
+    assert!(!t.contains(&"rw /home/u/.config".to_string()), "{t:#?}");
+}

@@ -1,0 +1,115 @@
+//! The built-in profile catalogue: TOML files in `catalogue/`, embedded in the binary.
+
+use crate::error::ConfigError;
+use crate::profile::{parse_profile, Profile};
+
+/// Every built-in profile's name and TOML text, in catalogue order.
+pub const BUILTIN_SOURCES: &[(&str, &str)] = &[
+    ("git", include_str!("../catalogue/git.toml")),
+    ("cargo", include_str!("../catalogue/cargo.toml")),
+    ("npm", include_str!("../catalogue/npm.toml")),
+    ("npx", include_str!("../catalogue/npx.toml")),
+    ("pnpm", include_str!("../catalogue/pnpm.toml")),
+    ("yarn", include_str!("../catalogue/yarn.toml")),
+    ("pip", include_str!("../catalogue/pip.toml")),
+    ("uv", include_str!("../catalogue/uv.toml")),
+    ("python", include_str!("../catalogue/python.toml")),
+    ("node", include_str!("../catalogue/node.toml")),
+    ("go", include_str!("../catalogue/go.toml")),
+    ("make", include_str!("../catalogue/make.toml")),
+    ("rg", include_str!("../catalogue/rg.toml")),
+    ("jq", include_str!("../catalogue/jq.toml")),
+    ("curl", include_str!("../catalogue/curl.toml")),
+    ("bash", include_str!("../catalogue/bash.toml")),
+    ("sh", include_str!("../catalogue/sh.toml")),
+    ("claude", include_str!("../catalogue/claude.toml")),
+    ("codex", include_str!("../catalogue/codex.toml")),
+    ("aider", include_str!("../catalogue/aider.toml")),
+];
+
+/// The built-in profile `name`, parsed. `None` when there is none (or, which
+/// the tests rule out, when it does not parse).
+pub fn builtin(name: &str) -> Option<Profile> {
+    builtin_checked(name)?.ok()
+}
+
+/// The built-in profile `name` with its parse result, for `moat profile check`.
+pub fn builtin_checked(name: &str) -> Option<Result<Profile, ConfigError>> {
+    let (_, text) = BUILTIN_SOURCES.iter().find(|(n, _)| *n == name)?;
+    Some(parse_profile(text, &format!("built-in profile {name}")))
+}
+
+/// The names of the built-in profiles, sorted.
+pub fn builtin_names() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = BUILTIN_SOURCES.iter().map(|(n, _)| *n).collect();
+    names.sort_unstable();
+    names
+}
+
+/// The TOML text of a built-in profile (for `moat profile show --source` or
+/// as a starting point for a user profile).
+pub fn builtin_source(name: &str) -> Option<&'static str> {
+    BUILTIN_SOURCES.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::NetClass;
+    use moat_policy::{Level, NetworkMode};
+    use std::path::Path;
+
+    #[test]
+    fn every_builtin_parses_validates_and_is_named_after_its_file() {
+        assert_eq!(BUILTIN_SOURCES.len(), 20);
+        for (name, text) in BUILTIN_SOURCES {
+            let p = parse_profile(text, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(p.name, *name);
+            assert_eq!(p.program, *name);
+            assert!(p.warnings.is_empty(), "{name}: {:?}", p.warnings);
+            assert!(p.description.is_some(), "{name}");
+            for argv1 in std::iter::once(None).chain(p.subcommands.keys().map(|k| Some(k.as_str()))) {
+                let s = p.settings_for(argv1);
+                assert_ne!(s.level, Some(Level::DangerFullAccess));
+                assert_ne!(s.network, Some(NetworkMode::Unmanaged), "{name} {argv1:?}");
+                assert_ne!(s.net_class, Some(NetClass::Unconfined), "{name} {argv1:?}");
+                assert!(s.level.is_some() && s.network.is_some() && s.net_class.is_some(), "{name}: explicit");
+            }
+        }
+    }
+
+    #[test]
+    fn every_builtin_line_with_a_grant_is_commented() {
+        for (name, text) in BUILTIN_SOURCES {
+            for line in text.lines() {
+                let t = line.trim();
+                let is_grant = t.contains(" = ") && !t.starts_with('#') && !t.starts_with("name =")
+                    && !t.starts_with("program =") && !t.starts_with("description =");
+                if is_grant {
+                    assert!(t.contains(" # "), "{name}: uncommented grant: {t}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn names_and_lookup() {
+        let names = builtin_names();
+        assert!(names.windows(2).all(|w| w[0] < w[1]));
+        assert!(builtin("nope").is_none());
+        let cargo = builtin("cargo").unwrap();
+        assert_eq!(cargo.base.level, Some(Level::WorkspaceWrite));
+        assert_eq!(cargo.settings_for(Some("fmt")).network, Some(NetworkMode::Disabled));
+        assert_eq!(cargo.settings_for(Some("build")).network, Some(NetworkMode::Proxy));
+        assert!(cargo.base.paths.iter().any(|p| p.path == Path::new("~/.cargo/registry")));
+        let rg = builtin("rg").unwrap().settings_for(None);
+        assert_eq!((rg.level, rg.net_class), (Some(Level::ReadOnly), Some(NetClass::NetDenied)));
+        let curl = builtin("curl").unwrap().settings_for(None);
+        assert_eq!(curl.network, Some(NetworkMode::Proxy));
+        assert!(curl.allow_domains.is_empty());
+        let claude = builtin("claude").unwrap().settings_for(None);
+        assert_eq!(claude.protected_opt_in.len(), 2);
+        assert_eq!(claude.env.len(), 4);
+        assert_eq!(claude.pass_env, ["ANTHROPIC_API_KEY"]);
+    }
+}
