@@ -652,7 +652,7 @@ mod tests {
         assert!(err("ex\u{e4}mple.com").contains("non-ASCII"));
         assert!(err("*.com").contains("too broad"));
         assert!(err("com").contains("too broad"));
-        assert!(err("*").contains("everything"));
+        assert!(err("*").contains("every host"));
         assert!(err("a.b:0").contains("1 to 65535"));
         assert!(err("https://x.com").contains("scheme"));
         assert!(err("x.com/y").contains("path"));
