@@ -1,1 +1,55 @@
-//! x
+//! moat's configuration layer: tool profiles and the built-in catalogue, the
+//! user config, the project file `.moat.toml` and its trust store,
+//! `MOAT_ARGS`, and the precedence that merges them into one set of grants
+//! (each with its source) and a [`moat_policy::PolicyRequest`].
+//!
+//! Pure by design: parsing, validation and precedence take values and paths.
+//! The few functions that read the world say so (`*_from_env`, `load_*`,
+//! [`TrustStore`]); the CLI passes env-derived paths in.
+//!
+//! # Precedence (strongest first)
+//! command-line flags, `MOAT_ARGS`, the project file, the user config, the
+//! profile (with its `[subcommands.ARGV1]` override), built-in defaults.
+//! Top-level scalar keys (`level`, `network`, `net_class`, `timeout`) of the
+//! project file and the user config are *defaults*: they yield to a tool's
+//! profile, while their grant lists and `[tools.NAME]` sections rank above it.
+//!
+//! # Security notes
+//! - A project file can only grant paths inside its own directory (after
+//!   `..` and symlinks), never protected paths, `.env*`, danger-full-access,
+//!   an unmanaged network, an unconfined net class, or secret-looking
+//!   `pass_env` names. It only applies once trusted at its exact sha256.
+//! - `MOAT_ARGS` may narrow freely; a widening is refused unless the user
+//!   config or the trusted project file already grants it.
+//! - Two sources claiming one path with different modes is an error naming both.
+#![forbid(unsafe_code)]
+
+mod catalogue;
+mod error;
+mod load;
+mod moat_args;
+mod profile;
+mod project;
+mod resolve;
+mod settings;
+mod trust;
+
+pub use catalogue::{builtin, builtin_checked, builtin_names, builtin_source, BUILTIN_SOURCES};
+pub use error::ConfigError;
+pub use load::{
+    all_profile_names, config_dir, config_dir_from_env, default_or_shim_dir, load_catalogue, load_user_config,
+    load_user_profiles, parse_user_config, parse_user_profile, resolve_program, shimmable_names, state_dir,
+    state_dir_from_env, user_config_path, user_profiles_dir, Catalogue, ProfileOrigin, UserConfig,
+};
+pub use moat_args::{moat_args_from_env, parse_moat_args, MOAT_ARGS_FLAGS};
+pub use profile::{parse_profile, Profile};
+pub use project::{
+    find_project_file, find_project_file_with, load_project, parse_project, project_digest, ProjectFile,
+    PROJECT_FILE_NAME,
+};
+pub use resolve::{level_within, resolve, BuiltRequest, GrantLine, Resolved, Source, Sourced, Sources};
+pub use settings::{
+    expand_tilde, is_tilde, normalize_lexically, parse_level, protected_containing, protected_exact, NetClass, PathSpec,
+    Settings,
+};
+pub use trust::{is_trusted, render_grants, rfc3339_utc, TrustEntry, TrustMap, TrustStore, TRUST_FILE_NAME};
