@@ -208,6 +208,7 @@ pub(crate) fn resolve_policy(args: &PolicyArgs) -> Result<(Policy, Option<Durati
         allow_domains: args.allow_domain.clone(),
         deny_domains: args.deny_domain.clone(),
         upstream_proxy: args.upstream_proxy.clone(),
+        net_class: None,
     })?;
     Ok((policy, timeout_ms.map(Duration::from_millis)))
 }

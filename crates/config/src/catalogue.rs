@@ -49,7 +49,10 @@ pub fn builtin_names() -> Vec<&'static str> {
 /// The TOML text of a built-in profile (for `moat profile show --source` or
 /// as a starting point for a user profile).
 pub fn builtin_source(name: &str) -> Option<&'static str> {
-    BUILTIN_SOURCES.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+    BUILTIN_SOURCES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, t)| *t)
 }
 
 #[cfg(test)]
@@ -68,12 +71,16 @@ mod tests {
             assert_eq!(p.program, *name);
             assert!(p.warnings.is_empty(), "{name}: {:?}", p.warnings);
             assert!(p.description.is_some(), "{name}");
-            for argv1 in std::iter::once(None).chain(p.subcommands.keys().map(|k| Some(k.as_str()))) {
+            for argv1 in std::iter::once(None).chain(p.subcommands.keys().map(|k| Some(k.as_str())))
+            {
                 let s = p.settings_for(argv1);
                 assert_ne!(s.level, Some(Level::DangerFullAccess));
                 assert_ne!(s.network, Some(NetworkMode::Unmanaged), "{name} {argv1:?}");
                 assert_ne!(s.net_class, Some(NetClass::Unconfined), "{name} {argv1:?}");
-                assert!(s.level.is_some() && s.network.is_some() && s.net_class.is_some(), "{name}: explicit");
+                assert!(
+                    s.level.is_some() && s.network.is_some() && s.net_class.is_some(),
+                    "{name}: explicit"
+                );
             }
         }
     }
@@ -101,11 +108,24 @@ mod tests {
         assert!(builtin("nope").is_none());
         let cargo = builtin("cargo").unwrap();
         assert_eq!(cargo.base.level, Some(Level::WorkspaceWrite));
-        assert_eq!(cargo.settings_for(Some("fmt")).network, Some(NetworkMode::Disabled));
-        assert_eq!(cargo.settings_for(Some("build")).network, Some(NetworkMode::Proxy));
-        assert!(cargo.base.paths.iter().any(|p| p.path == Path::new("~/.cargo/registry")));
+        assert_eq!(
+            cargo.settings_for(Some("fmt")).network,
+            Some(NetworkMode::Disabled)
+        );
+        assert_eq!(
+            cargo.settings_for(Some("build")).network,
+            Some(NetworkMode::Proxy)
+        );
+        assert!(cargo
+            .base
+            .paths
+            .iter()
+            .any(|p| p.path == Path::new("~/.cargo/registry")));
         let rg = builtin("rg").unwrap().settings_for(None);
-        assert_eq!((rg.level, rg.net_class), (Some(Level::ReadOnly), Some(NetClass::NetDenied)));
+        assert_eq!(
+            (rg.level, rg.net_class),
+            (Some(Level::ReadOnly), Some(NetClass::NetDenied))
+        );
         let curl = builtin("curl").unwrap().settings_for(None);
         assert_eq!(curl.network, Some(NetworkMode::Proxy));
         assert!(curl.allow_domains.is_empty());

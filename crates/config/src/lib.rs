@@ -37,19 +37,24 @@ mod trust;
 pub use catalogue::{builtin, builtin_checked, builtin_names, builtin_source, BUILTIN_SOURCES};
 pub use error::ConfigError;
 pub use load::{
-    all_profile_names, config_dir, config_dir_from_env, default_or_shim_dir, load_catalogue, load_user_config,
-    load_user_profiles, parse_user_config, parse_user_profile, resolve_program, shimmable_names, state_dir,
-    state_dir_from_env, user_config_path, user_profiles_dir, Catalogue, ProfileOrigin, UserConfig,
+    all_profile_names, config_dir, config_dir_from_env, default_or_shim_dir, load_catalogue,
+    load_user_config, load_user_profiles, parse_user_config, parse_user_profile, resolve_program,
+    shimmable_names, state_dir, state_dir_from_env, user_config_path, user_profiles_dir, Catalogue,
+    ProfileOrigin, UserConfig,
 };
 pub use moat_args::{moat_args_from_env, parse_moat_args, MOAT_ARGS_FLAGS};
 pub use profile::{parse_profile, Profile};
 pub use project::{
-    find_project_file, find_project_file_with, load_project, parse_project, project_digest, ProjectFile,
-    PROJECT_FILE_NAME,
+    find_project_file, find_project_file_with, load_project, parse_project, project_digest,
+    ProjectFile, PROJECT_FILE_NAME,
 };
-pub use resolve::{level_within, resolve, BuiltRequest, GrantLine, Resolved, Source, Sourced, Sources};
+pub use resolve::{
+    level_within, resolve, BuiltRequest, GrantLine, Resolved, Source, Sourced, Sources,
+};
 pub use settings::{
-    expand_tilde, is_tilde, normalize_lexically, parse_level, protected_containing, protected_exact, NetClass, PathSpec,
-    Settings,
+    expand_tilde, is_tilde, normalize_lexically, parse_level, protected_containing,
+    protected_exact, NetClass, PathSpec, Settings,
 };
-pub use trust::{is_trusted, render_grants, rfc3339_utc, TrustEntry, TrustMap, TrustStore, TRUST_FILE_NAME};
+pub use trust::{
+    is_trusted, render_grants, rfc3339_utc, TrustEntry, TrustMap, TrustStore, TRUST_FILE_NAME,
+};

@@ -22,20 +22,28 @@ pub fn state_dir(xdg_state_home: Option<&OsStr>, home: Option<&Path>) -> Option<
 fn xdg_dir(xdg: Option<&OsStr>, home: Option<&Path>, fallback: &str) -> Option<PathBuf> {
     match xdg.map(Path::new) {
         Some(p) if p.is_absolute() => Some(p.join("moat")),
-        _ => home.filter(|h| h.is_absolute()).map(|h| h.join(fallback).join("moat")),
+        _ => home
+            .filter(|h| h.is_absolute())
+            .map(|h| h.join(fallback).join("moat")),
     }
 }
 
 /// [`config_dir`] from `XDG_CONFIG_HOME` and `HOME`.
 pub fn config_dir_from_env() -> Option<PathBuf> {
     let home = std::env::var_os("HOME").map(PathBuf::from);
-    config_dir(std::env::var_os("XDG_CONFIG_HOME").as_deref(), home.as_deref())
+    config_dir(
+        std::env::var_os("XDG_CONFIG_HOME").as_deref(),
+        home.as_deref(),
+    )
 }
 
 /// [`state_dir`] from `XDG_STATE_HOME` and `HOME`.
 pub fn state_dir_from_env() -> Option<PathBuf> {
     let home = std::env::var_os("HOME").map(PathBuf::from);
-    state_dir(std::env::var_os("XDG_STATE_HOME").as_deref(), home.as_deref())
+    state_dir(
+        std::env::var_os("XDG_STATE_HOME").as_deref(),
+        home.as_deref(),
+    )
 }
 
 /// `<config_dir>/config.toml`.
@@ -87,7 +95,8 @@ impl Catalogue {
     pub fn with_user_profiles(user: Vec<(Profile, PathBuf)>) -> Result<Catalogue, ConfigError> {
         let mut cat = Catalogue::builtin()?;
         for (p, path) in user {
-            cat.profiles.insert(p.name.clone(), (p, ProfileOrigin::User(path)));
+            cat.profiles
+                .insert(p.name.clone(), (p, ProfileOrigin::User(path)));
         }
         Ok(cat)
     }
@@ -117,7 +126,10 @@ pub fn parse_user_profile(text: &str, path: &Path) -> Result<Profile, ConfigErro
             &label,
             "name",
             format!("{:?}", p.name),
-            format!("the file is named {stem}.toml; rename the file to {}.toml or set name = {stem:?}", p.name),
+            format!(
+                "the file is named {stem}.toml; rename the file to {}.toml or set name = {stem:?}",
+                p.name
+            ),
         ));
     }
     Ok(p)
@@ -143,7 +155,8 @@ pub fn load_user_profiles(config_dir: &Path) -> Result<Vec<(Profile, PathBuf)>, 
     paths.sort();
     let mut out = Vec::new();
     for path in paths {
-        let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::io("cannot read", &path, e))?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| ConfigError::io("cannot read", &path, e))?;
         out.push((parse_user_profile(&text, &path)?, path));
     }
     Ok(out)
@@ -194,13 +207,22 @@ pub fn default_or_shim_dir(shim_dir: Option<&Path>, home: &Path) -> PathBuf {
 /// Parses the user config; `path` names it in errors and in grant sources.
 pub fn parse_user_config(text: &str, path: &Path) -> Result<UserConfig, ConfigError> {
     let label = path.display().to_string();
-    let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::from_toml(&label, text, &e))?;
+    let raw: RawConfig =
+        toml::from_str(text).map_err(|e| ConfigError::from_toml(&label, text, &e))?;
     let (top, (shim_dir, tools_raw)) = raw.into_parts();
-    let (defaults, mut warnings) = top.into_settings(&Ctx { file: &label, prefix: String::new(), kind: Kind::Config })?;
+    let (defaults, mut warnings) = top.into_settings(&Ctx {
+        file: &label,
+        prefix: String::new(),
+        kind: Kind::Config,
+    })?;
     let mut tools = BTreeMap::new();
     for (name, over) in tools_raw {
         check_tool_name(&label, &name)?;
-        let (s, w) = over.into_settings(&Ctx { file: &label, prefix: format!("tools.{name}."), kind: Kind::Config })?;
+        let (s, w) = over.into_settings(&Ctx {
+            file: &label,
+            prefix: format!("tools.{name}."),
+            kind: Kind::Config,
+        })?;
         warnings.extend(w);
         tools.insert(name, s);
     }
@@ -208,18 +230,34 @@ pub fn parse_user_config(text: &str, path: &Path) -> Result<UserConfig, ConfigEr
         Some(s) => {
             let p = PathBuf::from(&s);
             if !(p.is_absolute() || crate::settings::is_tilde(&p)) {
-                return Err(ConfigError::invalid(&label, "shim_dir", format!("{s:?}"), "write an absolute path or one starting with ~/"));
+                return Err(ConfigError::invalid(
+                    &label,
+                    "shim_dir",
+                    format!("{s:?}"),
+                    "write an absolute path or one starting with ~/",
+                ));
             }
             Some(p)
         }
         None => None,
     };
-    Ok(UserConfig { path: path.to_path_buf(), defaults, tools, shim_dir, warnings })
+    Ok(UserConfig {
+        path: path.to_path_buf(),
+        defaults,
+        tools,
+        shim_dir,
+        warnings,
+    })
 }
 
 pub(crate) fn check_tool_name(file: &str, name: &str) -> Result<(), ConfigError> {
     if name.is_empty() || name.contains('/') || name.contains(char::is_whitespace) {
-        return Err(ConfigError::invalid(file, "tools", format!("{name:?}"), "a tool name is a bare command name"));
+        return Err(ConfigError::invalid(
+            file,
+            "tools",
+            format!("{name:?}"),
+            "a tool name is a bare command name",
+        ));
     }
     Ok(())
 }
@@ -251,7 +289,9 @@ pub fn resolve_program(
         if !dir.is_absolute() {
             continue; // a relative PATH entry would resolve against the caller's cwd
         }
-        if shim_dir.is_some_and(|s| crate::settings::normalize_lexically(&dir) == crate::settings::normalize_lexically(s)) {
+        if shim_dir.is_some_and(|s| {
+            crate::settings::normalize_lexically(&dir) == crate::settings::normalize_lexically(s)
+        }) {
             continue;
         }
         let candidate = dir.join(program);
@@ -287,10 +327,22 @@ mod tests {
     #[test]
     fn xdg_dirs() {
         let home = Path::new("/home/me");
-        assert_eq!(config_dir(None, Some(home)), Some(PathBuf::from("/home/me/.config/moat")));
-        assert_eq!(config_dir(Some(OsStr::new("/x")), Some(home)), Some(PathBuf::from("/x/moat")));
-        assert_eq!(config_dir(Some(OsStr::new("rel")), Some(home)), Some(PathBuf::from("/home/me/.config/moat")));
-        assert_eq!(state_dir(None, Some(home)), Some(PathBuf::from("/home/me/.local/state/moat")));
+        assert_eq!(
+            config_dir(None, Some(home)),
+            Some(PathBuf::from("/home/me/.config/moat"))
+        );
+        assert_eq!(
+            config_dir(Some(OsStr::new("/x")), Some(home)),
+            Some(PathBuf::from("/x/moat"))
+        );
+        assert_eq!(
+            config_dir(Some(OsStr::new("rel")), Some(home)),
+            Some(PathBuf::from("/home/me/.config/moat"))
+        );
+        assert_eq!(
+            state_dir(None, Some(home)),
+            Some(PathBuf::from("/home/me/.local/state/moat"))
+        );
         assert_eq!(state_dir(None, None), None);
     }
 
@@ -299,12 +351,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let profiles = dir.path().join("profiles");
         std::fs::create_dir_all(&profiles).unwrap();
-        std::fs::write(profiles.join("git.toml"), "name = \"git\"\nlevel = \"ro\"\n").unwrap();
+        std::fs::write(
+            profiles.join("git.toml"),
+            "name = \"git\"\nlevel = \"ro\"\n",
+        )
+        .unwrap();
         std::fs::write(profiles.join("ssh.toml"), "name = \"ssh\"\nprotected_opt_in = [\"~/.ssh\"]\n[[mounts]]\npath = \"~/.ssh\"\nmode = \"ro\"\n").unwrap();
         std::fs::write(profiles.join("notes.txt"), "ignored").unwrap();
         let cat = load_catalogue(dir.path()).unwrap();
         assert_eq!(cat.get("git").unwrap().base.level, Some(Level::ReadOnly));
-        assert_eq!(cat.origin("git"), Some(&ProfileOrigin::User(profiles.join("git.toml"))));
+        assert_eq!(
+            cat.origin("git"),
+            Some(&ProfileOrigin::User(profiles.join("git.toml")))
+        );
         assert_eq!(cat.origin("cargo"), Some(&ProfileOrigin::BuiltIn));
         assert!(cat.get("ssh").is_some());
         assert_eq!(cat.names().len(), 21);
@@ -315,9 +374,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let profiles = dir.path().join("profiles");
         std::fs::create_dir_all(&profiles).unwrap();
-        std::fs::write(profiles.join("git.toml"), "name = \"git\"\nnetwrok = \"proxy\"\n").unwrap();
+        std::fs::write(
+            profiles.join("git.toml"),
+            "name = \"git\"\nnetwrok = \"proxy\"\n",
+        )
+        .unwrap();
         let e = load_catalogue(dir.path()).unwrap_err().to_string();
-        assert!(e.contains(&profiles.join("git.toml").display().to_string()), "{e}");
+        assert!(
+            e.contains(&profiles.join("git.toml").display().to_string()),
+            "{e}"
+        );
         assert!(e.contains("netwrok"), "{e}");
         std::fs::write(profiles.join("git.toml"), "name = \"gitx\"\n").unwrap();
         let e = load_catalogue(dir.path()).unwrap_err().to_string();
@@ -327,8 +393,16 @@ mod tests {
     #[test]
     fn missing_config_dir_is_just_the_builtins() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(load_catalogue(&dir.path().join("nope")).unwrap().names().len(), 20);
-        assert!(load_user_config(&dir.path().join("config.toml")).unwrap().is_none());
+        assert_eq!(
+            load_catalogue(&dir.path().join("nope"))
+                .unwrap()
+                .names()
+                .len(),
+            20
+        );
+        assert!(load_user_config(&dir.path().join("config.toml"))
+            .unwrap()
+            .is_none());
     }
 
     #[test]
@@ -349,18 +423,32 @@ allow_domains = ["claude.ai:443", "console.anthropic.com:443"]
         assert_eq!(c.defaults.level, Some(Level::WorkspaceWrite));
         assert_eq!(c.defaults.network, Some(NetworkMode::Proxy));
         assert_eq!(c.tools["git"].allow_domains, ["git.corp.example:443"]);
-        assert_eq!(c.shim_dir(Path::new("/home/me")), PathBuf::from("/home/me/bin/moat-shims"));
+        assert_eq!(
+            c.shim_dir(Path::new("/home/me")),
+            PathBuf::from("/home/me/bin/moat-shims")
+        );
         let d = parse_user_config("", Path::new("/c.toml")).unwrap();
-        assert_eq!(d.shim_dir(Path::new("/home/me")), PathBuf::from("/home/me/.local/bin"));
+        assert_eq!(
+            d.shim_dir(Path::new("/home/me")),
+            PathBuf::from("/home/me/.local/bin")
+        );
     }
 
     #[test]
     fn user_config_may_say_danger_and_unmanaged_but_is_warned() {
-        let c = parse_user_config("[tools.x]\nlevel = \"danger-full-access\"\nnetwork = \"unmanaged\"\n", Path::new("/c.toml")).unwrap();
+        let c = parse_user_config(
+            "[tools.x]\nlevel = \"danger-full-access\"\nnetwork = \"unmanaged\"\n",
+            Path::new("/c.toml"),
+        )
+        .unwrap();
         assert_eq!(c.warnings.len(), 2);
-        let e = parse_user_config("[tools.x]\nlvl = 1\n", Path::new("/c.toml")).unwrap_err().to_string();
+        let e = parse_user_config("[tools.x]\nlvl = 1\n", Path::new("/c.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("/c.toml") && e.contains("`lvl`"), "{e}");
-        let e = parse_user_config("shim_dir = \"bin\"\n", Path::new("/c.toml")).unwrap_err().to_string();
+        let e = parse_user_config("shim_dir = \"bin\"\n", Path::new("/c.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("shim_dir"), "{e}");
     }
 
@@ -368,14 +456,29 @@ allow_domains = ["claude.ai:443", "console.anthropic.com:443"]
     fn program_resolution_skips_the_shim_dir_and_moat() {
         let path = OsStr::new("/home/me/.local/bin:rel:/opt/moat/bin:/usr/bin:/bin");
         let exists = |p: &Path| {
-            ["/home/me/.local/bin/git", "/opt/moat/bin/git", "/usr/bin/git", "/bin/git", "rel/git"]
-                .contains(&p.to_str().unwrap())
+            [
+                "/home/me/.local/bin/git",
+                "/opt/moat/bin/git",
+                "/usr/bin/git",
+                "/bin/git",
+                "rel/git",
+            ]
+            .contains(&p.to_str().unwrap())
         };
         let is_moat = |p: &Path| p.starts_with("/opt/moat");
         let shim = Path::new("/home/me/.local/bin/");
-        assert_eq!(resolve_program("git", path, Some(shim), exists, is_moat), Some(PathBuf::from("/usr/bin/git")));
-        assert_eq!(resolve_program("git", path, None, exists, |_| false), Some(PathBuf::from("/home/me/.local/bin/git")));
-        assert_eq!(resolve_program("a/git", path, None, exists, |_| false), None);
+        assert_eq!(
+            resolve_program("git", path, Some(shim), exists, is_moat),
+            Some(PathBuf::from("/usr/bin/git"))
+        );
+        assert_eq!(
+            resolve_program("git", path, None, exists, |_| false),
+            Some(PathBuf::from("/home/me/.local/bin/git"))
+        );
+        assert_eq!(
+            resolve_program("a/git", path, None, exists, |_| false),
+            None
+        );
         assert_eq!(resolve_program("nope", path, None, exists, |_| false), None);
     }
 }

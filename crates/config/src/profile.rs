@@ -7,7 +7,9 @@ use moat_policy::NetworkMode;
 use serde::Deserialize;
 
 use crate::error::ConfigError;
-use crate::settings::{protected_containing, protected_exact, Ctx, Kind, NetClass, RawMount, RawOverrides, Settings};
+use crate::settings::{
+    protected_containing, protected_exact, Ctx, Kind, NetClass, RawMount, RawOverrides, Settings,
+};
 
 /// A validated tool profile.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,7 +75,8 @@ impl Profile {
 /// Parses and validates a profile. `file` names it in errors (a path, or
 /// `built-in profile git`).
 pub fn parse_profile(text: &str, file: &str) -> Result<Profile, ConfigError> {
-    let raw: RawProfile = toml::from_str(text).map_err(|e| ConfigError::from_toml(file, text, &e))?;
+    let raw: RawProfile =
+        toml::from_str(text).map_err(|e| ConfigError::from_toml(file, text, &e))?;
     check_name(file, "name", &raw.name)?;
     let program = raw.program.clone().unwrap_or_else(|| raw.name.clone());
     check_name(file, "program", &program)?;
@@ -92,24 +95,47 @@ pub fn parse_profile(text: &str, file: &str) -> Result<Profile, ConfigError> {
         rw: Vec::new(),
         timeout: raw.timeout,
     };
-    let ctx = Ctx { file, prefix: String::new(), kind: Kind::Profile };
+    let ctx = Ctx {
+        file,
+        prefix: String::new(),
+        kind: Kind::Profile,
+    };
     let (base, mut warnings) = base_raw.into_settings(&ctx)?;
 
     let mut subcommands = BTreeMap::new();
     for (sub, over) in raw.subcommands {
         if sub.is_empty() || sub.contains(char::is_whitespace) {
-            return Err(ConfigError::invalid(file, "subcommands", format!("{sub:?}"), "a subcommand is one non-empty word"));
+            return Err(ConfigError::invalid(
+                file,
+                "subcommands",
+                format!("{sub:?}"),
+                "a subcommand is one non-empty word",
+            ));
         }
-        let ctx = Ctx { file, prefix: format!("subcommands.{sub}."), kind: Kind::Profile };
+        let ctx = Ctx {
+            file,
+            prefix: format!("subcommands.{sub}."),
+            kind: Kind::Profile,
+        };
         let (s, w) = over.into_settings(&ctx)?;
         warnings.extend(w);
         subcommands.insert(sub, s);
     }
 
-    let profile = Profile { name: raw.name, program, description: raw.description, base, subcommands, warnings };
+    let profile = Profile {
+        name: raw.name,
+        program,
+        description: raw.description,
+        base,
+        subcommands,
+        warnings,
+    };
     let mut variants: Vec<(String, Settings)> = vec![(String::new(), profile.settings_for(None))];
     for sub in profile.subcommands.keys() {
-        variants.push((format!("subcommands.{sub}."), profile.settings_for(Some(sub))));
+        variants.push((
+            format!("subcommands.{sub}."),
+            profile.settings_for(Some(sub)),
+        ));
     }
     for (prefix, s) in &variants {
         check_consistent(file, prefix, s)?;
@@ -118,8 +144,19 @@ pub fn parse_profile(text: &str, file: &str) -> Result<Profile, ConfigError> {
 }
 
 fn check_name(file: &str, key: &str, v: &str) -> Result<(), ConfigError> {
-    if v.is_empty() || v.contains('/') || v.contains('\0') || v.contains(char::is_whitespace) || v == "." || v == ".." {
-        return Err(ConfigError::invalid(file, key, format!("{v:?}"), "use a bare command name: non-empty, no '/', no whitespace"));
+    if v.is_empty()
+        || v.contains('/')
+        || v.contains('\0')
+        || v.contains(char::is_whitespace)
+        || v == "."
+        || v == ".."
+    {
+        return Err(ConfigError::invalid(
+            file,
+            key,
+            format!("{v:?}"),
+            "use a bare command name: non-empty, no '/', no whitespace",
+        ));
     }
     Ok(())
 }
@@ -129,7 +166,11 @@ fn check_name(file: &str, key: &str, v: &str) -> Result<(), ConfigError> {
 fn check_consistent(file: &str, prefix: &str, s: &Settings) -> Result<(), ConfigError> {
     for p in &s.paths {
         if let Some(prot) = protected_exact(&p.path, None) {
-            if !s.protected_opt_in.iter().any(|o| o == Path::new("~").join(prot).as_path()) {
+            if !s
+                .protected_opt_in
+                .iter()
+                .any(|o| o == Path::new("~").join(prot).as_path())
+            {
                 return Err(ConfigError::invalid(
                     file,
                     &format!("{prefix}mounts"),
@@ -149,7 +190,10 @@ fn check_consistent(file: &str, prefix: &str, s: &Settings) -> Result<(), Config
     }
     let network = s.network.unwrap_or(NetworkMode::Disabled);
     if network != NetworkMode::Proxy {
-        for (key, list) in [("allow_domains", &s.allow_domains), ("deny_domains", &s.deny_domains)] {
+        for (key, list) in [
+            ("allow_domains", &s.allow_domains),
+            ("deny_domains", &s.deny_domains),
+        ] {
             if let Some(d) = list.first() {
                 return Err(ConfigError::invalid(
                     file,
@@ -203,7 +247,13 @@ net_class = "net-connect"
         assert_eq!(fetch.network, Some(NetworkMode::Proxy));
         assert_eq!(fetch.net_class, Some(NetClass::NetConnect));
         assert_eq!(fetch.allow_domains, ["github.com:443", "gitlab.com:443"]);
-        for other in [None, Some("status"), Some("--fetch"), Some("fetchx"), Some("FETCH")] {
+        for other in [
+            None,
+            Some("status"),
+            Some("--fetch"),
+            Some("fetchx"),
+            Some("FETCH"),
+        ] {
             let s = p.settings_for(other);
             assert_eq!(s.network, Some(NetworkMode::Disabled), "{other:?}");
             assert_eq!(s.net_class, Some(NetClass::NetDenied));
@@ -213,13 +263,25 @@ net_class = "net-connect"
 
     #[test]
     fn unknown_keys_are_rejected_naming_file_and_key() {
-        let e = parse_profile("name = \"x\"\nlevl = \"ro\"\n", "/cfg/profiles/x.toml").unwrap_err().to_string();
+        let e = parse_profile("name = \"x\"\nlevl = \"ro\"\n", "/cfg/profiles/x.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("/cfg/profiles/x.toml"), "{e}");
         assert!(e.contains("unknown key `levl`"), "{e}");
         assert!(e.contains("line 2"), "{e}");
-        let e = parse_profile("name = \"x\"\n[subcommands.fetch]\nnetwrk = \"proxy\"\n", "x.toml").unwrap_err().to_string();
+        let e = parse_profile(
+            "name = \"x\"\n[subcommands.fetch]\nnetwrk = \"proxy\"\n",
+            "x.toml",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("unknown key `netwrk`"), "{e}");
-        let e = parse_profile("name = \"x\"\n[[mounts]]\npath = \"/a\"\nmode = \"ro\"\nopt = 1\n", "x.toml").unwrap_err().to_string();
+        let e = parse_profile(
+            "name = \"x\"\n[[mounts]]\npath = \"/a\"\nmode = \"ro\"\nopt = 1\n",
+            "x.toml",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("unknown key `opt`"), "{e}");
     }
 
@@ -234,16 +296,46 @@ net_class = "net-connect"
             ("name = \"x\"\nlevel = \"rwx\"", "level"),
             ("name = \"x\"\nnetwork = \"open\"", "network"),
             ("name = \"x\"\nnet_class = \"net-all\"", "net_class"),
-            ("name = \"x\"\nprotected_opt_in = [\"~/.bashrc\"]", "protected_opt_in"),
-            ("name = \"x\"\nprotected_opt_in = [\"/root/.ssh\"]", "protected_opt_in"),
-            ("name = \"x\"\n[[mounts]]\npath = \"relative\"\nmode = \"ro\"", "mounts"),
-            ("name = \"x\"\n[[mounts]]\npath = \"~/a/../b\"\nmode = \"ro\"", "mounts"),
-            ("name = \"x\"\n[[mounts]]\npath = \"/a\"\nmode = \"rx\"", "mode"),
-            ("name = \"x\"\n[[mounts]]\npath = \"~/.ssh\"\nmode = \"ro\"", "protected_opt_in"),
-            ("name = \"x\"\n[[mounts]]\npath = \"~/.ssh/id_rsa\"\nmode = \"ro\"", "inside the protected"),
-            ("name = \"x\"\nnetwork = \"proxy\"\nallow_domains = [\"https://x.com\"]", "allow_domains"),
-            ("name = \"x\"\nnetwork = \"proxy\"\nallow_domains = [\"@nope\"]", "allow_domains"),
-            ("name = \"x\"\nallow_domains = [\"x.com\"]", "only apply with network"),
+            (
+                "name = \"x\"\nprotected_opt_in = [\"~/.bashrc\"]",
+                "protected_opt_in",
+            ),
+            (
+                "name = \"x\"\nprotected_opt_in = [\"/root/.ssh\"]",
+                "protected_opt_in",
+            ),
+            (
+                "name = \"x\"\n[[mounts]]\npath = \"relative\"\nmode = \"ro\"",
+                "mounts",
+            ),
+            (
+                "name = \"x\"\n[[mounts]]\npath = \"~/a/../b\"\nmode = \"ro\"",
+                "mounts",
+            ),
+            (
+                "name = \"x\"\n[[mounts]]\npath = \"/a\"\nmode = \"rx\"",
+                "mode",
+            ),
+            (
+                "name = \"x\"\n[[mounts]]\npath = \"~/.ssh\"\nmode = \"ro\"",
+                "protected_opt_in",
+            ),
+            (
+                "name = \"x\"\n[[mounts]]\npath = \"~/.ssh/id_rsa\"\nmode = \"ro\"",
+                "inside the protected",
+            ),
+            (
+                "name = \"x\"\nnetwork = \"proxy\"\nallow_domains = [\"https://x.com\"]",
+                "allow_domains",
+            ),
+            (
+                "name = \"x\"\nnetwork = \"proxy\"\nallow_domains = [\"@nope\"]",
+                "allow_domains",
+            ),
+            (
+                "name = \"x\"\nallow_domains = [\"x.com\"]",
+                "only apply with network",
+            ),
             ("name = \"x\"\nenv = { \"A=B\" = \"1\" }", "env"),
             ("name = \"x\"\ntimeout = \"soon\"", "timeout"),
         ];
@@ -256,7 +348,11 @@ net_class = "net-connect"
 
     #[test]
     fn presets_and_unmanaged_are_accepted_with_a_warning_for_unmanaged() {
-        let p = parse_profile("name = \"x\"\nnetwork = \"proxy\"\nallow_domains = [\"@package-registries\"]", "x.toml").unwrap();
+        let p = parse_profile(
+            "name = \"x\"\nnetwork = \"proxy\"\nallow_domains = [\"@package-registries\"]",
+            "x.toml",
+        )
+        .unwrap();
         assert!(p.warnings.is_empty());
         let p = parse_profile("name = \"x\"\nnetwork = \"unmanaged\"", "x.toml").unwrap();
         assert_eq!(p.warnings.len(), 1);

@@ -5,47 +5,13 @@ use std::fmt;
 use std::path::{Component, Path, PathBuf};
 
 use moat_policy::{Access, Level, NetworkMode, PROTECTED_HOME_PATHS};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::error::ConfigError;
 
-/// What a tool's processes may do with inet sockets (enforced by seccomp by
-/// the CLI). It narrows whatever the network mode allows, never widens it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum NetClass {
-    /// No inet sockets at all.
-    NetDenied,
-    /// Outgoing connections only: bind/listen/accept on inet sockets refused.
-    NetConnect,
-    /// Connecting and listening.
-    NetListen,
-    /// Adds no filter of its own.
-    Unconfined,
-}
-
-impl NetClass {
-    pub const ALL: [NetClass; 4] = [NetClass::NetDenied, NetClass::NetConnect, NetClass::NetListen, NetClass::Unconfined];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NetClass::NetDenied => "net-denied",
-            NetClass::NetConnect => "net-connect",
-            NetClass::NetListen => "net-listen",
-            NetClass::Unconfined => "unconfined",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<NetClass> {
-        NetClass::ALL.into_iter().find(|c| c.as_str() == s)
-    }
-}
-
-impl fmt::Display for NetClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// What a tool's processes may do with inet sockets (enforced by seccomp in
+/// the sandbox): moat-policy's type, re-exported here.
+pub use moat_policy::NetClass;
 
 /// One extra host path with its access, as written (`~/…`, absolute, or —
 /// in a project file — already joined to the project root).
@@ -98,7 +64,13 @@ impl Settings {
 
     /// Everything but the scalar keys (the grant lists and env).
     pub fn lists_only(&self) -> Settings {
-        Settings { level: None, network: None, net_class: None, timeout_ms: None, ..self.clone() }
+        Settings {
+            level: None,
+            network: None,
+            net_class: None,
+            timeout_ms: None,
+            ..self.clone()
+        }
     }
 
     /// True when this source says nothing at all.
@@ -245,7 +217,10 @@ pub(crate) enum Kind<'a> {
     /// The user's own config: anything.
     Config,
     /// A project file: only grants inside `root`, nothing that widens past the project.
-    Project { root: &'a Path, home: Option<&'a Path> },
+    Project {
+        root: &'a Path,
+        home: Option<&'a Path>,
+    },
 }
 
 /// Where a setting set is being read from, for error messages.
@@ -266,7 +241,12 @@ impl Ctx<'_> {
     }
 
     fn refused(&self, k: &str, value: impl fmt::Display, why: impl Into<String>) -> ConfigError {
-        ConfigError::ProjectRefused { file: self.file.to_string(), key: self.key(k), value: value.to_string(), why: why.into() }
+        ConfigError::ProjectRefused {
+            file: self.file.to_string(),
+            key: self.key(k),
+            value: value.to_string(),
+            why: why.into(),
+        }
     }
 
     fn is_project(&self) -> bool {
@@ -294,13 +274,20 @@ fn q(s: &str) -> String {
 impl RawOverrides {
     /// Validates and types the keys; returns the settings and warnings (e.g.
     /// an `unmanaged` network in a profile).
-    pub(crate) fn into_settings(self, ctx: &Ctx<'_>) -> Result<(Settings, Vec<String>), ConfigError> {
+    pub(crate) fn into_settings(
+        self,
+        ctx: &Ctx<'_>,
+    ) -> Result<(Settings, Vec<String>), ConfigError> {
         let mut warnings = Vec::new();
         let mut out = Settings::default();
 
         if let Some(l) = &self.level {
             let level = parse_level(l).ok_or_else(|| {
-                ctx.invalid("level", q(l), "use ro, rw or contained (read-only, workspace-write, workspace-contained)")
+                ctx.invalid(
+                    "level",
+                    q(l),
+                    "use ro, rw or contained (read-only, workspace-write, workspace-contained)",
+                )
             })?;
             if level == Level::DangerFullAccess {
                 match ctx.kind {
@@ -330,7 +317,11 @@ impl RawOverrides {
                 .ok_or_else(|| ctx.invalid("network", q(n), "use disabled, proxy or unmanaged"))?;
             if mode == NetworkMode::Unmanaged {
                 if ctx.is_project() {
-                    return Err(ctx.refused("network", q(n), "unmanaged gives the command the host network unfiltered"));
+                    return Err(ctx.refused(
+                        "network",
+                        q(n),
+                        "unmanaged gives the command the host network unfiltered",
+                    ));
                 }
                 warnings.push(format!(
                     "{}: {} = {}: the tool gets the host network unfiltered; prefer network = \"proxy\" with allow_domains",
@@ -343,15 +334,27 @@ impl RawOverrides {
         }
 
         if let Some(c) = &self.net_class {
-            let class = NetClass::parse(c)
-                .ok_or_else(|| ctx.invalid("net_class", q(c), "use net-denied, net-connect, net-listen or unconfined"))?;
+            let class = NetClass::parse(c).ok_or_else(|| {
+                ctx.invalid(
+                    "net_class",
+                    q(c),
+                    "use net-denied, net-connect, net-listen or unconfined",
+                )
+            })?;
             if class == NetClass::Unconfined && ctx.is_project() {
-                return Err(ctx.refused("net_class", q(c), "unconfined removes the tool's socket filter"));
+                return Err(ctx.refused(
+                    "net_class",
+                    q(c),
+                    "unconfined removes the tool's socket filter",
+                ));
             }
             out.net_class = Some(class);
         }
 
-        for (key, list) in [("allow_domains", &self.allow_domains), ("deny_domains", &self.deny_domains)] {
+        for (key, list) in [
+            ("allow_domains", &self.allow_domains),
+            ("deny_domains", &self.deny_domains),
+        ] {
             for d in list {
                 moat_policy::net::expand_presets(std::slice::from_ref(d))
                     .map_err(|e| ctx.invalid(key, q(d), e.to_string()))?;
@@ -363,7 +366,11 @@ impl RawOverrides {
         for (k, v) in &self.env {
             check_env_name(k).map_err(|why| ctx.invalid("env", q(k), why))?;
             if v.contains('\0') {
-                return Err(ctx.invalid(&format!("env.{k}"), q(v), "values cannot contain a NUL byte"));
+                return Err(ctx.invalid(
+                    &format!("env.{k}"),
+                    q(v),
+                    "values cannot contain a NUL byte",
+                ));
             }
         }
         out.env = self.env;
@@ -382,14 +389,21 @@ impl RawOverrides {
 
         for p in &self.protected_opt_in {
             if ctx.is_project() {
-                return Err(ctx.refused("protected_opt_in", q(p), "protected paths hold credentials and agent state"));
+                return Err(ctx.refused(
+                    "protected_opt_in",
+                    q(p),
+                    "protected paths hold credentials and agent state",
+                ));
             }
             let path = PathBuf::from(p);
             if protected_exact(&path, None).is_none() {
                 return Err(ctx.invalid(
                     "protected_opt_in",
                     q(p),
-                    format!("name one of the protected paths exactly, as ~/PATH: {}", protected_list()),
+                    format!(
+                        "name one of the protected paths exactly, as ~/PATH: {}",
+                        protected_list()
+                    ),
                 ));
             }
             out.protected_opt_in.push(path);
@@ -398,15 +412,33 @@ impl RawOverrides {
         let mounts = self
             .mounts
             .iter()
-            .map(|m| (format!("mounts[{}]", m.path), m.path.as_str(), Some(m.mode.as_str())))
-            .chain(self.ro.iter().map(|p| ("ro".to_string(), p.as_str(), Some("ro"))))
-            .chain(self.rw.iter().map(|p| ("rw".to_string(), p.as_str(), Some("rw"))));
+            .map(|m| {
+                (
+                    format!("mounts[{}]", m.path),
+                    m.path.as_str(),
+                    Some(m.mode.as_str()),
+                )
+            })
+            .chain(
+                self.ro
+                    .iter()
+                    .map(|p| ("ro".to_string(), p.as_str(), Some("ro"))),
+            )
+            .chain(
+                self.rw
+                    .iter()
+                    .map(|p| ("rw".to_string(), p.as_str(), Some("rw"))),
+            );
         for (key, raw, mode) in mounts {
             let access = match mode {
                 Some("ro") => Access::ReadOnly,
                 Some("rw") => Access::ReadWrite,
                 other => {
-                    return Err(ctx.invalid(&format!("{key}.mode"), q(other.unwrap_or("")), "use \"ro\" or \"rw\""))
+                    return Err(ctx.invalid(
+                        &format!("{key}.mode"),
+                        q(other.unwrap_or("")),
+                        "use \"ro\" or \"rw\"",
+                    ))
                 }
             };
             let path = mount_path(ctx, &key, raw)?;
@@ -416,7 +448,11 @@ impl RawOverrides {
                     return Err(ctx.invalid(
                         &key,
                         q(raw),
-                        format!("listed both {} and {}; keep one", access_str(prev.access), access_str(spec.access)),
+                        format!(
+                            "listed both {} and {}; keep one",
+                            access_str(prev.access),
+                            access_str(spec.access)
+                        ),
                     ));
                 }
                 continue;
@@ -425,7 +461,10 @@ impl RawOverrides {
         }
 
         if let Some(t) = &self.timeout {
-            out.timeout_ms = Some(moat_policy::parse_duration(t).map_err(|e| ctx.invalid("timeout", q(t), e.to_string()))?);
+            out.timeout_ms = Some(
+                moat_policy::parse_duration(t)
+                    .map_err(|e| ctx.invalid("timeout", q(t), e.to_string()))?,
+            );
         }
         Ok((out, warnings))
     }
@@ -440,7 +479,11 @@ fn mount_path(ctx: &Ctx<'_>, key: &str, raw: &str) -> Result<PathBuf, ConfigErro
     match ctx.kind {
         Kind::Profile | Kind::Config => {
             if !(p.is_absolute() || is_tilde(&p)) {
-                return Err(ctx.invalid(key, q(raw), "write an absolute path or one starting with ~/"));
+                return Err(ctx.invalid(
+                    key,
+                    q(raw),
+                    "write an absolute path or one starting with ~/",
+                ));
             }
             if p.components().any(|c| c == Component::ParentDir) {
                 return Err(ctx.invalid(key, q(raw), "write the path without '..'"));
@@ -451,7 +494,13 @@ fn mount_path(ctx: &Ctx<'_>, key: &str, raw: &str) -> Result<PathBuf, ConfigErro
             let joined = if is_tilde(&p) {
                 match home {
                     Some(h) => expand_tilde(&p, h),
-                    None => return Err(ctx.invalid(key, q(raw), "~ cannot be expanded: HOME is unknown")),
+                    None => {
+                        return Err(ctx.invalid(
+                            key,
+                            q(raw),
+                            "~ cannot be expanded: HOME is unknown",
+                        ))
+                    }
                 }
             } else if p.is_absolute() {
                 p
@@ -524,17 +573,27 @@ fn home_rel<'a>(p: &'a Path, home: Option<&Path>) -> Option<&'a Path> {
 /// The protected entry `p` names exactly (`~/.ssh`, or `HOME/.ssh` with `home`).
 pub fn protected_exact(p: &Path, home: Option<&Path>) -> Option<&'static str> {
     let rel = home_rel(p, home)?;
-    PROTECTED_HOME_PATHS.iter().copied().find(|x| rel == Path::new(x))
+    PROTECTED_HOME_PATHS
+        .iter()
+        .copied()
+        .find(|x| rel == Path::new(x))
 }
 
 /// The protected entry `p` lies strictly inside, if any.
 pub fn protected_containing(p: &Path, home: Option<&Path>) -> Option<&'static str> {
     let rel = home_rel(p, home)?;
-    PROTECTED_HOME_PATHS.iter().copied().find(|x| rel != Path::new(x) && rel.starts_with(x))
+    PROTECTED_HOME_PATHS
+        .iter()
+        .copied()
+        .find(|x| rel != Path::new(x) && rel.starts_with(x))
 }
 
 pub(crate) fn protected_list() -> String {
-    PROTECTED_HOME_PATHS.iter().map(|p| format!("~/{p}")).collect::<Vec<_>>().join(", ")
+    PROTECTED_HOME_PATHS
+        .iter()
+        .map(|p| format!("~/{p}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -543,27 +602,48 @@ mod tests {
 
     #[test]
     fn lexical_normalization() {
-        assert_eq!(normalize_lexically(Path::new("/a/b/../c/./d/")), PathBuf::from("/a/c/d"));
+        assert_eq!(
+            normalize_lexically(Path::new("/a/b/../c/./d/")),
+            PathBuf::from("/a/c/d")
+        );
         assert_eq!(normalize_lexically(Path::new("/../..")), PathBuf::from("/"));
-        assert_eq!(normalize_lexically(Path::new("/p/../other")), PathBuf::from("/other"));
-        assert_eq!(normalize_lexically(Path::new("~/.cargo//registry")), PathBuf::from("~/.cargo/registry"));
+        assert_eq!(
+            normalize_lexically(Path::new("/p/../other")),
+            PathBuf::from("/other")
+        );
+        assert_eq!(
+            normalize_lexically(Path::new("~/.cargo//registry")),
+            PathBuf::from("~/.cargo/registry")
+        );
     }
 
     #[test]
     fn tilde_expansion() {
         let h = Path::new("/home/me");
         assert_eq!(expand_tilde(Path::new("~"), h), PathBuf::from("/home/me"));
-        assert_eq!(expand_tilde(Path::new("~/.ssh"), h), PathBuf::from("/home/me/.ssh"));
+        assert_eq!(
+            expand_tilde(Path::new("~/.ssh"), h),
+            PathBuf::from("/home/me/.ssh")
+        );
         assert_eq!(expand_tilde(Path::new("/x/~"), h), PathBuf::from("/x/~"));
-        assert_eq!(expand_tilde(Path::new("~other/x"), h), PathBuf::from("~other/x"));
+        assert_eq!(
+            expand_tilde(Path::new("~other/x"), h),
+            PathBuf::from("~other/x")
+        );
     }
 
     #[test]
     fn protected_matching() {
         assert_eq!(protected_exact(Path::new("~/.ssh"), None), Some(".ssh"));
-        assert_eq!(protected_exact(Path::new("/home/me/.ssh"), Some(Path::new("/home/me"))), Some(".ssh"));
+        assert_eq!(
+            protected_exact(Path::new("/home/me/.ssh"), Some(Path::new("/home/me"))),
+            Some(".ssh")
+        );
         assert_eq!(protected_exact(Path::new("~/.ssh/id"), None), None);
-        assert_eq!(protected_containing(Path::new("~/.ssh/id"), None), Some(".ssh"));
+        assert_eq!(
+            protected_containing(Path::new("~/.ssh/id"), None),
+            Some(".ssh")
+        );
         assert_eq!(protected_containing(Path::new("~/.sshx"), None), None);
     }
 

@@ -69,7 +69,7 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
     ));
     let seccomp = in_child(|| {
         sys::set_no_new_privs().map_err(|e| e.raw_os_error().unwrap_or(1))?;
-        let prog = crate::confine::seccomp_filter(&crate::plan::SeccompSpec { socket_families: Some(vec![libc::AF_UNIX]) }).map_err(|_| 22)?;
+        let prog = crate::confine::seccomp_filter(&crate::plan::SeccompSpec { socket_families: Some(vec![libc::AF_UNIX]), ..Default::default() }).map_err(|_| 22)?;
         crate::confine::apply_seccomp(&prog).map_err(|_| 1)?;
         // The filter must actually refuse: an AF_INET socket has to fail with EPERM.
         match nix::sys::socket::socket(

@@ -98,6 +98,14 @@ pub fn apply_landlock(spec: &LandlockSpec, kernel_abi: i32) -> Result<Enforcemen
     if spec.scoped {
         ruleset = ruleset.scope(Scope::from_all(abi)).map_err(ll)?;
     }
+    if spec.deny_tcp_bind {
+        // Handled with no rule: every TCP bind is refused.
+        ruleset = ruleset
+            .set_compatibility(CompatLevel::HardRequirement)
+            .handle_access(landlock::AccessNet::BindTcp)
+            .map_err(ll)?
+            .set_compatibility(CompatLevel::BestEffort);
+    }
     let mut created = ruleset.create().map_err(ll)?;
     // Merge rights per path: Landlock ORs rules on the same inode anyway, but
     // one rule per path keeps failures attributable.
@@ -242,6 +250,19 @@ pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, Con
             .map(|f| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f as u64).map_err(sc))
             .collect::<Result<Vec<_>, _>>()?;
         rules.insert(libc::SYS_socket, vec![SeccompRule::new(conditions).map_err(sc)?]);
+    }
+    // A tool's net class narrows further: families it may not open at all.
+    for f in &spec.denied_families {
+        let rule = SeccompRule::new(vec![SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *f as u64).map_err(sc)?])
+            .map_err(sc)?;
+        rules.entry(libc::SYS_socket).or_default().push(rule);
+    }
+    if spec.deny_listen {
+        // listen() on an unbound TCP socket binds implicitly, past Landlock's
+        // bind rule, so net-connect refuses listen/accept outright.
+        for nr in [libc::SYS_listen, libc::SYS_accept, libc::SYS_accept4] {
+            rules.insert(nr, vec![]);
+        }
     }
     #[cfg(target_arch = "x86_64")]
     let arch = TargetArch::x86_64;

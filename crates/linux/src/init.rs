@@ -28,8 +28,8 @@ pub struct InitArgs<'a> {
     /// Pipes for stdout/stderr when the output is captured.
     pub stdout_fd: Option<RawFd>,
     pub stderr_fd: Option<RawFd>,
-    /// Socket to hand the proxy listeners to the supervisor (proxy mode).
-    pub proxy_fd: Option<RawFd>,
+    /// Socket to hand sockets made inside the sandbox to the supervisor.
+    pub handoff_fd: Option<RawFd>,
     pub argv: Vec<CString>,
     pub envp: Vec<CString>,
     pub seccomp: Option<seccompiler::BpfProgram>,
@@ -88,7 +88,7 @@ fn setup(args: &InitArgs<'_>) -> Result<(), String> {
     }
     // Inherited descriptors are a way around every path rule: close them all,
     // keeping only stdio and the report pipe (close-on-exec).
-    close_all_but(&[Some(fd), args.proxy_fd].into_iter().flatten().collect::<Vec<_>>())
+    close_all_but(&[Some(fd), args.handoff_fd].into_iter().flatten().collect::<Vec<_>>())
         .map_err(|e| format!("close inherited fds: {e}"))?;
     if !plan.sandboxed {
         return Ok(());
@@ -100,12 +100,18 @@ fn setup(args: &InitArgs<'_>) -> Result<(), String> {
     // After the id maps: a non-dumpable process's /proc files belong to root.
     sys::set_not_dumpable().map_err(|e| format!("set non-dumpable: {e}"))?;
     nix::unistd::sethostname("moat").map_err(|e| format!("set hostname: {e}"))?;
-    if let Some(pfd) = args.proxy_fd {
+    if let (Some(hfd), Some(_)) = (args.handoff_fd, &plan.proxy) {
         // First, so the supervisor can start serving while the view is built.
-        crate::netns::create_and_send_listeners(pfd)?;
-        let _ = nix::unistd::close(pfd);
+        crate::netns::create_and_send_listeners(hfd)?;
     }
-    mounts::build_root(&plan.mounts).map_err(|e| format!("build the sandbox view: {e}"))?;
+    let broker = mounts::build_root(&plan.mounts, plan.broker).map_err(|e| format!("build the sandbox view: {e}"))?;
+    if let (Some(hfd), Some(listener)) = (args.handoff_fd, broker) {
+        use std::os::fd::AsRawFd;
+        crate::netns::send_fds(hfd, b'B', &[listener.as_raw_fd()]).map_err(|e| format!("hand the broker socket to moat: {e}"))?;
+    }
+    if let Some(hfd) = args.handoff_fd {
+        let _ = nix::unistd::close(hfd);
+    }
     nix::unistd::chdir(&plan.cwd).map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
     Ok(())
 }

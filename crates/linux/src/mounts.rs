@@ -37,8 +37,10 @@ fn nix_err(e: nix::errno::Errno) -> io::Error {
     io::Error::from_raw_os_error(e as i32)
 }
 
-/// Builds the whole view and leaves the process inside it, at `/`.
-pub fn build_root(ops: &[MountOp]) -> Result<(), MountError> {
+/// Builds the whole view and leaves the process inside it, at `/`. With
+/// `broker`, also binds the nested-run socket at [`crate::netns::BROKER_SOCKET`]
+/// (before the root becomes read-only) and returns its listener.
+pub fn build_root(ops: &[MountOp], broker: bool) -> Result<Option<std::os::unix::net::UnixListener>, MountError> {
     // Our mount events must never propagate to the host (and host events
     // should not trickle into the sandbox mid-run).
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
@@ -70,13 +72,22 @@ pub fn build_root(ops: &[MountOp]) -> Result<(), MountError> {
         apply_op(op, &scratch, empty_dir, empty_file)?;
     }
 
+    let listener = if broker {
+        let p = Path::new(crate::netns::BROKER_SOCKET);
+        if let Some(parent) = p.parent() {
+            mkdir_p(parent)?;
+        }
+        Some(std::os::unix::net::UnixListener::bind(p).map_err(err("bind the broker socket", p))?)
+    } else {
+        None
+    };
     let old = Path::new(OLD_ROOT);
     umount2(old, MntFlags::MNT_DETACH).map_err(nix_err).map_err(err("detach old root", old))?;
     fs::remove_dir(old).map_err(err("rmdir", old))?;
     // Nothing may be created at the top level of the view.
     sys::mount_setattr_path(Path::new("/"), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
         .map_err(err("make root read-only", Path::new("/")))?;
-    Ok(())
+    Ok(listener)
 }
 
 fn make_scratch(scratch: &OwnedFd) -> io::Result<()> {

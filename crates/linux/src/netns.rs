@@ -28,37 +28,51 @@ pub fn create_and_send_listeners(fd: RawFd) -> Result<(), String> {
     };
     let http = bind(HTTP_PROXY_ADDR)?;
     let socks = bind(SOCKS_PROXY_ADDR)?;
-    let fds = [http.as_raw_fd(), socks.as_raw_fd()];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
-    let iov = [IoSlice::new(b"P")];
-    sendmsg::<()>(fd, &iov, &cmsg, MsgFlags::empty(), None).map_err(|e| format!("hand the proxy sockets to moat: {e}"))?;
+    send_fds(fd, b'P', &[http.as_raw_fd(), socks.as_raw_fd()]).map_err(|e| format!("hand the proxy sockets to moat: {e}"))
     // Our copies close here; the supervisor's stay open.
-    Ok(())
 }
 
-/// In the supervisor: receives the two listeners, or None if the init failed
-/// before sending them (its error arrives on the report pipe).
-pub fn receive_listeners(sock: &UnixStream) -> Option<(TcpListener, TcpListener)> {
+/// Sends `fds` tagged with one byte over the handoff socket.
+pub fn send_fds(sock: RawFd, tag: u8, fds: &[RawFd]) -> nix::Result<()> {
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let tag = [tag];
+    let iov = [IoSlice::new(&tag)];
+    sendmsg::<()>(sock, &iov, &cmsg, MsgFlags::empty(), None).map(drop)
+}
+
+/// What the init hands to the supervisor.
+pub enum Handoff {
+    /// The HTTP and SOCKS5 listeners inside the sandbox's network namespace.
+    Proxy(TcpListener, TcpListener),
+    /// The listener at [`BROKER_SOCKET`] for nested runs.
+    Broker(std::os::unix::net::UnixListener),
+}
+
+/// Receives one handoff message; None at EOF or on a malformed message.
+pub fn receive(sock: &UnixStream) -> Option<Handoff> {
     let mut byte = [0u8; 1];
     let mut iov = [IoSliceMut::new(&mut byte)];
     let mut space = nix::cmsg_space!([RawFd; 2]);
     let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC).ok()?;
-    let mut fds = Vec::new();
+    let mut fds: Vec<OwnedFd> = Vec::new();
     for c in msg.cmsgs().ok()? {
         if let ControlMessageOwned::ScmRights(r) = c {
-            fds.extend(r);
+            fds.extend(r.into_iter().map(owned));
         }
     }
-    if fds.len() != 2 {
-        for f in fds {
-            drop(owned(f)); // closes it
-        }
+    if msg.bytes == 0 {
         return None;
     }
-    let http = TcpListener::from(owned(fds[0]));
-    let socks = TcpListener::from(owned(fds[1]));
-    Some((http, socks))
+    let mut fds = fds.into_iter();
+    match (byte[0], fds.next(), fds.next()) {
+        (b'P', Some(a), Some(b)) => Some(Handoff::Proxy(TcpListener::from(a), TcpListener::from(b))),
+        (b'B', Some(a), None) => Some(Handoff::Broker(std::os::unix::net::UnixListener::from(a))),
+        _ => None,
+    }
 }
+
+/// Where nested `moat exec` calls find the outer supervisor, inside the view.
+pub const BROKER_SOCKET: &str = "/moat/broker.sock";
 
 fn owned(fd: RawFd) -> OwnedFd {
     sys::own_fd(fd)

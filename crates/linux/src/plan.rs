@@ -68,6 +68,8 @@ pub struct LandlockSpec {
     pub devices: Vec<PathBuf>,
     /// Scope abstract unix sockets and signals to the sandbox (ABI >= 6).
     pub scoped: bool,
+    /// Refuse every TCP bind (ABI >= 4; a net-connect tool).
+    pub deny_tcp_bind: bool,
 }
 
 /// The seccomp floor.
@@ -75,6 +77,10 @@ pub struct LandlockSpec {
 pub struct SeccompSpec {
     /// When set, socket() is refused for every address family not listed.
     pub socket_families: Option<Vec<i32>>,
+    /// socket() is refused for these families (a tool's net class).
+    pub denied_families: Vec<i32>,
+    /// listen/accept refused (net-connect); Landlock refuses TCP binds.
+    pub deny_listen: bool,
 }
 
 /// Proxy networking: where moat's own binary appears in the view (ssh's
@@ -100,6 +106,8 @@ pub struct Plan {
     pub landlock: LandlockSpec,
     pub seccomp: SeccompSpec,
     pub proxy: Option<ProxyPlan>,
+    /// Offer the nested-run socket inside the view.
+    pub broker: bool,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
     /// Host paths that must not exist after the run (write-protected paths
@@ -121,6 +129,8 @@ pub enum PlanError {
     Nested,
     #[error("--network unmanaged needs Landlock ABI 6 (Linux >= 6.12) to keep host abstract unix sockets out of reach, and this kernel has ABI {0}; use --network disabled")]
     NoAbstractScoping(i32),
+    #[error("the net-connect class needs Landlock ABI 4 (Linux >= 6.7) to refuse TCP binds, and this kernel has ABI {0}; use net-denied or net-listen")]
+    NoTcpBindControl(i32),
     #[error("cannot find moat's own binary (needed inside the sandbox for ssh through the proxy)")]
     NoMoatBinary,
     #[error("{0} does not exist on the host; --ro/--rw paths must exist")]
@@ -152,8 +162,14 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
                 NetworkMode::Proxy => Some(vec![libc::AF_UNIX, libc::AF_INET, libc::AF_INET6]),
                 NetworkMode::Unmanaged => None,
             },
+            denied_families: match policy.net_class {
+                Some(moat_policy::NetClass::NetDenied) => vec![libc::AF_INET, libc::AF_INET6, libc::AF_PACKET],
+                _ => Vec::new(),
+            },
+            deny_listen: policy.net_class == Some(moat_policy::NetClass::NetConnect),
         },
         proxy: None,
+        broker: sandboxed,
         env: command_env(policy, host),
         cwd: policy.workspace.clone(),
         sweep: Vec::new(),
@@ -172,6 +188,9 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     }
     if policy.network.mode == NetworkMode::Unmanaged && host.landlock_abi < 6 {
         return Err(PlanError::NoAbstractScoping(host.landlock_abi));
+    }
+    if policy.net_class == Some(moat_policy::NetClass::NetConnect) && host.landlock_abi < 4 {
+        return Err(PlanError::NoTcpBindControl(host.landlock_abi));
     }
 
     let whole_host = policy.level != Level::WorkspaceContained;
@@ -347,7 +366,11 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     plan.mounts = all_ops;
 
     // Landlock: rules matching the view.
-    let mut ll = LandlockSpec { scoped: host.landlock_abi >= 6, ..Default::default() };
+    let mut ll = LandlockSpec {
+        scoped: host.landlock_abi >= 6,
+        deny_tcp_bind: policy.net_class == Some(moat_policy::NetClass::NetConnect),
+        ..Default::default()
+    };
     if whole_host {
         ll.read.push("/".into());
     } else {

@@ -56,6 +56,9 @@ pub trait RunObserver {
     /// The proxy endpoints created inside the sandbox's network namespace
     /// (only when the plan has a proxy); the observer serves them.
     fn proxy_listeners(&mut self, _http: std::net::TcpListener, _socks: std::net::TcpListener) {}
+    /// The listener behind the sandbox's broker socket; nested `moat exec`
+    /// calls connect to it. An observer that does not serve it drops it.
+    fn broker_listener(&mut self, _listener: std::os::unix::net::UnixListener) {}
 }
 
 /// An observer that ignores everything.
@@ -275,9 +278,9 @@ fn launch(
             Stream::Stderr => stderr_end = Some(w),
         }
     }
-    // The init sends the proxy's listening sockets, created inside the new
-    // network namespace, back over this pair.
-    let (proxy_rx, proxy_tx) = if plan.proxy.is_some() {
+    // The init hands sockets it creates inside the sandbox (the proxy's
+    // listeners, the broker's) back over this pair.
+    let (handoff_rx, handoff_tx) = if plan.sandboxed {
         let (a, b) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("create a socket pair: {e}"))?;
         (Some(a), Some(b))
     } else {
@@ -304,7 +307,7 @@ fn launch(
             report_fd: report_w.as_raw_fd(),
             stdout_fd: stdout_end.as_ref().map(|f| f.as_raw_fd()),
             stderr_fd: stderr_end.as_ref().map(|f| f.as_raw_fd()),
-            proxy_fd: proxy_tx.as_ref().map(|s| s.as_raw_fd()),
+            handoff_fd: handoff_tx.as_ref().map(|s| s.as_raw_fd()),
             argv,
             envp,
             seccomp,
@@ -318,18 +321,11 @@ fn launch(
     drop(report_w);
     drop(stdout_end);
     drop(stderr_end);
-    drop(proxy_tx);
+    drop(handoff_tx);
     if plan.sandboxed {
         out.layers.namespaces = Enforcement::Full;
     }
-    if let Some(rx) = proxy_rx {
-        // Blocks until the init has created the listeners (or died trying,
-        // which closes the pair and surfaces as its setup error below).
-        if let Some((http, socks)) = crate::netns::receive_listeners(&rx) {
-            observer.proxy_listeners(http, socks);
-        }
-    }
-    let result = supervise(child, plan, opts, out, captures, report_r, start, observer);
+    let result = supervise(child, plan, opts, out, captures, report_r, handoff_rx, start, observer);
     sys::restore_sigmask(&old_mask);
     result
 }
@@ -342,9 +338,11 @@ fn supervise(
     out: &mut RunOutcome,
     mut captures: Vec<Capture>,
     report_r: OwnedFd,
+    handoff: Option<std::os::unix::net::UnixStream>,
     start: Instant,
     observer: &mut dyn RunObserver,
 ) -> Result<(), String> {
+    let mut handoff = handoff;
     let pidfd = sys::pidfd_open(child.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
     let mut mask = SigSet::empty();
     for s in [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGINT, Signal::SIGQUIT] {
@@ -377,6 +375,10 @@ fn supervise(
         if report_open {
             fds.push(PollFd::new(report_r.as_fd(), PollFlags::POLLIN));
         }
+        let handoff_index = fds.len();
+        if let Some(h) = &handoff {
+            fds.push(PollFd::new(h.as_fd(), PollFlags::POLLIN));
+        }
         let cap_index = fds.len();
         for c in captures.iter().filter(|c| c.open) {
             fds.push(PollFd::new(c.fd.as_fd(), PollFlags::POLLIN));
@@ -389,8 +391,16 @@ fn supervise(
         let pid_ready = ready(0);
         let sig_ready = ready(1);
         let report_ready = report_open && ready(2);
+        let handoff_ready = handoff.is_some() && ready(handoff_index);
         let cap_ready: Vec<bool> = (0..captures.iter().filter(|c| c.open).count()).map(|i| ready(cap_index + i)).collect();
         drop(fds);
+        if handoff_ready {
+            match handoff.as_ref().and_then(crate::netns::receive) {
+                Some(crate::netns::Handoff::Proxy(http, socks)) => observer.proxy_listeners(http, socks),
+                Some(crate::netns::Handoff::Broker(l)) => observer.broker_listener(l),
+                None => handoff = None,
+            }
+        }
         if report_ready {
             report_open = read_report(&report_r, &mut report_buf);
             if !started_seen && report_buf.split(|b| *b == b'\n').any(|l| l.starts_with(b"L ")) {

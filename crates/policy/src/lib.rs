@@ -16,6 +16,7 @@
 
 mod duration;
 mod env;
+mod nested;
 mod protected;
 
 use std::collections::BTreeMap;
@@ -26,6 +27,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 pub use duration::{parse_duration, DurationError};
+pub use nested::Widening;
 pub use env::{is_secret_env_name, SAFE_BASE_ENV};
 pub use protected::{
     is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
@@ -121,6 +123,38 @@ impl fmt::Display for NetworkMode {
     }
 }
 
+/// A tool's own network class, enforced on its processes on top of the
+/// session's network mode: it narrows, never widens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetClass {
+    /// No inet sockets at all.
+    NetDenied,
+    /// Outgoing connections only: no TCP bind, no listen/accept.
+    NetConnect,
+    /// Connecting and listening.
+    NetListen,
+    /// Adds nothing to the session's mode.
+    Unconfined,
+}
+
+impl NetClass {
+    pub const ALL: [NetClass; 4] = [NetClass::NetDenied, NetClass::NetConnect, NetClass::NetListen, NetClass::Unconfined];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetClass::NetDenied => "net-denied",
+            NetClass::NetConnect => "net-connect",
+            NetClass::NetListen => "net-listen",
+            NetClass::Unconfined => "unconfined",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<NetClass> {
+        NetClass::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
 /// Read-only or read-write access to a host path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -158,6 +192,8 @@ pub struct PolicyRequest {
     pub deny_domains: Vec<String>,
     /// `--upstream-proxy URL`, proxy mode only.
     pub upstream_proxy: Option<String>,
+    /// The tool's network class (from its profile), if any.
+    pub net_class: Option<NetClass>,
 }
 
 /// An extra host path in the view, with its access.
@@ -198,6 +234,8 @@ pub struct Policy {
     pub env_names: Vec<String>,
     pub pass_env: Vec<String>,
     pub timeout_ms: Option<u64>,
+    /// The tool's network class, narrowing the network mode.
+    pub net_class: Option<NetClass>,
     /// Home-relative paths shown as empty read-only stand-ins.
     pub protected_home_paths: Vec<&'static str>,
     /// Protected paths the caller opted in with `--ro`/`--rw`.
@@ -211,6 +249,8 @@ pub struct Policy {
 /// Why a request cannot become a policy. Each message says what to change.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PolicyError {
+    #[error("a network class other than unconfined needs a sandboxed --policy (danger-full-access confines nothing)")]
+    NetClassNeedsSandbox,
     #[error("{0} only applies with --network proxy")]
     NeedsProxyMode(&'static str),
     #[error(transparent)]
@@ -264,6 +304,9 @@ impl Policy {
         }
 
         let network_policy = network_policy(network, &req)?;
+        if req.net_class.is_some_and(|c| c != NetClass::Unconfined) && !level.is_sandboxed() {
+            return Err(PolicyError::NetClassNeedsSandbox);
+        }
         let paths = merge_grants(&req, level)?;
         let protected_opt_in = check_protected(&paths, &req.home)?;
         if level.is_sandboxed() {
@@ -296,6 +339,7 @@ impl Policy {
             env,
             pass_env,
             timeout_ms: req.timeout_ms,
+            net_class: req.net_class,
             protected_home_paths: PROTECTED_HOME_PATHS.to_vec(),
             protected_opt_in,
             write_protected: if level == Level::WorkspaceWrite || level == Level::WorkspaceContained {
