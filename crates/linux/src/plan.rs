@@ -289,6 +289,18 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     for g in &policy.paths {
         let kind = host.grant_kinds.get(&g.path).copied().unwrap_or(Kind::Dir);
         layered.push(host_bind(&g.path, kind, true, g.access == Access::ReadOnly));
+        // Tools look under $HOME, which is the sandbox's own: a grant under
+        // the real home (`--rw ~/.cache/pip`, a profile's `~/.claude`) also
+        // appears at the same place under the sandbox HOME.
+        if let Ok(rel) = g.path.strip_prefix(&policy.home) {
+            if !rel.as_os_str().is_empty() && policy.home != Path::new("/") {
+                let mut op = host_bind(&g.path, kind, true, g.access == Access::ReadOnly);
+                if let MountOp::Bind { target, .. } = &mut op {
+                    *target = Path::new(SANDBOX_HOME).join(rel);
+                }
+                layered.push(op);
+            }
+        }
     }
 
     // 3. Write-protected workspace entries: read-only binds over themselves.
@@ -387,6 +399,13 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         ll.write.push(policy.workspace.clone());
     }
     ll.write.extend(policy.paths.iter().filter(|g| g.access == Access::ReadWrite).map(|g| g.path.clone()));
+    for g in policy.paths.iter().filter(|g| g.access == Access::ReadWrite) {
+        if let Ok(rel) = g.path.strip_prefix(&policy.home) {
+            if !rel.as_os_str().is_empty() && policy.home != Path::new("/") {
+                ll.write.push(Path::new(SANDBOX_HOME).join(rel));
+            }
+        }
+    }
     ll.devices.push("/dev".into());
     ll.read.sort();
     ll.read.dedup();
