@@ -48,6 +48,9 @@ struct Session {
     proxy: Option<moat_proxy::ProxyHandle>,
     proxy_error: Option<String>,
     audit_error: Option<String>,
+    /// What a nested run inherits (absent under danger-full-access).
+    outer: Option<crate::nested::Outer>,
+    broker: Option<crate::nested::Broker>,
 }
 
 impl Session {
@@ -69,7 +72,11 @@ impl Session {
 
 impl RunObserver for Session {
     fn started(&mut self, pid: Option<i32>) {
-        let ev = self.event("execution.started", json!({"argv": self.argv, "cwd": self.cwd, "pid": pid}));
+        let mut f = json!({"argv": self.argv, "cwd": self.cwd, "pid": pid});
+        if let Ok(parent) = std::env::var("MOAT_PARENT_EXECUTION_ID") {
+            f["parent_execution_id"] = json!(parent);
+        }
+        let ev = self.event("execution.started", f);
         self.record(&[ev]);
     }
 
@@ -81,6 +88,12 @@ impl RunObserver for Session {
         let b64 = base64::engine::general_purpose::STANDARD.encode(data);
         let ev = self.event(kind, json!({"offset": offset, "length": data.len(), "data": b64}));
         emit(&self.sink, &ev);
+    }
+
+    fn broker_listener(&mut self, listener: std::os::unix::net::UnixListener) {
+        if let Some(outer) = self.outer.clone() {
+            self.broker = Some(crate::nested::Broker::start(listener, outer));
+        }
     }
 
     fn proxy_listeners(&mut self, http: std::net::TcpListener, socks: std::net::TcpListener) {
@@ -271,6 +284,9 @@ pub fn exec(args: ExecArgs) -> ExitCode {
     };
     let mut outcome = moat_linux::run(&plan, &opts, &mut session);
     let requests = session.proxy.take().map(|h| h.shutdown()).unwrap_or_default();
+    if let Some(b) = session.broker.take() {
+        b.shutdown();
+    }
     if let Some(e) = session.proxy_error.take() {
         outcome.error.get_or_insert(e);
     }
@@ -320,6 +336,12 @@ pub fn exec(args: ExecArgs) -> ExitCode {
 
 impl Session {
     fn new(ctx: RunContext, audit: Option<AuditLog>, sink: EventSink, args: &ExecArgs, policy: &Policy) -> Session {
+        let outer = crate::nested::Outer {
+            policy: policy.clone(),
+            session_id: ctx.session_id.clone(),
+            execution_id: ctx.execution_id.clone(),
+            audit_log: audit.as_ref().map(|l| l.path().to_path_buf()),
+        };
         Session {
             ctx,
             audit,
@@ -330,6 +352,8 @@ impl Session {
             proxy: None,
             proxy_error: None,
             audit_error: None,
+            outer: Some(outer),
+            broker: None,
         }
     }
 }

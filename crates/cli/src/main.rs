@@ -3,6 +3,7 @@
 
 mod audit_cmd;
 mod exec;
+mod nested;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -33,13 +34,13 @@ workspace and what its policy grants, and nothing else. No daemon, no container 
 Exit status of `moat exec`: the command's own code; 128+N if it was killed by signal N; \
 124 on --timeout; 125 when moat refused or failed; 126 not executable; 127 not found."
 )]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
-    command: Command,
+    pub(crate) command: Command,
 }
 
 #[derive(Subcommand)]
-enum Command {
+pub(crate) enum Command {
     /// Run PROGRAM inside the sandbox chosen by the policy flags
     Exec(ExecArgs),
     /// Print, as JSON, what this host can guarantee (probed now, not assumed)
@@ -129,6 +130,7 @@ pub(crate) struct ExecArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Exec(_) if nested::inside_sandbox() => nested::request(std::env::args_os().skip(1).collect()),
         Command::Exec(args) => exec::exec(args),
         Command::Audit(args) => audit_cmd::run(args),
         Command::ProxyConnect { host, port } => exec::proxy_connect(&host, port),
@@ -161,6 +163,15 @@ fn main() -> ExitCode {
 
 /// Reads the world (cwd, HOME, path existence) into a policy request.
 pub(crate) fn resolve_policy(args: &PolicyArgs) -> Result<(Policy, Option<Duration>)> {
+    let here = std::env::current_dir().context("cannot read the current directory")?;
+    let home_raw = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"));
+    resolve_policy_in(args, &here, &home_raw)
+}
+
+/// [`resolve_policy`] for a given current directory and HOME (a nested
+/// request is resolved in the caller's directory, against the real home).
+pub(crate) fn resolve_policy_in(args: &PolicyArgs, here: &Path, home_raw: &Path) -> Result<(Policy, Option<Duration>)> {
+    let (here, home_raw) = (here.to_path_buf(), home_raw.to_path_buf());
     let level = Level::parse(&args.policy).ok_or_else(|| {
         anyhow!("unknown --policy {:?}; use read-only, workspace-write, workspace-contained or danger-full-access", args.policy)
     })?;
@@ -168,8 +179,6 @@ pub(crate) fn resolve_policy(args: &PolicyArgs) -> Result<(Policy, Option<Durati
         None => None,
         Some(m) => Some(NetworkMode::parse(m).ok_or_else(|| anyhow!("unknown --network {m:?}; use disabled, proxy or unmanaged"))?),
     };
-    let here = std::env::current_dir().context("cannot read the current directory")?;
-    let home_raw = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"));
     let home = std::fs::canonicalize(&home_raw).unwrap_or(home_raw.clone());
     let ws_arg = args.cwd.clone().unwrap_or_else(|| here.clone());
     let workspace = std::fs::canonicalize(expand(&ws_arg, &home_raw, &here))

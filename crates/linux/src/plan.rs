@@ -249,10 +249,10 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             base.push(MountOp::StandIn { target, kind: Kind::File });
         }
     }
-    if sandboxed && policy.network.mode == NetworkMode::Proxy {
-        let Some(exe) = &host.moat_exe else {
-            return Err(PlanError::NoMoatBinary);
-        };
+    // moat's own binary, read-only at /moat/bin/moat: ssh's ProxyCommand in
+    // proxy mode, and nested `moat exec` calls (which reach the outer
+    // supervisor through the broker socket) at every level.
+    if let Some(exe) = &host.moat_exe {
         layered.push(MountOp::Bind {
             source: exe.clone(),
             target: SANDBOX_MOAT_BIN.into(),
@@ -261,6 +261,17 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             readonly: true,
             device: false,
         });
+        let mut env: std::collections::BTreeMap<String, String> = plan.env.drain(..).collect();
+        let path = env.entry("PATH".into()).or_default();
+        if !path.split(':').any(|d| d == "/moat/bin") {
+            path.push_str(if path.is_empty() { "/moat/bin" } else { ":/moat/bin" });
+        }
+        plan.env = env.into_iter().collect();
+    }
+    if sandboxed && policy.network.mode == NetworkMode::Proxy {
+        if host.moat_exe.is_none() {
+            return Err(PlanError::NoMoatBinary);
+        }
         plan.proxy = Some(ProxyPlan { moat_bin: SANDBOX_MOAT_BIN.into() });
         let mut env: std::collections::BTreeMap<String, String> = plan.env.drain(..).collect();
         // An explicit --env wins (e.g. NO_PROXY for a server inside the

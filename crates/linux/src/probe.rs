@@ -220,9 +220,7 @@ impl HostFacts {
             return f;
         }
         f.landlock_abi = sys::landlock_abi();
-        if policy.network.mode == moat_policy::NetworkMode::Proxy {
-            f.moat_exe = std::env::current_exe().ok().and_then(|p| fs::canonicalize(p).ok());
-        }
+        f.moat_exe = std::env::current_exe().ok().and_then(|p| fs::canonicalize(p).ok());
         if f.landlock_abi < 1 {
             f.under_seccomp = under_seccomp();
         }

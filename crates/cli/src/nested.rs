@@ -1,0 +1,249 @@
+//! Nested runs: `moat exec` called inside a moat sandbox cannot create
+//! namespaces (the seccomp floor forbids it), so it asks the outer
+//! supervisor through the broker socket that only a moat view contains.
+//! The supervisor resolves the inner policy against the real host, refuses
+//! it unless it fits inside the outer one, and runs it as a new sandbox
+//! from the host side with the caller's stdin/stdout/stderr.
+
+use std::ffi::OsString;
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Parser;
+use moat_linux::netns::BROKER_SOCKET;
+use moat_policy::Policy;
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use serde_json::{json, Value};
+
+use crate::{Cli, Command, EXIT_MOAT_FAILED};
+
+/// Directories that exist only inside a sandbox (the host's are different).
+const SANDBOX_PRIVATE: &[&str] = &["/tmp", "/moat", "/proc", "/dev", "/run", "/sys"];
+
+/// True inside a moat sandbox: the broker socket exists in the view and
+/// this process already runs under a seccomp filter. Neither can be faked
+/// from inside (the view's root is read-only and mounts are forbidden), and
+/// a fake outside would only stop a command from running.
+pub fn inside_sandbox() -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let sock = std::fs::symlink_metadata(BROKER_SOCKET).map(|m| m.file_type().is_socket()).unwrap_or(false);
+    sock && moat_linux::probe::under_seccomp()
+}
+
+/// The inner side: send the request and our stdio, wait for the exit code.
+pub fn request(args: Vec<OsString>) -> ExitCode {
+    match send_request(args) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("moat: nested run: {e}");
+            ExitCode::from(EXIT_MOAT_FAILED)
+        }
+    }
+}
+
+fn send_request(args: Vec<OsString>) -> Result<i32, String> {
+    let stream = UnixStream::connect(BROKER_SOCKET).map_err(|e| format!("cannot reach the outer moat at {BROKER_SOCKET}: {e}"))?;
+    let cwd = std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
+    let req = json!({
+        "args": args.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>(),
+        "cwd": cwd,
+        "env": std::env::vars_os().map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned())).collect::<Vec<_>>(),
+    });
+    let body = req.to_string().into_bytes();
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    let fds: [RawFd; 3] = [0, 1, 2];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let sent = sendmsg::<()>(stream.as_raw_fd(), &[IoSlice::new(&frame)], &cmsg, MsgFlags::empty(), None)
+        .map_err(|e| format!("send the request: {e}"))?;
+    (&stream).write_all(&frame[sent..]).map_err(|e| format!("send the request: {e}"))?;
+    let mut reply = String::new();
+    (&stream).read_to_string(&mut reply).map_err(|e| format!("read the reply: {e}"))?;
+    let v: Value = serde_json::from_str(reply.trim()).map_err(|_| "the outer moat closed the request without an answer".to_string())?;
+    if let Some(err) = v.get("error").and_then(Value::as_str) {
+        eprintln!("moat: {err}");
+    }
+    Ok(v.get("exit_code").and_then(Value::as_i64).unwrap_or(EXIT_MOAT_FAILED as i64) as i32)
+}
+
+/// The outer side: serves nested requests until the run ends.
+pub struct Broker {
+    stop: Arc<AtomicBool>,
+    children: Arc<Mutex<Vec<u32>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What a nested run inherits from the outer one.
+#[derive(Clone)]
+pub struct Outer {
+    pub policy: Policy,
+    pub session_id: String,
+    pub execution_id: String,
+    /// The outer run's audit log: nested runs are always recorded there.
+    pub audit_log: Option<PathBuf>,
+}
+
+impl Broker {
+    pub fn start(listener: UnixListener, outer: Outer) -> Broker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let children: Arc<Mutex<Vec<u32>>> = Arc::default();
+        let (s, c) = (stop.clone(), children.clone());
+        let thread = std::thread::spawn(move || serve(listener, outer, s, c));
+        Broker { stop, children, thread: Some(thread) }
+    }
+
+    /// Stops accepting, and stops every nested run still going (they end
+    /// with the outer run, whose boundary they live under).
+    pub fn shutdown(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let pids: Vec<u32> = self.children.lock().map(|v| v.clone()).unwrap_or_default();
+        for pid in &pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), nix::sys::signal::Signal::SIGTERM);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve(listener: UnixListener, outer: Outer, stop: Arc<AtomicBool>, children: Arc<Mutex<Vec<u32>>>) {
+    let _ = listener.set_nonblocking(true);
+    let mut handlers = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                let (o, c, s) = (outer.clone(), children.clone(), stop.clone());
+                handlers.push(std::thread::spawn(move || handle(conn, &o, &c, &s)));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) => break,
+        }
+    }
+    for h in handlers {
+        let _ = h.join();
+    }
+}
+
+fn reply(conn: &UnixStream, v: Value) {
+    let _ = (&*conn).write_all(v.to_string().as_bytes());
+    let _ = conn.shutdown(std::net::Shutdown::Write);
+}
+
+fn handle(conn: UnixStream, outer: &Outer, children: &Mutex<Vec<u32>>, stop: &AtomicBool) {
+    let _ = conn.set_nonblocking(false);
+    let (req, fds) = match receive(&conn) {
+        Ok(r) => r,
+        Err(e) => return reply(&conn, json!({"exit_code": EXIT_MOAT_FAILED, "error": format!("nested run: {e}")})),
+    };
+    match run_nested(&req, fds, outer, children, stop) {
+        Ok(code) => reply(&conn, json!({"exit_code": code})),
+        Err(e) => reply(&conn, json!({"exit_code": EXIT_MOAT_FAILED, "error": e})),
+    }
+}
+
+fn receive(conn: &UnixStream) -> Result<(Value, Vec<OwnedFd>), String> {
+    let mut head = [0u8; 4];
+    let mut space = nix::cmsg_space!([RawFd; 3]);
+    let mut fds = Vec::new();
+    let got = {
+        let mut iov = [IoSliceMut::new(&mut head)];
+        let msg = recvmsg::<()>(conn.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+            .map_err(|e| format!("read the request: {e}"))?;
+        for c in msg.cmsgs().map_err(|e| e.to_string())? {
+            if let ControlMessageOwned::ScmRights(r) = c {
+                fds.extend(r.into_iter().map(moat_linux::sys::own_fd));
+            }
+        }
+        msg.bytes
+    };
+    let mut reader = conn;
+    if got < 4 {
+        reader.read_exact(&mut head[got..]).map_err(|e| format!("read the request: {e}"))?;
+    }
+    let len = u32::from_be_bytes(head) as usize;
+    if len > 4 << 20 {
+        return Err("request too large".into());
+    }
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body).map_err(|e| format!("read the request: {e}"))?;
+    if fds.len() != 3 {
+        return Err("the request did not carry stdin, stdout and stderr".into());
+    }
+    let v = serde_json::from_slice(&body).map_err(|e| format!("bad request: {e}"))?;
+    Ok((v, fds))
+}
+
+fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Vec<u32>>, stop: &AtomicBool) -> Result<i32, String> {
+    let args: Vec<String> = req["args"].as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default();
+    let cwd = PathBuf::from(req["cwd"].as_str().unwrap_or("/"));
+    if let Some(p) = SANDBOX_PRIVATE.iter().find(|p| cwd.starts_with(p)) {
+        return Err(format!(
+            "nested run refused: {} is inside {p}, which is private to the outer sandbox; run it from a directory of the workspace",
+            cwd.display()
+        ));
+    }
+    let cli = Cli::try_parse_from(std::iter::once("moat".to_string()).chain(args.iter().cloned()))
+        .map_err(|e| format!("nested run: {}", e.to_string().lines().next().unwrap_or("bad arguments")))?;
+    let Command::Exec(exec_args) = cli.command else {
+        return Err("nested run: only `moat exec` is brokered".into());
+    };
+    if exec_args.no_audit || exec_args.audit_log.is_some() {
+        return Err("nested run refused: --no-audit/--audit-log; nested runs are recorded in the outer run's audit log".into());
+    }
+    let home = outer.policy.home.clone();
+    let (inner, _) = crate::resolve_policy_in(&exec_args.policy, &cwd, &home).map_err(|e| format!("{e:#}"))?;
+    inner.within(&outer.policy).map_err(|e| e.to_string())?;
+    if stop.load(Ordering::SeqCst) {
+        return Err("nested run refused: the outer run is ending".into());
+    }
+    let env: Vec<(String, String)> = req["env"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|kv| Some((kv.get(0)?.as_str()?.to_string(), kv.get(1)?.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default();
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find moat's own binary: {e}"))?;
+    let mut fds = fds.into_iter();
+    let (Some(i), Some(o), Some(e)) = (fds.next(), fds.next(), fds.next()) else {
+        return Err("missing stdio".into());
+    };
+    let mut cmd = std::process::Command::new(exe);
+    let mut args = args;
+    // After "exec": the outer run's log (or none, if the outer has none).
+    let at = args.iter().position(|a| a == "exec").map(|i| i + 1).unwrap_or(0);
+    match &outer.audit_log {
+        Some(p) => {
+            args.insert(at, p.to_string_lossy().into_owned());
+            args.insert(at, "--audit-log".into());
+        }
+        None => args.insert(at, "--no-audit".into()),
+    }
+    cmd.args(&args)
+        .current_dir(&cwd)
+        .env_clear()
+        .envs(env.iter().filter(|(k, _)| k != "HOME" && !k.starts_with("MOAT_")).cloned())
+        .env("HOME", &home)
+        .env("MOAT_SESSION_ID", &outer.session_id)
+        .env("MOAT_PARENT_EXECUTION_ID", &outer.execution_id)
+        .stdin(std::process::Stdio::from(i))
+        .stdout(std::process::Stdio::from(o))
+        .stderr(std::process::Stdio::from(e));
+    let mut child = cmd.spawn().map_err(|e| format!("start the nested run: {e}"))?;
+    if let Ok(mut v) = children.lock() {
+        v.push(child.id());
+    }
+    let status = child.wait().map_err(|e| format!("wait for the nested run: {e}"))?;
+    if let Ok(mut v) = children.lock() {
+        v.retain(|p| *p != child.id());
+    }
+    use std::os::unix::process::ExitStatusExt;
+    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
