@@ -203,22 +203,61 @@ fn quoted_or_prefixed_path(line: &str) -> Option<String> {
     (candidate.contains('/') || candidate.starts_with('.')).then(|| candidate.to_string())
 }
 
+/// How one run reports and records itself, independent of how its policy
+/// was resolved (flags for `moat exec`, a profile for `moat run`).
+pub struct Reporting {
+    pub json: bool,
+    pub events: bool,
+    pub audit_log: Option<std::path::PathBuf>,
+    pub no_audit: bool,
+    pub quiet: bool,
+}
+
+impl Reporting {
+    fn mode(&self) -> Mode {
+        if self.events {
+            Mode::Events
+        } else if self.json {
+            Mode::Json
+        } else {
+            Mode::Plain
+        }
+    }
+}
+
 pub fn exec(args: ExecArgs) -> ExitCode {
+    let reporting = Reporting {
+        json: args.json,
+        events: args.events,
+        audit_log: args.audit_log.clone(),
+        no_audit: args.no_audit,
+        quiet: args.quiet,
+    };
+    let resolved = resolve_policy(&args.policy).map_err(|e| format!("{e:#}"));
+    run_resolved(resolved, &reporting, &args.command)
+}
+
+/// A refusal before any policy exists (e.g. `moat run` could not resolve one).
+pub fn refuse_early(reporting: &Reporting, msg: &str) -> ExitCode {
+    let sink: EventSink = Arc::new(Mutex::new(if reporting.events { Some(std::io::stdout()) } else { None }));
+    refuse(reporting.mode(), &execution_id(), &moat_audit::session_id_from_env(), None, msg, &sink)
+}
+
+/// Runs `command` under a resolved policy, reporting and auditing it.
+pub fn run_resolved(
+    resolved: Result<(Policy, Option<std::time::Duration>), String>,
+    reporting: &Reporting,
+    command: &[std::ffi::OsString],
+) -> ExitCode {
     let id = execution_id();
     let session_id = moat_audit::session_id_from_env();
     let env: Vec<(String, String)> =
         std::env::vars_os().map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned())).collect();
-    let mode = if args.events {
-        Mode::Events
-    } else if args.json {
-        Mode::Json
-    } else {
-        Mode::Plain
-    };
-    let sink: EventSink = Arc::new(Mutex::new(if args.events { Some(std::io::stdout()) } else { None }));
-    let (policy, timeout) = match resolve_policy(&args.policy) {
+    let mode = reporting.mode();
+    let sink: EventSink = Arc::new(Mutex::new(if reporting.events { Some(std::io::stdout()) } else { None }));
+    let (policy, timeout) = match resolved {
         Ok(p) => p,
-        Err(e) => return refuse(mode, &id, &session_id, None, &format!("{e:#}"), &sink),
+        Err(e) => return refuse(mode, &id, &session_id, None, &e, &sink),
     };
     let ctx = RunContext {
         execution_id: id.clone(),
@@ -229,10 +268,10 @@ pub fn exec(args: ExecArgs) -> ExitCode {
     };
     // The log is opened before anything runs: a run that cannot be recorded
     // does not happen (unless the caller said --no-audit).
-    let audit = if args.no_audit {
+    let audit = if reporting.no_audit {
         None
     } else {
-        let path = match args.audit_log.clone().or_else(|| moat_audit::default_log_path(&env)) {
+        let path = match reporting.audit_log.clone().or_else(|| moat_audit::default_log_path(&env)) {
             Some(p) => p,
             None => {
                 return refuse(mode, &id, &session_id, Some(&policy), "no audit log location: set HOME or XDG_STATE_HOME, pass --audit-log PATH, or --no-audit", &sink)
@@ -255,12 +294,12 @@ pub fn exec(args: ExecArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => {
             let failed = moat_audit::event(&ctx, "execution.failed", fields(json!({"reason": e.to_string()})));
-            let mut s = Session::new(ctx, audit, sink.clone(), &args, &policy);
+            let mut s = Session::new(ctx, audit, sink.clone(), command, &policy);
             s.record(&[resolved, failed]);
             return refuse(mode, &id, &session_id, Some(&policy), &e.to_string(), &sink);
         }
     };
-    let mut session = Session::new(ctx, audit, sink.clone(), &args, &policy);
+    let mut session = Session::new(ctx, audit, sink.clone(), command, &policy);
     if policy.network.mode == NetworkMode::Proxy {
         let mut config = moat_proxy::ProxyConfig::new(policy.network.rules.clone());
         if let Some(u) = &policy.network.upstream_url {
@@ -273,7 +312,7 @@ pub fn exec(args: ExecArgs) -> ExitCode {
     }
     session.record(&[resolved]);
     let opts = RunOptions {
-        argv: args.command.clone(),
+        argv: command.to_vec(),
         output: match mode {
             Mode::Json => OutputMode::Capture { limit: CAPTURE_LIMIT },
             Mode::Events => OutputMode::Stream,
@@ -324,7 +363,7 @@ pub fn exec(args: ExecArgs) -> ExitCode {
         emit(&sink, ev);
     }
     match mode {
-        Mode::Plain => report_plain(&outcome, &denied, args.quiet),
+        Mode::Plain => report_plain(&outcome, &denied, reporting.quiet),
         Mode::Json => print_json(&result_json(&id, &policy, &outcome, &denied, &requests)),
         Mode::Events => {}
     }
@@ -335,7 +374,7 @@ pub fn exec(args: ExecArgs) -> ExitCode {
 }
 
 impl Session {
-    fn new(ctx: RunContext, audit: Option<AuditLog>, sink: EventSink, args: &ExecArgs, policy: &Policy) -> Session {
+    fn new(ctx: RunContext, audit: Option<AuditLog>, sink: EventSink, command: &[std::ffi::OsString], policy: &Policy) -> Session {
         let outer = crate::nested::Outer {
             policy: policy.clone(),
             session_id: ctx.session_id.clone(),
@@ -346,7 +385,7 @@ impl Session {
             ctx,
             audit,
             sink,
-            argv: moat_audit::redact_argv(&args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>()),
+            argv: moat_audit::redact_argv(&command.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>()),
             cwd: policy.workspace.to_string_lossy().into_owned(),
             proxy_config: None,
             proxy: None,

@@ -4,6 +4,7 @@
 mod audit_cmd;
 mod exec;
 mod nested;
+mod tools;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -55,6 +56,23 @@ pub(crate) enum Command {
     ExplainPolicy(PolicyArgs),
     /// Read and verify the audit log
     Audit(audit_cmd::AuditArgs),
+    /// Run a tool under its profile: its declared boundary, your config, a trusted .moat.toml, MOAT_ARGS and flags
+    Run(tools::RunArgs),
+    /// List, show or check tool profiles
+    #[command(subcommand)]
+    Profile(tools::ProfileCommand),
+    /// Install, list or remove shims (symlinks that run a tool through moat by its own name)
+    #[command(subcommand)]
+    Shim(tools::ShimCommand),
+    /// Review and trust the project's .moat.toml (found from DIR up to the repository root)
+    Trust {
+        dir: Option<PathBuf>,
+        /// List trusted project files
+        #[arg(long)]
+        list: bool,
+    },
+    /// Forget the trust given to the project's .moat.toml
+    Untrust { dir: Option<PathBuf> },
     /// Used inside a proxy sandbox as ssh's ProxyCommand: connect HOST PORT through moat's SOCKS5 endpoint
     #[command(hide = true)]
     ProxyConnect { host: String, port: u16 },
@@ -128,12 +146,27 @@ pub(crate) struct ExecArgs {
 }
 
 fn main() -> ExitCode {
+    // Invoked under a tool's name: a shim.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let name = Path::new(&argv0).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if !name.is_empty() && name != "moat" && !name.starts_with("moat-") && !name.starts_with("moat_") {
+        return tools::shim_main(&name, std::env::args_os().skip(1).collect());
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Exec(_) if nested::inside_sandbox() => nested::request(std::env::args_os().skip(1).collect()),
         Command::Exec(args) => exec::exec(args),
         Command::Audit(args) => audit_cmd::run(args),
         Command::ProxyConnect { host, port } => exec::proxy_connect(&host, port),
+        Command::Run(args) if nested::inside_sandbox() => {
+            let _ = args;
+            nested::request(std::env::args_os().skip(1).collect())
+        }
+        Command::Run(args) => tools::run(args),
+        Command::Profile(cmd) => tools::profile(cmd),
+        Command::Shim(cmd) => tools::shim(cmd),
+        Command::Trust { dir, list } => tools::trust(dir, list, false),
+        Command::Untrust { dir } => tools::trust(dir, false, true),
         Command::Capabilities => {
             let report = moat_linux::capabilities::report(std::env::vars().collect());
             print_json(&report);
@@ -217,7 +250,7 @@ pub(crate) fn resolve_policy_in(args: &PolicyArgs, here: &Path, home_raw: &Path)
         allow_domains: args.allow_domain.clone(),
         deny_domains: args.deny_domain.clone(),
         upstream_proxy: args.upstream_proxy.clone(),
-        net_class: None,
+        ..Default::default()
     })?;
     Ok((policy, timeout_ms.map(Duration::from_millis)))
 }

@@ -728,6 +728,8 @@ impl Resolved {
             },
             upstream_proxy: None,
             net_class: Some(self.net_class.value),
+            tool: self.tool.clone(),
+            ..Default::default()
         };
         Ok(BuiltRequest {
             request,

@@ -278,3 +278,26 @@ pub fn apply_seccomp(program: &seccompiler::BpfProgram) -> Result<Enforcement, C
     seccompiler::apply_filter(program).map_err(|e| ConfineError::Seccomp(e.to_string()))?;
     Ok(Enforcement::Full)
 }
+
+/// Adds a tool's network class to the calling process (a shim inside a
+/// sandbox, before it execs the tool): seccomp only, since the session's
+/// own floor forbids new Landlock domains. net-denied refuses inet/packet
+/// sockets; net-connect refuses listen/accept (which also covers TCP binds
+/// that would serve). Stacks on the session's filters: it only narrows.
+pub fn apply_net_class(class: moat_policy::NetClass) -> Result<(), ConfineError> {
+    use moat_policy::NetClass;
+    let spec = SeccompSpec {
+        socket_families: None,
+        denied_families: match class {
+            NetClass::NetDenied => vec![libc::AF_INET, libc::AF_INET6, libc::AF_PACKET],
+            _ => Vec::new(),
+        },
+        deny_listen: class == NetClass::NetConnect,
+    };
+    if spec.denied_families.is_empty() && !spec.deny_listen {
+        return Ok(());
+    }
+    sys::set_no_new_privs().map_err(ConfineError::NoNewPrivs)?;
+    let prog = seccomp_filter(&spec)?;
+    seccompiler::apply_filter(&prog).map_err(|e| ConfineError::Seccomp(e.to_string()))
+}

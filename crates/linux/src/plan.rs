@@ -90,8 +90,10 @@ pub struct ProxyPlan {
     pub moat_bin: PathBuf,
 }
 
-/// moat's own binary inside the view, in proxy mode.
+/// moat's own binary inside the view.
 pub const SANDBOX_MOAT_BIN: &str = "/moat/bin/moat";
+/// Where in-sandbox tool shims live (first on PATH when a run has shims).
+pub const SANDBOX_SHIMS: &str = "/moat/shims";
 
 /// Everything needed to launch one run, decided before anything runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -265,6 +267,15 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         let path = env.entry("PATH".into()).or_default();
         if !path.split(':').any(|d| d == "/moat/bin") {
             path.push_str(if path.is_empty() { "/moat/bin" } else { ":/moat/bin" });
+        }
+        // Profiled tools keep their own net class inside the session: their
+        // names resolve first to moat shims, which add the tool's filter and
+        // exec the real program.
+        if !policy.shims.is_empty() {
+            for name in &policy.shims {
+                base.push(MountOp::Symlink { target: Path::new(SANDBOX_SHIMS).join(name), points_to: SANDBOX_MOAT_BIN.into() });
+            }
+            *path = format!("{SANDBOX_SHIMS}:{path}");
         }
         plan.env = env.into_iter().collect();
     }

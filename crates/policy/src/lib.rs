@@ -194,6 +194,11 @@ pub struct PolicyRequest {
     pub upstream_proxy: Option<String>,
     /// The tool's network class (from its profile), if any.
     pub net_class: Option<NetClass>,
+    /// The profile this run is for (`moat run TOOL`, a shim).
+    pub tool: Option<String>,
+    /// Tools whose profiles keep their own net class inside the sandbox:
+    /// they appear on PATH as moat shims (`/moat/shims/NAME`).
+    pub shims: Vec<String>,
 }
 
 /// An extra host path in the view, with its access.
@@ -236,6 +241,10 @@ pub struct Policy {
     pub timeout_ms: Option<u64>,
     /// The tool's network class, narrowing the network mode.
     pub net_class: Option<NetClass>,
+    /// The profile this run is for.
+    pub tool: Option<String>,
+    /// Tools shimmed inside the sandbox (sorted).
+    pub shims: Vec<String>,
     /// Home-relative paths shown as empty read-only stand-ins.
     pub protected_home_paths: Vec<&'static str>,
     /// Protected paths the caller opted in with `--ro`/`--rw`.
@@ -340,6 +349,14 @@ impl Policy {
             pass_env,
             timeout_ms: req.timeout_ms,
             net_class: req.net_class,
+            tool: req.tool,
+            shims: {
+                let mut s = req.shims;
+                s.retain(|n| !n.is_empty() && !n.contains('/') && n != "moat");
+                s.sort();
+                s.dedup();
+                s
+            },
             protected_home_paths: PROTECTED_HOME_PATHS.to_vec(),
             protected_opt_in,
             write_protected: if level == Level::WorkspaceWrite || level == Level::WorkspaceContained {

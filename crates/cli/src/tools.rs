@@ -1,0 +1,516 @@
+//! Tool profiles from the command line: `moat run TOOL`, shims (moat
+//! invoked under a tool's name), `moat profile`, `moat shim`, and project
+//! trust (`moat trust`). Resolution lives in `moat-config`; this module
+//! reads the world (PATH, HOME, the terminal) and hands a policy to the
+//! same run path as `moat exec`.
+
+use std::ffi::OsString;
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use moat_config::{
+    find_project_file, load_catalogue, load_project, load_user_config, moat_args_from_env, render_grants,
+    resolve, resolve_program, shimmable_names, user_config_path, Catalogue, PathSpec, ProfileOrigin, ProjectFile,
+    Settings, Sources, TrustStore,
+};
+use moat_policy::{parse_duration, Access, NetworkMode, Policy};
+
+use crate::exec::{refuse_early, run_resolved, Reporting};
+use crate::EXIT_MOAT_FAILED;
+
+/// `moat run` flags: like `moat exec`'s, but every one optional, because an
+/// absent flag lets the profile decide.
+#[derive(Args, Clone, Default)]
+pub struct RunArgs {
+    /// Sandbox level (overrides the profile)
+    #[arg(long, value_name = "LEVEL")]
+    pub policy: Option<String>,
+    /// Network mode (overrides the profile)
+    #[arg(long, value_name = "MODE")]
+    pub network: Option<String>,
+    /// The workspace (default: current directory)
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<PathBuf>,
+    #[arg(long = "ro", value_name = "PATH")]
+    pub ro: Vec<PathBuf>,
+    #[arg(long = "rw", value_name = "PATH")]
+    pub rw: Vec<PathBuf>,
+    #[arg(long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    #[arg(long = "pass-env", value_name = "NAME")]
+    pub pass_env: Vec<String>,
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
+    #[arg(long = "allow-domain", value_name = "PATTERN")]
+    pub allow_domain: Vec<String>,
+    #[arg(long = "deny-domain", value_name = "PATTERN")]
+    pub deny_domain: Vec<String>,
+    /// Capture output and print one JSON result object on exit
+    #[arg(long, conflicts_with = "events")]
+    pub json: bool,
+    /// Stream NDJSON lifecycle events on stdout as they happen
+    #[arg(long)]
+    pub events: bool,
+    #[arg(long, value_name = "PATH")]
+    pub audit_log: Option<PathBuf>,
+    #[arg(long, conflicts_with = "audit_log")]
+    pub no_audit: bool,
+    #[arg(long)]
+    pub quiet: bool,
+    /// Print the resolved grants and where each came from, and do not run
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The tool (a profile name) and its arguments
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "TOOL")]
+    pub tool_and_args: Vec<OsString>,
+}
+
+#[derive(Subcommand)]
+pub enum ProfileCommand {
+    /// List the profiles (built in, and yours in ~/.config/moat/profiles)
+    List,
+    /// Show a tool's resolved grants, where each came from, and the policy hash
+    Show {
+        tool: String,
+        /// The subcommand to resolve for (e.g. `fetch` for git)
+        subcommand: Option<String>,
+    },
+    /// Validate a profile file without running anything
+    Check { file: PathBuf },
+}
+
+#[derive(Subcommand)]
+pub enum ShimCommand {
+    /// Put a symlink named TOOL pointing at moat in the shim directory (default ~/.local/bin)
+    Install {
+        #[arg(required = true)]
+        tools: Vec<String>,
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// List installed shims
+    List {
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Remove shims
+    Remove {
+        #[arg(required = true)]
+        tools: Vec<String>,
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+}
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
+}
+
+fn config_dir() -> Option<PathBuf> {
+    moat_config::config_dir_from_env()
+}
+
+fn catalogue() -> Result<Catalogue, String> {
+    match config_dir() {
+        Some(d) => load_catalogue(&d).map_err(|e| e.to_string()),
+        None => Catalogue::builtin().map_err(|e| e.to_string()),
+    }
+}
+
+fn moat_exe() -> Option<PathBuf> {
+    std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok())
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+}
+
+fn shim_dir(explicit: Option<&Path>) -> PathBuf {
+    if let Some(d) = explicit {
+        return d.to_path_buf();
+    }
+    let h = home();
+    let cfg = config_dir().and_then(|d| load_user_config(&user_config_path(&d)).ok().flatten());
+    match cfg {
+        Some(c) => c.shim_dir(&h),
+        None => moat_config::default_or_shim_dir(None, &h),
+    }
+}
+
+/// The flags of `moat run` as the strongest settings layer.
+fn flag_settings(a: &RunArgs) -> Result<Settings, String> {
+    let mut s = Settings::default();
+    if let Some(l) = &a.policy {
+        s.level = Some(moat_config::parse_level(l).ok_or_else(|| format!("unknown --policy {l:?}"))?);
+    }
+    if let Some(n) = &a.network {
+        s.network = Some(NetworkMode::parse(n).ok_or_else(|| format!("unknown --network {n:?}"))?);
+    }
+    for p in &a.ro {
+        s.paths.push(PathSpec { path: p.clone(), access: Access::ReadOnly });
+    }
+    for p in &a.rw {
+        s.paths.push(PathSpec { path: p.clone(), access: Access::ReadWrite });
+    }
+    for kv in &a.env {
+        let (k, v) = kv.split_once('=').ok_or_else(|| format!("--env {kv:?} must be K=V"))?;
+        s.env.insert(k.to_string(), v.to_string());
+    }
+    s.pass_env = a.pass_env.clone();
+    s.allow_domains = a.allow_domain.clone();
+    s.deny_domains = a.deny_domain.clone();
+    if let Some(t) = &a.timeout {
+        s.timeout_ms = Some(parse_duration(t).map_err(|e| e.to_string())?);
+    }
+    Ok(s)
+}
+
+/// Loads the project file for `workspace` and makes sure it is trusted:
+/// asks on the terminal, or fails closed without one.
+fn trusted_project(workspace: &Path) -> Result<Option<ProjectFile>, String> {
+    let h = home();
+    let Some(path) = find_project_file(workspace, Some(&h)) else { return Ok(None) };
+    let project = load_project(&path, Some(&h)).map_err(|e| e.to_string())?;
+    let store = TrustStore::from_env().ok_or("cannot locate the trust store: set HOME or XDG_STATE_HOME")?;
+    if store.is_trusted(&project.path, &project.digest).map_err(|e| e.to_string())? {
+        return Ok(Some(project));
+    }
+    match ask_tty(&render_grants(&project)) {
+        Some(true) => {
+            store.trust(&project.path, &project.digest).map_err(|e| e.to_string())?;
+            Ok(Some(project))
+        }
+        Some(false) => Err(format!("{} is not trusted; nothing ran", project.path.display())),
+        None => Err(format!(
+            "{} is not trusted and there is no terminal to ask on; review it and run `moat trust {}`",
+            project.path.display(),
+            project.root.display()
+        )),
+    }
+}
+
+/// Shows `prompt` on the controlling terminal and reads y/N from it. None
+/// when there is no terminal (CI, an agent): the caller fails closed.
+fn ask_tty(prompt: &str) -> Option<bool> {
+    let tty = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty").ok()?;
+    if !tty.is_terminal() {
+        return None;
+    }
+    let mut w = &tty;
+    let _ = w.write_all(prompt.as_bytes());
+    let _ = w.flush();
+    let mut line = String::new();
+    std::io::BufReader::new(&tty).read_line(&mut line).ok()?;
+    Some(matches!(line.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
+}
+
+/// Resolves a tool's policy: profile, user config, trusted project file,
+/// MOAT_ARGS, flags. Returns the policy, timeout, the real program path and
+/// the resolved grants.
+fn resolve_tool(tool: &str, argv1: Option<&str>, a: &RunArgs) -> Result<(Policy, Option<Duration>, PathBuf, moat_config::Resolved), String> {
+    let cat = catalogue()?;
+    let profile = cat.get(tool).cloned().ok_or_else(|| {
+        format!("no profile for {tool:?}; `moat profile list` shows them, or add ~/.config/moat/profiles/{tool}.toml")
+    })?;
+    let h = home();
+    let here = std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
+    let ws = a.cwd.clone().map(|c| if c.is_absolute() { c } else { here.join(c) }).unwrap_or(here);
+    let workspace = std::fs::canonicalize(&ws).map_err(|e| format!("the workspace {}: {e}", ws.display()))?;
+    let shim = shim_dir(None);
+    let exe = moat_exe();
+    let path_var = std::env::var_os("PATH").unwrap_or_default();
+    let program = resolve_program(&profile.program, &path_var, Some(&shim), is_executable, |p| {
+        std::fs::canonicalize(p).ok().is_some_and(|c| Some(c) == exe)
+    })
+    .ok_or_else(|| format!("{} is not on PATH (outside moat's shims)", profile.program))?;
+    let user_config = match config_dir() {
+        Some(d) => load_user_config(&user_config_path(&d)).map_err(|e| e.to_string())?,
+        None => None,
+    };
+    let sources = Sources {
+        flags: Some(flag_settings(a)?),
+        moat_args: moat_args_from_env().map_err(|e| e.to_string())?,
+        project: trusted_project(&workspace)?,
+        user_config,
+        profile: Some(profile),
+        defaults: None,
+        home: Some(h.clone()),
+    };
+    let resolved = resolve(Some(tool), argv1, sources).map_err(|e| e.to_string())?;
+    let home_canon = std::fs::canonicalize(&h).unwrap_or(h.clone());
+    let (mut policy, _skipped) = resolved
+        .to_policy(workspace, home_canon, |p| match std::fs::canonicalize(p) {
+            Ok(c) => Ok(Some(c)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.to_string()),
+        })
+        .map_err(|e| e.to_string())?;
+    // Tools composed inside the session keep their own net class.
+    let mut shims: Vec<String> = shimmable_names(&cat).into_iter().map(String::from).collect();
+    shims.retain(|n| n != tool);
+    policy = with_shims(policy, shims)?;
+    let timeout = policy.timeout_ms.map(Duration::from_millis);
+    Ok((policy, timeout, program, resolved))
+}
+
+/// Re-resolves `policy` with in-sandbox shims (they are part of its hash).
+fn with_shims(policy: Policy, shims: Vec<String>) -> Result<Policy, String> {
+    if !policy.level.is_sandboxed() {
+        return Ok(policy);
+    }
+    let mut p = policy;
+    p.shims = {
+        let mut s = shims;
+        s.sort();
+        s.dedup();
+        s
+    };
+    Ok(p)
+}
+
+/// `moat run TOOL [ARGS...]`.
+pub fn run(a: RunArgs) -> ExitCode {
+    let reporting = Reporting { json: a.json, events: a.events, audit_log: a.audit_log.clone(), no_audit: a.no_audit, quiet: a.quiet };
+    let mut it = a.tool_and_args.iter();
+    let Some(tool) = it.next().map(|t| t.to_string_lossy().into_owned()) else {
+        return refuse_early(&reporting, "name a tool: moat run TOOL [ARGS...]");
+    };
+    let args: Vec<OsString> = it.cloned().collect();
+    let argv1 = args.first().map(|s| s.to_string_lossy().into_owned());
+    match resolve_tool(&tool, argv1.as_deref(), &a) {
+        Ok((policy, timeout, program, resolved)) => {
+            if a.dry_run {
+                println!("{}", resolved.render());
+                println!("program: {}", program.display());
+                println!("policy_hash: {}", policy.hash());
+                return ExitCode::SUCCESS;
+            }
+            let mut command = vec![program.into_os_string()];
+            command.extend(args);
+            run_resolved(Ok((policy, timeout)), &reporting, &command)
+        }
+        Err(e) => refuse_early(&reporting, &e),
+    }
+}
+
+/// moat invoked under a tool's name (a shim). On the host: `moat run NAME`
+/// with MOAT_ARGS. Inside a sandbox: add the tool's net class and exec the
+/// real program.
+pub fn shim_main(name: &str, args: Vec<OsString>) -> ExitCode {
+    if crate::nested::inside_sandbox() {
+        return in_sandbox_shim(name, args);
+    }
+    let mut tool_and_args = vec![OsString::from(name)];
+    tool_and_args.extend(args);
+    run(RunArgs { tool_and_args, ..Default::default() })
+}
+
+fn in_sandbox_shim(name: &str, args: Vec<OsString>) -> ExitCode {
+    let cat = catalogue().unwrap_or_else(|_| Catalogue::builtin().unwrap_or(Catalogue { profiles: Default::default() }));
+    let argv1 = args.first().map(|s| s.to_string_lossy().into_owned());
+    let class = cat.get(name).and_then(|p| p.settings_for(argv1.as_deref()).net_class);
+    let path_var = std::env::var_os("PATH").unwrap_or_default();
+    let skip: Vec<PathBuf> = vec![moat_linux::plan::SANDBOX_SHIMS.into(), "/moat/bin".into()];
+    let program = std::env::split_paths(&path_var)
+        .filter(|d| d.is_absolute() && !skip.contains(d))
+        .map(|d| d.join(name))
+        .find(|c| is_executable(c));
+    let Some(program) = program else {
+        eprintln!("moat: {name}: not found in the sandbox's view");
+        return ExitCode::from(127);
+    };
+    if let Some(c) = class {
+        if let Err(e) = moat_linux::confine::apply_net_class(c) {
+            eprintln!("moat: {name}: cannot apply its network class {}: {e}", c.as_str());
+            return ExitCode::from(EXIT_MOAT_FAILED);
+        }
+    }
+    use std::os::unix::process::CommandExt;
+    let err = std::process::Command::new(&program).arg0(name).args(args).exec();
+    eprintln!("moat: {}: {err}", program.display());
+    ExitCode::from(if err.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 })
+}
+
+pub fn profile(cmd: ProfileCommand) -> ExitCode {
+    match cmd {
+        ProfileCommand::List => match catalogue() {
+            Ok(cat) => {
+                for n in cat.names() {
+                    let origin = match cat.origin(n) {
+                        Some(ProfileOrigin::User(p)) => format!("user {}", p.display()),
+                        _ => "built-in".into(),
+                    };
+                    let desc = cat.get(n).and_then(|p| p.description.clone()).unwrap_or_default();
+                    println!("{n:<8} {origin:<10} {desc}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e),
+        },
+        ProfileCommand::Show { tool, subcommand } => {
+            let a = RunArgs::default();
+            match resolve_tool(&tool, subcommand.as_deref(), &a) {
+                Ok((policy, _, program, resolved)) => {
+                    println!("{}", resolved.render());
+                    println!("program      {}", program.display());
+                    println!("policy_hash  {}", policy.hash());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        ProfileCommand::Check { file } => {
+            let text = match std::fs::read_to_string(&file) {
+                Ok(t) => t,
+                Err(e) => return fail(&format!("{}: {e}", file.display())),
+            };
+            match moat_config::parse_profile(&text, &file.to_string_lossy()) {
+                Ok(p) => {
+                    for w in &p.warnings {
+                        eprintln!("warning: {w}");
+                    }
+                    println!("ok: profile {} for program {}", p.name, p.program);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e.to_string()),
+            }
+        }
+    }
+}
+
+pub fn shim(cmd: ShimCommand) -> ExitCode {
+    let exe = match moat_exe() {
+        Some(e) => e,
+        None => return fail("cannot find moat's own binary"),
+    };
+    match cmd {
+        ShimCommand::Install { tools, dir } => {
+            let dir = shim_dir(dir.as_deref());
+            let cat = match catalogue() {
+                Ok(c) => c,
+                Err(e) => return fail(&e),
+            };
+            let names = shimmable_names(&cat);
+            for t in &tools {
+                if t == "moat" || t.contains('/') {
+                    return fail(&format!("refusing to shim {t:?}: it would shadow moat itself or is not a plain name"));
+                }
+                if !names.contains(&t.as_str()) {
+                    return fail(&format!("no profile for {t:?}; refusing to shim a tool without a declared boundary"));
+                }
+            }
+            if let Err(e) = std::fs::create_dir_all(&dir) {
+                return fail(&format!("{}: {e}", dir.display()));
+            }
+            for t in &tools {
+                let link = dir.join(t);
+                if let Ok(target) = std::fs::read_link(&link) {
+                    if std::fs::canonicalize(&target).ok() == Some(exe.clone()) {
+                        println!("{} already shimmed", link.display());
+                        continue;
+                    }
+                }
+                if link.symlink_metadata().is_ok() {
+                    return fail(&format!("{} exists and is not a moat shim; remove it first", link.display()));
+                }
+                if let Err(e) = std::os::unix::fs::symlink(&exe, &link) {
+                    return fail(&format!("{}: {e}", link.display()));
+                }
+                println!("{} -> {}", link.display(), exe.display());
+            }
+            let on_path = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d == dir)).unwrap_or(false);
+            if !on_path {
+                eprintln!("note: {} is not on PATH; add it before the real tools' directories", dir.display());
+            }
+            ExitCode::SUCCESS
+        }
+        ShimCommand::List { dir } => {
+            let dir = shim_dir(dir.as_deref());
+            if let Ok(rd) = std::fs::read_dir(&dir) {
+                let mut names: Vec<String> = rd
+                    .flatten()
+                    .filter(|e| std::fs::read_link(e.path()).ok().and_then(|t| std::fs::canonicalize(dir.join(t)).ok()) == Some(exe.clone()))
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect();
+                names.sort();
+                for n in names {
+                    println!("{}", dir.join(n).display());
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        ShimCommand::Remove { tools, dir } => {
+            let dir = shim_dir(dir.as_deref());
+            for t in &tools {
+                let link = dir.join(t);
+                let ours = std::fs::read_link(&link).ok().and_then(|x| std::fs::canonicalize(dir.join(x)).ok()) == Some(exe.clone());
+                if !ours {
+                    return fail(&format!("{} is not a moat shim", link.display()));
+                }
+                if let Err(e) = std::fs::remove_file(&link) {
+                    return fail(&format!("{}: {e}", link.display()));
+                }
+                println!("removed {}", link.display());
+            }
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// `moat trust [DIR]`, `moat trust --list`, `moat untrust [DIR]`.
+pub fn trust(dir: Option<PathBuf>, list: bool, untrust: bool) -> ExitCode {
+    let Some(store) = TrustStore::from_env() else {
+        return fail("cannot locate the trust store: set HOME or XDG_STATE_HOME");
+    };
+    if list {
+        return match store.list() {
+            Ok(entries) => {
+                for (p, e) in entries {
+                    println!("{}  {}  {}", e.trusted_at, e.sha256, p.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e.to_string()),
+        };
+    }
+    let here = dir.unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")));
+    let start = std::fs::canonicalize(&here).unwrap_or(here);
+    let Some(path) = find_project_file(&start, Some(&home())) else {
+        return fail(&format!("no {} found from {} up to the repository root", moat_config::PROJECT_FILE_NAME, start.display()));
+    };
+    if untrust {
+        return match store.untrust(&path) {
+            Ok(true) => {
+                println!("untrusted {}", path.display());
+                ExitCode::SUCCESS
+            }
+            Ok(false) => {
+                println!("{} was not trusted", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e.to_string()),
+        };
+    }
+    let project = match load_project(&path, Some(&home())) {
+        Ok(p) => p,
+        Err(e) => return fail(&e.to_string()),
+    };
+    print!("{}", render_grants(&project).trim_end_matches("Trust this project file? [y/N] "));
+    println!();
+    match store.trust(&project.path, &project.digest) {
+        Ok(()) => {
+            println!("trusted {} at {}", project.path.display(), project.digest);
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+fn fail(msg: &str) -> ExitCode {
+    eprintln!("moat: {msg}");
+    ExitCode::from(EXIT_MOAT_FAILED)
+}
