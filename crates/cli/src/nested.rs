@@ -179,7 +179,14 @@ fn receive(conn: &UnixStream) -> Result<(Value, Vec<OwnedFd>), String> {
     Ok((v, fds))
 }
 
+/// Nested runs one outer run may have at once: each is a host process and
+/// a sandbox, so a command must not be able to start them without bound.
+const MAX_NESTED: usize = 8;
+
 fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Vec<u32>>, stop: &AtomicBool) -> Result<i32, String> {
+    if children.lock().map(|v| v.len()).unwrap_or(MAX_NESTED) >= MAX_NESTED {
+        return Err(format!("nested run refused: {MAX_NESTED} nested runs are already going"));
+    }
     let args: Vec<String> = req["args"].as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default();
     let cwd = PathBuf::from(req["cwd"].as_str().unwrap_or("/"));
     if let Some(p) = SANDBOX_PRIVATE.iter().find(|p| cwd.starts_with(p)) {
@@ -219,23 +226,41 @@ fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Ve
     let mut args = args;
     // After "exec": the outer run's log (or none, if the outer has none).
     let at = args.iter().position(|a| a == "exec").map(|i| i + 1).unwrap_or(0);
-    match &outer.audit_log {
-        Some(p) => {
-            args.insert(at, p.to_string_lossy().into_owned());
-            args.insert(at, "--audit-log".into());
+    let mut injected: Vec<String> = match &outer.audit_log {
+        Some(p) => vec!["--audit-log".into(), p.to_string_lossy().into_owned()],
+        None => vec!["--no-audit".into()],
+    };
+    // The request's environment comes from inside the sandbox: it must not
+    // shape the host-side moat process (LD_PRELOAD, XDG_*, locale paths…).
+    // Only the safe base reaches that process; values the inner run passes
+    // through with --pass-env travel as --env arguments, which only the
+    // inner command's environment receives.
+    let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    for name in &exec_args.policy.pass_env {
+        if let Some(v) = get(name) {
+            injected.push("--env".into());
+            injected.push(format!("{name}={v}"));
         }
-        None => args.insert(at, "--no-audit".into()),
     }
+    for (k, a) in injected.into_iter().enumerate() {
+        args.insert(at + k, a);
+    }
+    let safe = |k: &str| moat_policy::SAFE_BASE_ENV.contains(&k) || k.starts_with("LC_");
     cmd.args(&args)
         .current_dir(&cwd)
         .env_clear()
-        .envs(env.iter().filter(|(k, _)| k != "HOME" && !k.starts_with("MOAT_")).cloned())
+        .envs(env.iter().filter(|(k, _)| safe(k) && !moat_policy::is_secret_env_name(k)).cloned())
         .env("HOME", &home)
         .env("MOAT_SESSION_ID", &outer.session_id)
         .env("MOAT_PARENT_EXECUTION_ID", &outer.execution_id)
         .stdin(std::process::Stdio::from(i))
         .stdout(std::process::Stdio::from(o))
         .stderr(std::process::Stdio::from(e));
+    for k in ["XDG_STATE_HOME", "XDG_CONFIG_HOME"] {
+        if let Some(v) = std::env::var_os(k) {
+            cmd.env(k, v);
+        }
+    }
     let mut child = cmd.spawn().map_err(|e| format!("start the nested run: {e}"))?;
     if let Ok(mut v) = children.lock() {
         v.push(child.id());
