@@ -259,6 +259,18 @@ pub fn run_resolved(
         Ok(p) => p,
         Err(e) => return refuse(mode, &id, &session_id, None, &e, &sink),
     };
+    // A nested run: the broker checked the request, and this process checks
+    // the policy it actually resolved, against the same outer bounds.
+    if let Some(b) = std::env::var_os(crate::nested::BOUNDS_ENV) {
+        let bounds: Result<moat_policy::Bounds, _> = serde_json::from_str(&b.to_string_lossy());
+        let verdict = match bounds {
+            Ok(b) => policy.within(&b).map_err(|e| e.to_string()),
+            Err(e) => Err(format!("nested run refused: unreadable outer bounds: {e}")),
+        };
+        if let Err(e) = verdict {
+            return refuse(mode, &id, &session_id, Some(&policy), &e, &sink);
+        }
+    }
     let ctx = RunContext {
         execution_id: id.clone(),
         session_id: session_id.clone(),

@@ -23,6 +23,10 @@ use serde_json::{json, Value};
 
 use crate::{Cli, Command, EXIT_MOAT_FAILED};
 
+/// Carries the outer run's bounds to the moat process that runs a nested
+/// request; that process refuses a policy outside them.
+pub const BOUNDS_ENV: &str = "MOAT_NESTED_BOUNDS";
+
 /// Directories that exist only inside a sandbox (the host's are different).
 const SANDBOX_PRIVATE: &[&str] = &["/tmp", "/moat", "/proc", "/dev", "/run", "/sys"];
 
@@ -205,7 +209,7 @@ fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Ve
     }
     let home = outer.policy.home.clone();
     let (inner, _) = crate::resolve_policy_in(&exec_args.policy, &cwd, &home).map_err(|e| format!("{e:#}"))?;
-    inner.within(&outer.policy).map_err(|e| e.to_string())?;
+    inner.within(&outer.policy.bounds()).map_err(|e| e.to_string())?;
     if stop.load(Ordering::SeqCst) {
         return Err("nested run refused: the outer run is ending".into());
     }
@@ -253,6 +257,9 @@ fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Ve
         .env("HOME", &home)
         .env("MOAT_SESSION_ID", &outer.session_id)
         .env("MOAT_PARENT_EXECUTION_ID", &outer.execution_id)
+        // The launched moat checks again after its own resolution: a path
+        // swapped between this check and that one cannot widen the run.
+        .env(BOUNDS_ENV, serde_json::to_string(&outer.policy.bounds()).unwrap_or_default())
         .stdin(std::process::Stdio::from(i))
         .stdout(std::process::Stdio::from(o))
         .stderr(std::process::Stdio::from(e));

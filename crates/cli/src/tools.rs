@@ -250,23 +250,33 @@ fn resolve_tool(tool: &str, argv1: Option<&str>, a: &RunArgs) -> Result<(Policy,
         })
         .map_err(|e| e.to_string())?;
     // Tools composed inside the session keep their own net class.
-    let mut shims: Vec<String> = shimmable_names(&cat).into_iter().map(String::from).collect();
-    shims.retain(|n| n != tool);
+    let shims: Vec<moat_policy::ShimSpec> = shimmable_names(&cat)
+        .into_iter()
+        .filter(|n| *n != tool)
+        .filter_map(|n| cat.get(n))
+        .map(|p| moat_policy::ShimSpec {
+            name: p.name.clone(),
+            program: p.program.clone(),
+            net_class: p.base.net_class,
+            subcommands: p.subcommands.iter().filter_map(|(k, s)| s.net_class.map(|c| (k.clone(), c))).collect(),
+        })
+        .collect();
     policy = with_shims(policy, shims)?;
     let timeout = policy.timeout_ms.map(Duration::from_millis);
     Ok((policy, timeout, program, resolved))
 }
 
-/// Re-resolves `policy` with in-sandbox shims (they are part of its hash).
-fn with_shims(policy: Policy, shims: Vec<String>) -> Result<Policy, String> {
+/// Adds the in-sandbox shims to `policy` (they are part of its hash).
+fn with_shims(policy: Policy, shims: Vec<moat_policy::ShimSpec>) -> Result<Policy, String> {
     if !policy.level.is_sandboxed() {
         return Ok(policy);
     }
     let mut p = policy;
     p.shims = {
-        let mut s = shims;
+        let mut s: Vec<moat_policy::ShimSpec> =
+            shims.into_iter().filter(|s| !s.name.contains('/') && !s.program.contains('/') && s.name != "moat").collect();
         s.sort();
-        s.dedup();
+        s.dedup_by(|a, b| a.name == b.name);
         s
     };
     Ok(p)
@@ -310,17 +320,27 @@ pub fn shim_main(name: &str, args: Vec<OsString>) -> ExitCode {
 }
 
 fn in_sandbox_shim(name: &str, args: Vec<OsString>) -> ExitCode {
-    let cat = catalogue().unwrap_or_else(|_| Catalogue::builtin().unwrap_or(Catalogue { profiles: Default::default() }));
+    // The table the host wrote into the view when it resolved the session:
+    // which program each shim runs and with which class (the user's own
+    // profiles included — their files are not visible in here).
+    let table: Vec<moat_policy::ShimSpec> = std::fs::read_to_string(moat_linux::plan::SANDBOX_SHIM_TABLE)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    let Some(spec) = table.into_iter().find(|s| s.name == name) else {
+        eprintln!("moat: {name}: no shim of that name in this session");
+        return ExitCode::from(127);
+    };
     let argv1 = args.first().map(|s| s.to_string_lossy().into_owned());
-    let class = cat.get(name).and_then(|p| p.settings_for(argv1.as_deref()).net_class);
+    let class = spec.class_for(argv1.as_deref());
     let path_var = std::env::var_os("PATH").unwrap_or_default();
     let skip: Vec<PathBuf> = vec![moat_linux::plan::SANDBOX_SHIMS.into(), "/moat/bin".into()];
     let program = std::env::split_paths(&path_var)
         .filter(|d| d.is_absolute() && !skip.contains(d))
-        .map(|d| d.join(name))
+        .map(|d| d.join(&spec.program))
         .find(|c| is_executable(c));
     let Some(program) = program else {
-        eprintln!("moat: {name}: not found in the sandbox's view");
+        eprintln!("moat: {name}: {} not found in the sandbox's view", spec.program);
         return ExitCode::from(127);
     };
     if let Some(c) = class {

@@ -34,7 +34,7 @@ pub enum ConfigError {
     },
 
     /// Two sources claim one path with different modes.
-    #[error("{path} is {first_mode} in {first_source} but {second_mode} in {second_source}, and moat never picks one silently; fix it in one of three places: the command-line flag or MOAT_ARGS, the project file (.moat.toml), or your user config (~/.config/moat/config.toml) or the tool's profile (~/.config/moat/profiles/TOOL.toml overrides a built-in)")]
+    #[error("{path} is {first_mode} in {first_source} but {second_mode} in {second_source}, and moat never picks one silently; fix it in one of three places: (1) the command-line flag or MOAT_ARGS, (2) the project file (.moat.toml), (3) your user config (~/.config/moat/config.toml) or your copy of the tool profile (~/.config/moat/profiles/TOOL.toml overrides a built-in)")]
     Conflict {
         path: PathBuf,
         first_mode: &'static str,

@@ -24,6 +24,8 @@ pub enum DenyReason {
     OutsideView,
     /// moat's own audit log, trust store or configuration.
     MoatState,
+    /// Inside a path granted read-only (--ro, a profile or project grant).
+    ReadOnlyGrant,
 }
 
 impl DenyReason {
@@ -34,6 +36,7 @@ impl DenyReason {
             DenyReason::OutsideWritable => "outside_writable",
             DenyReason::OutsideView => "outside_view",
             DenyReason::MoatState => "moat_state",
+            DenyReason::ReadOnlyGrant => "read_only_grant",
         }
     }
 
@@ -48,6 +51,7 @@ impl DenyReason {
             },
             DenyReason::OutsideView => format!("not in the view at --policy {level}; add --ro PATH to show it"),
             DenyReason::MoatState => "moat's own audit log and configuration are read-only to sandboxed commands".into(),
+            DenyReason::ReadOnlyGrant => "granted read-only; grant it with --rw to write".into(),
         }
     }
 }
@@ -97,6 +101,9 @@ pub fn explain(plan: &Plan, path: &str, errno: &str, host_exists: impl Fn(&Path)
         "EROFS" | "EACCES" | "EPERM" => {
             let writable = plan.landlock.write.iter().any(|w| abs.starts_with(w));
             match op {
+                Some(MountOp::Bind { readonly: true, target, .. }) if plan.ro_grants.iter().any(|g| g == target) => {
+                    Some(DenyReason::ReadOnlyGrant)
+                }
                 Some(MountOp::Bind { readonly: true, target, .. }) if writable && *target != plan.cwd => {
                     Some(DenyReason::WriteProtected)
                 }

@@ -118,7 +118,13 @@ fn apply_op(op: &MountOp, scratch: &OwnedFd, empty_dir: &Path, empty_file: &Path
         }
         MountOp::Bind { source, target, kind, recursive, readonly, device } => {
             ensure_mountpoint(target, *kind)?;
-            let tree = sys::open_tree_clone(None, &host_path(source), *recursive).map_err(err("clone mount", source))?;
+            // Resolved again here without following any symlink: the plan's
+            // sources are canonical, so a symlink now means a component was
+            // swapped since the probe (by a concurrent run, or a nested
+            // request racing its own check) — refuse instead of binding
+            // wherever it points.
+            let handle = sys::open_path_nofollow(libc::AT_FDCWD, &host_path(source)).map_err(err("open bind source", source))?;
+            let tree = sys::open_tree_clone_fd(&handle, *recursive).map_err(err("clone mount", source))?;
             let mut attrs = MOUNT_ATTR_NOSUID;
             if *device {
                 attrs |= MOUNT_ATTR_NOEXEC;
@@ -130,6 +136,18 @@ fn apply_op(op: &MountOp, scratch: &OwnedFd, empty_dir: &Path, empty_file: &Path
             }
             sys::mount_setattr_fd(&tree, attrs, *recursive).map_err(err("set mount attributes", source))?;
             sys::move_mount_to(&tree, target).map_err(err("bind", target))?;
+        }
+        MountOp::File { target, contents } => {
+            if let Some(parent) = target.parent() {
+                mkdir_p(parent)?;
+            }
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o444)
+                .open(target)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, contents.as_bytes()))
+                .map_err(err("write", target))?;
         }
         MountOp::Symlink { target, points_to } => {
             if let Some(parent) = target.parent() {

@@ -39,6 +39,8 @@ pub enum MountOp {
     ReadOnlyAgain { target: PathBuf },
     /// An empty, read-only directory or file covering a secret.
     StandIn { target: PathBuf, kind: Kind },
+    /// A small file of moat's own in the new root (read-only once sealed).
+    File { target: PathBuf, contents: String },
 }
 
 impl MountOp {
@@ -50,7 +52,8 @@ impl MountOp {
             | MountOp::Proc { target }
             | MountOp::Devpts { target }
             | MountOp::ReadOnlyAgain { target }
-            | MountOp::StandIn { target, .. } => target,
+            | MountOp::StandIn { target, .. }
+            | MountOp::File { target, .. } => target,
         }
     }
 }
@@ -94,6 +97,8 @@ pub struct ProxyPlan {
 pub const SANDBOX_MOAT_BIN: &str = "/moat/bin/moat";
 /// Where in-sandbox tool shims live (first on PATH when a run has shims).
 pub const SANDBOX_SHIMS: &str = "/moat/shims";
+/// What each in-sandbox shim runs and with which net class (JSON).
+pub const SANDBOX_SHIM_TABLE: &str = "/moat/shims.json";
 
 /// Everything needed to launch one run, decided before anything runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -117,6 +122,8 @@ pub struct Plan {
     pub sweep: Vec<PathBuf>,
     /// moat's own state/config directories made read-only in this view.
     pub moat_dirs: Vec<PathBuf>,
+    /// Paths granted read-only (for explaining refusals).
+    pub ro_grants: Vec<PathBuf>,
     /// Directories where new `<prefix>*` entries are swept after the run.
     pub sweep_prefixed: Vec<crate::probe::PrefixGuard>,
     pub landlock_abi: i32,
@@ -177,6 +184,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         sweep: Vec::new(),
         sweep_prefixed: Vec::new(),
         moat_dirs: Vec::new(),
+        ro_grants: policy.paths.iter().filter(|g| g.access == Access::ReadOnly).map(|g| g.path.clone()).collect(),
         landlock_abi: host.landlock_abi,
     };
     if !sandboxed {
@@ -272,9 +280,13 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         // names resolve first to moat shims, which add the tool's filter and
         // exec the real program.
         if !policy.shims.is_empty() {
-            for name in &policy.shims {
-                base.push(MountOp::Symlink { target: Path::new(SANDBOX_SHIMS).join(name), points_to: SANDBOX_MOAT_BIN.into() });
+            for s in &policy.shims {
+                base.push(MountOp::Symlink { target: Path::new(SANDBOX_SHIMS).join(&s.name), points_to: SANDBOX_MOAT_BIN.into() });
             }
+            base.push(MountOp::File {
+                target: SANDBOX_SHIM_TABLE.into(),
+                contents: serde_json::to_string(&policy.shims).unwrap_or_default(),
+            });
             *path = format!("{SANDBOX_SHIMS}:{path}");
         }
         plan.env = env.into_iter().collect();

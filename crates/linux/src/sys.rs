@@ -80,6 +80,48 @@ pub fn open_tree_clone(dirfd: Option<RawFd>, path: &Path, recursive: bool) -> io
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// An O_PATH handle to `path` (relative to `dirfd`) that refuses to follow
+/// any symlink on the way: bind sources are canonical paths, so a symlink
+/// there means someone swapped a component after moat resolved it.
+pub fn open_path_nofollow(dirfd: RawFd, path: &Path) -> io::Result<OwnedFd> {
+    let p = cstr(path)?;
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+        mode: 0,
+        resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: `p` and `how` are valid for the call and `how`'s size is
+    // passed; the kernel returns a new fd that we own.
+    let fd = check(unsafe {
+        libc::syscall(libc::SYS_openat2, dirfd, p.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>())
+    })?;
+    // SAFETY: fresh fd from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// open_tree(OPEN_TREE_CLONE) of the object `fd` refers to.
+pub fn open_tree_clone_fd(fd: &OwnedFd, recursive: bool) -> io::Result<OwnedFd> {
+    let empty = c"";
+    let mut flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_EMPTY_PATH as libc::c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
+    // SAFETY: valid C string; the kernel returns a new fd that we own.
+    let t = check(unsafe { libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), empty.as_ptr(), flags) })?;
+    // SAFETY: fresh fd from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(t as RawFd) })
+}
+
 /// mount_setattr on a (detached) mount fd: adds `attr_set`, recursively if asked.
 pub fn mount_setattr_fd(fd: &OwnedFd, attr_set: u64, recursive: bool) -> io::Result<()> {
     let mut flags = libc::AT_EMPTY_PATH as libc::c_uint;

@@ -23,11 +23,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub use duration::{parse_duration, DurationError};
-pub use nested::Widening;
+pub use nested::{Bounds, Widening};
 pub use env::{is_secret_env_name, SAFE_BASE_ENV};
 pub use protected::{
     is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
@@ -38,7 +38,7 @@ pub use protected::{
 pub const POLICY_VERSION: &str = "1";
 
 /// How much of the host a sandboxed command may see and change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Level {
     /// Whole host readable; writes only to private scratch.
@@ -90,7 +90,7 @@ impl fmt::Display for Level {
 }
 
 /// How the command reaches the network.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NetworkMode {
     /// Own network namespace, and no socket family but AF_UNIX.
@@ -125,7 +125,7 @@ impl fmt::Display for NetworkMode {
 
 /// A tool's own network class, enforced on its processes on top of the
 /// session's network mode: it narrows, never widens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NetClass {
     /// No inet sockets at all.
@@ -155,8 +155,27 @@ impl NetClass {
     }
 }
 
+/// A tool that keeps its own net class inside a session: its name on PATH
+/// inside the sandbox is a moat shim that applies the class and execs
+/// `program`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ShimSpec {
+    pub name: String,
+    pub program: String,
+    pub net_class: Option<NetClass>,
+    /// Per-subcommand classes (`git fetch` connects, `git status` does not).
+    pub subcommands: BTreeMap<String, NetClass>,
+}
+
+impl ShimSpec {
+    /// The class for a call whose first argument is `argv1`.
+    pub fn class_for(&self, argv1: Option<&str>) -> Option<NetClass> {
+        argv1.and_then(|a| self.subcommands.get(a).copied()).or(self.net_class)
+    }
+}
+
 /// Read-only or read-write access to a host path.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Access {
     ReadOnly,
@@ -198,11 +217,11 @@ pub struct PolicyRequest {
     pub tool: Option<String>,
     /// Tools whose profiles keep their own net class inside the sandbox:
     /// they appear on PATH as moat shims (`/moat/shims/NAME`).
-    pub shims: Vec<String>,
+    pub shims: Vec<ShimSpec>,
 }
 
 /// An extra host path in the view, with its access.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PathGrant {
     pub path: PathBuf,
     pub access: Access,
@@ -243,8 +262,8 @@ pub struct Policy {
     pub net_class: Option<NetClass>,
     /// The profile this run is for.
     pub tool: Option<String>,
-    /// Tools shimmed inside the sandbox (sorted).
-    pub shims: Vec<String>,
+    /// Tools shimmed inside the sandbox (sorted by name).
+    pub shims: Vec<ShimSpec>,
     /// Home-relative paths shown as empty read-only stand-ins.
     pub protected_home_paths: Vec<&'static str>,
     /// Protected paths the caller opted in with `--ro`/`--rw`.
@@ -352,9 +371,12 @@ impl Policy {
             tool: req.tool,
             shims: {
                 let mut s = req.shims;
-                s.retain(|n| !n.is_empty() && !n.contains('/') && n != "moat");
+                s.retain(|n| {
+                    let plain = |x: &str| !x.is_empty() && !x.contains('/') && x != "moat";
+                    plain(&n.name) && plain(&n.program)
+                });
                 s.sort();
-                s.dedup();
+                s.dedup_by(|a, b| a.name == b.name);
                 s
             },
             protected_home_paths: PROTECTED_HOME_PATHS.to_vec(),

@@ -4,8 +4,25 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use crate::net::DomainPattern;
-use crate::{Access, Level, NetworkMode, Policy};
+use crate::{Access, Level, NetworkMode, PathGrant, Policy, PROTECTED_HOME_PATHS};
+
+/// What a nested run is checked against: the outer run's reach, as data
+/// that can travel to the process that launches the nested run (which
+/// checks again after its own resolution, closing any race with the first
+/// check).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bounds {
+    pub level: Level,
+    pub workspace: PathBuf,
+    pub home: PathBuf,
+    pub paths: Vec<PathGrant>,
+    pub protected_opt_in: Vec<PathBuf>,
+    pub network: NetworkMode,
+    pub allow: Vec<String>,
+}
 
 /// Host directories a workspace-contained view shows besides its grants.
 const CONTAINED_RUNTIME: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"];
@@ -30,8 +47,8 @@ fn network_rank(m: NetworkMode) -> u8 {
     }
 }
 
-impl Policy {
-    /// Whether `path` can be read inside this policy's view.
+impl Bounds {
+    /// Whether `path` can be read inside the outer view.
     pub fn can_read(&self, path: &Path) -> bool {
         if self.hides(path) {
             return false;
@@ -46,7 +63,7 @@ impl Policy {
         }
     }
 
-    /// Whether `path` can be written inside this policy's view.
+    /// Whether `path` can be written inside the outer view.
     pub fn can_write(&self, path: &Path) -> bool {
         if self.level == Level::DangerFullAccess {
             return true;
@@ -58,13 +75,32 @@ impl Policy {
             || self.paths.iter().any(|g| g.access == Access::ReadWrite && path.starts_with(&g.path))
     }
 
-    /// Protected paths (not opted in) that this view shows as stand-ins.
+    /// Protected paths (not opted in) that the outer view shows as stand-ins.
     fn hides(&self, path: &Path) -> bool {
-        self.level.is_sandboxed() && self.protected_paths().iter().any(|p| path.starts_with(p))
+        self.level.is_sandboxed()
+            && PROTECTED_HOME_PATHS
+                .iter()
+                .map(|rel| self.home.join(rel))
+                .any(|p| path.starts_with(&p) && !self.protected_opt_in.contains(&p))
+    }
+}
+
+impl Policy {
+    /// This policy's reach, for checking nested runs against it.
+    pub fn bounds(&self) -> Bounds {
+        Bounds {
+            level: self.level,
+            workspace: self.workspace.clone(),
+            home: self.home.clone(),
+            paths: self.paths.clone(),
+            protected_opt_in: self.protected_opt_in.clone(),
+            network: self.network.mode,
+            allow: self.network.rules.allow.iter().map(|p| p.as_str().to_string()).collect(),
+        }
     }
 
     /// Checks that `self` (an inner run) fits inside `outer`.
-    pub fn within(&self, outer: &Policy) -> Result<(), Widening> {
+    pub fn within(&self, outer: &Bounds) -> Result<(), Widening> {
         if outer.level == Level::DangerFullAccess {
             return Ok(());
         }
@@ -105,13 +141,14 @@ impl Policy {
                 return Err(widening(format!("opting in {}", o.display()), "the outer run keeps it protected"));
             }
         }
-        let (im, om) = (self.network.mode, outer.network.mode);
+        let (im, om) = (self.network.mode, outer.network);
         if network_rank(im) > network_rank(om) {
             return Err(widening(format!("--network {im}"), format!("the outer run has --network {om}")));
         }
         if im == NetworkMode::Proxy && om == NetworkMode::Proxy {
+            let outer_allow: Vec<DomainPattern> = outer.allow.iter().filter_map(|a| DomainPattern::parse(a).ok()).collect();
             for p in &self.network.rules.allow {
-                if !outer.network.rules.allow.iter().any(|o| covers(o, p)) {
+                if !outer_allow.iter().any(|o| covers(o, p)) {
                     return Err(widening(format!("--allow-domain {}", p.as_str()), "the outer allow list does not include it"));
                 }
             }
@@ -171,26 +208,26 @@ mod tests {
     #[test]
     fn same_or_narrower_fits() {
         let outer = pol(Level::WorkspaceWrite, |_| {});
-        assert!(pol(Level::WorkspaceWrite, |_| {}).within(&outer).is_ok());
-        assert!(pol(Level::ReadOnly, |_| {}).within(&outer).is_ok());
-        assert!(pol(Level::WorkspaceContained, |_| {}).within(&outer).is_ok());
-        assert!(pol(Level::WorkspaceContained, |r| r.workspace = "/home/u/proj/sub".into()).within(&outer).is_ok());
+        assert!(pol(Level::WorkspaceWrite, |_| {}).within(&outer.bounds()).is_ok());
+        assert!(pol(Level::ReadOnly, |_| {}).within(&outer.bounds()).is_ok());
+        assert!(pol(Level::WorkspaceContained, |_| {}).within(&outer.bounds()).is_ok());
+        assert!(pol(Level::WorkspaceContained, |r| r.workspace = "/home/u/proj/sub".into()).within(&outer.bounds()).is_ok());
     }
 
     #[test]
     fn widenings_are_named() {
         let outer = pol(Level::ReadOnly, |_| {});
-        let e = pol(Level::WorkspaceWrite, |_| {}).within(&outer).unwrap_err();
+        let e = pol(Level::WorkspaceWrite, |_| {}).within(&outer.bounds()).unwrap_err();
         assert!(e.grant.contains("workspace"), "{e}");
         let outer = pol(Level::WorkspaceContained, |_| {});
-        assert!(pol(Level::ReadOnly, |_| {}).within(&outer).unwrap_err().grant.contains("read-only"));
-        let e = pol(Level::WorkspaceContained, |r| r.ro = vec!["/opt".into()]).within(&outer).unwrap_err();
+        assert!(pol(Level::ReadOnly, |_| {}).within(&outer.bounds()).unwrap_err().grant.contains("read-only"));
+        let e = pol(Level::WorkspaceContained, |r| r.ro = vec!["/opt".into()]).within(&outer.bounds()).unwrap_err();
         assert_eq!(e.grant, "--ro /opt");
         let outer = pol(Level::WorkspaceWrite, |_| {});
-        let e = pol(Level::WorkspaceWrite, |r| r.rw = vec!["/etc".into()]).within(&outer).unwrap_err();
+        let e = pol(Level::WorkspaceWrite, |r| r.rw = vec!["/etc".into()]).within(&outer.bounds()).unwrap_err();
         assert_eq!(e.grant, "--rw /etc");
-        assert!(pol(Level::DangerFullAccess, |_| {}).within(&outer).is_err());
-        let e = pol(Level::WorkspaceWrite, |r| r.ro = vec!["/home/u/.ssh".into()]).within(&outer).unwrap_err();
+        assert!(pol(Level::DangerFullAccess, |_| {}).within(&outer.bounds()).is_err());
+        let e = pol(Level::WorkspaceWrite, |r| r.ro = vec!["/home/u/.ssh".into()]).within(&outer.bounds()).unwrap_err();
         assert!(e.grant.contains(".ssh"), "{e}");
     }
 
@@ -204,22 +241,22 @@ mod tests {
             r.network = Some(NetworkMode::Proxy);
             r.allow_domains = vec!["api.example.com:443".into(), "pypi.org:443".into()];
         });
-        assert!(ok.within(&outer).is_ok());
-        assert!(pol(Level::WorkspaceWrite, |_| {}).within(&outer).is_ok(), "disabled is narrower");
+        assert!(ok.within(&outer.bounds()).is_ok());
+        assert!(pol(Level::WorkspaceWrite, |_| {}).within(&outer.bounds()).is_ok(), "disabled is narrower");
         let e = pol(Level::WorkspaceWrite, |r| {
             r.network = Some(NetworkMode::Proxy);
             r.allow_domains = vec!["evil.org".into()];
         })
-        .within(&outer)
+        .within(&outer.bounds())
         .unwrap_err();
         assert_eq!(e.grant, "--allow-domain evil.org");
-        let e = pol(Level::WorkspaceWrite, |r| r.network = Some(NetworkMode::Unmanaged)).within(&outer).unwrap_err();
+        let e = pol(Level::WorkspaceWrite, |r| r.network = Some(NetworkMode::Unmanaged)).within(&outer.bounds()).unwrap_err();
         assert!(e.grant.contains("unmanaged"));
         let e = pol(Level::WorkspaceWrite, |r| {
             r.network = Some(NetworkMode::Proxy);
             r.allow_domains = vec!["pypi.org".into()];
         })
-        .within(&outer)
+        .within(&outer.bounds())
         .unwrap_err();
         assert!(e.grant.contains("pypi.org"), "any port is wider than :443");
     }

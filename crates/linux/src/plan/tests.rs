@@ -84,6 +84,7 @@ fn targets(plan: &Plan) -> Vec<String> {
                 MountOp::Devpts { .. } => "devpts",
                 MountOp::ReadOnlyAgain { .. } => "ro-again",
                 MountOp::StandIn { .. } => "stand-in",
+                MountOp::File { .. } => "file",
             };
             format!("{kind} {}", op.target().display())
         })
