@@ -25,14 +25,7 @@ pub enum Kind {
 
 impl Kind {
     fn of(meta: &fs::Metadata) -> Kind {
-        let ft = meta.file_type();
-        if ft.is_symlink() {
-            Kind::Symlink
-        } else if ft.is_dir() {
-            Kind::Dir
-        } else {
-            Kind::File
-        }
+        dirent_kind(&meta.file_type())
     }
 }
 
