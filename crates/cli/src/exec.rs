@@ -90,9 +90,9 @@ impl RunObserver for Session {
         emit(&self.sink, &ev);
     }
 
-    fn broker_listener(&mut self, listener: std::os::unix::net::UnixListener) {
-        if let Some(outer) = self.outer.clone() {
-            self.broker = Some(crate::nested::Broker::start(listener, outer));
+    fn broker_connection(&mut self, conn: std::os::unix::net::UnixStream) {
+        if let Some(outer) = &self.outer {
+            self.broker.get_or_insert_with(|| crate::nested::Broker::new(outer.clone())).serve(conn);
         }
     }
 

@@ -8,12 +8,11 @@
 use std::ffi::OsString;
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use clap::Parser;
 use moat_linux::netns::BROKER_SOCKET;
@@ -76,11 +75,38 @@ fn send_request(args: Vec<OsString>) -> Result<i32, String> {
     Ok(v.get("exit_code").and_then(Value::as_i64).unwrap_or(EXIT_MOAT_FAILED as i64) as i32)
 }
 
-/// The outer side: serves nested requests until the run ends.
+/// The outer side: serves nested requests (one thread each, started only
+/// when one arrives) until the run ends.
 pub struct Broker {
+    outer: Outer,
     stop: Arc<AtomicBool>,
     children: Arc<Mutex<Vec<u32>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    handlers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Broker {
+    pub fn new(outer: Outer) -> Broker {
+        Broker { outer, stop: Arc::default(), children: Arc::default(), handlers: Vec::new() }
+    }
+
+    /// Serves one nested request on its own thread.
+    pub fn serve(&mut self, conn: UnixStream) {
+        let (o, c, s) = (self.outer.clone(), self.children.clone(), self.stop.clone());
+        self.handlers.push(std::thread::spawn(move || handle(conn, &o, &c, &s)));
+    }
+
+    /// Refuses new requests and stops every nested run still going (they
+    /// end with the outer run, whose boundary they live under).
+    pub fn shutdown(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let pids: Vec<u32> = self.children.lock().map(|v| v.clone()).unwrap_or_default();
+        for pid in &pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), nix::sys::signal::Signal::SIGTERM);
+        }
+        for h in self.handlers {
+            let _ = h.join();
+        }
+    }
 }
 
 /// What a nested run inherits from the outer one.
@@ -91,47 +117,6 @@ pub struct Outer {
     pub execution_id: String,
     /// The outer run's audit log: nested runs are always recorded there.
     pub audit_log: Option<PathBuf>,
-}
-
-impl Broker {
-    pub fn start(listener: UnixListener, outer: Outer) -> Broker {
-        let stop = Arc::new(AtomicBool::new(false));
-        let children: Arc<Mutex<Vec<u32>>> = Arc::default();
-        let (s, c) = (stop.clone(), children.clone());
-        let thread = std::thread::spawn(move || serve(listener, outer, s, c));
-        Broker { stop, children, thread: Some(thread) }
-    }
-
-    /// Stops accepting, and stops every nested run still going (they end
-    /// with the outer run, whose boundary they live under).
-    pub fn shutdown(mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let pids: Vec<u32> = self.children.lock().map(|v| v.clone()).unwrap_or_default();
-        for pid in &pids {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), nix::sys::signal::Signal::SIGTERM);
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn serve(listener: UnixListener, outer: Outer, stop: Arc<AtomicBool>, children: Arc<Mutex<Vec<u32>>>) {
-    let _ = listener.set_nonblocking(true);
-    let mut handlers = Vec::new();
-    while !stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((conn, _)) => {
-                let (o, c, s) = (outer.clone(), children.clone(), stop.clone());
-                handlers.push(std::thread::spawn(move || handle(conn, &o, &c, &s)));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
-            Err(_) => break,
-        }
-    }
-    for h in handlers {
-        let _ = h.join();
-    }
 }
 
 fn reply(conn: &UnixStream, v: Value) {

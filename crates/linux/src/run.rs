@@ -56,9 +56,10 @@ pub trait RunObserver {
     /// The proxy endpoints created inside the sandbox's network namespace
     /// (only when the plan has a proxy); the observer serves them.
     fn proxy_listeners(&mut self, _http: std::net::TcpListener, _socks: std::net::TcpListener) {}
-    /// The listener behind the sandbox's broker socket; nested `moat exec`
-    /// calls connect to it. An observer that does not serve it drops it.
-    fn broker_listener(&mut self, _listener: std::os::unix::net::UnixListener) {}
+    /// A nested `moat exec` connected to the sandbox's broker socket. An
+    /// observer that does not serve nested runs drops it (the caller sees
+    /// the connection close and fails closed).
+    fn broker_connection(&mut self, _conn: std::os::unix::net::UnixStream) {}
 }
 
 /// An observer that ignores everything.
@@ -343,6 +344,7 @@ fn supervise(
     observer: &mut dyn RunObserver,
 ) -> Result<(), String> {
     let mut handoff = handoff;
+    let mut broker: Option<std::os::unix::net::UnixListener> = None;
     let pidfd = sys::pidfd_open(child.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
     let mut mask = SigSet::empty();
     for s in [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGINT, Signal::SIGQUIT] {
@@ -379,6 +381,10 @@ fn supervise(
         if let Some(h) = &handoff {
             fds.push(PollFd::new(h.as_fd(), PollFlags::POLLIN));
         }
+        let broker_index = fds.len();
+        if let Some(b) = &broker {
+            fds.push(PollFd::new(b.as_fd(), PollFlags::POLLIN));
+        }
         let cap_index = fds.len();
         for c in captures.iter().filter(|c| c.open) {
             fds.push(PollFd::new(c.fd.as_fd(), PollFlags::POLLIN));
@@ -392,13 +398,23 @@ fn supervise(
         let sig_ready = ready(1);
         let report_ready = report_open && ready(2);
         let handoff_ready = handoff.is_some() && ready(handoff_index);
+        let broker_ready = broker.is_some() && ready(broker_index);
         let cap_ready: Vec<bool> = (0..captures.iter().filter(|c| c.open).count()).map(|i| ready(cap_index + i)).collect();
         drop(fds);
         if handoff_ready {
             match handoff.as_ref().and_then(crate::netns::receive) {
                 Some(crate::netns::Handoff::Proxy(http, socks)) => observer.proxy_listeners(http, socks),
-                Some(crate::netns::Handoff::Broker(l)) => observer.broker_listener(l),
+                Some(crate::netns::Handoff::Broker(l)) => {
+                    let _ = l.set_nonblocking(true);
+                    broker = Some(l);
+                }
                 None => handoff = None,
+            }
+        }
+        if broker_ready {
+            if let Some(Ok((conn, _))) = broker.as_ref().map(|b| b.accept()) {
+                let _ = conn.set_nonblocking(false);
+                observer.broker_connection(conn);
             }
         }
         if report_ready {
