@@ -149,7 +149,7 @@ fn main() -> ExitCode {
     // Invoked under a tool's name: a shim.
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let name = Path::new(&argv0).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    if !name.is_empty() && name != "moat" && !name.starts_with("moat-") && !name.starts_with("moat_") {
+    if !name.is_empty() && !name.starts_with("moat") && tools::is_shim_name(&name) {
         return tools::shim_main(&name, std::env::args_os().skip(1).collect());
     }
     let cli = Cli::parse();

@@ -307,6 +307,19 @@ pub fn run(a: RunArgs) -> ExitCode {
     }
 }
 
+/// Whether moat, started under `name`, is acting as that tool's shim: a
+/// profile of that name exists (or, inside a sandbox, the session's shim
+/// table has it). Any other name runs the normal command line.
+pub fn is_shim_name(name: &str) -> bool {
+    if crate::nested::inside_sandbox() {
+        return std::fs::read_to_string(moat_linux::plan::SANDBOX_SHIM_TABLE)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Vec<moat_policy::ShimSpec>>(&t).ok())
+            .is_some_and(|table| table.iter().any(|s| s.name == name));
+    }
+    catalogue().map(|c| c.get(name).is_some()).unwrap_or(false)
+}
+
 /// moat invoked under a tool's name (a shim). On the host: `moat run NAME`
 /// with MOAT_ARGS. Inside a sandbox: add the tool's net class and exec the
 /// real program.
