@@ -149,8 +149,7 @@ fn stdio_reopen_rights(abi: ABI) -> Vec<(PathFd, landlock::BitFlags<AccessFs>)> 
     use nix::sys::stat::{fstat, SFlag};
     let mut out = Vec::new();
     for fd in 0..3 {
-        let borrowed = unsafe_free_borrow(fd);
-        let Some(b) = borrowed else { continue };
+        let Some(b) = sys::borrow_stdio(fd) else { continue };
         let Ok(st) = fstat(b) else { continue };
         let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
         let is_dev = kind == SFlag::S_IFCHR || kind == SFlag::S_IFBLK;
@@ -175,10 +174,6 @@ fn stdio_reopen_rights(abi: ABI) -> Vec<(PathFd, landlock::BitFlags<AccessFs>)> 
         }
     }
     out
-}
-
-fn unsafe_free_borrow(fd: i32) -> Option<std::os::fd::BorrowedFd<'static>> {
-    crate::sys::borrow_stdio(fd)
 }
 
 /// The seccomp floor as a seccompiler filter: listed syscalls fail with EPERM.

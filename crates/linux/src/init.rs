@@ -51,7 +51,7 @@ pub fn main(args: InitArgs<'_>) -> ! {
     }
     let sandboxed = args.plan.sandboxed;
     // The command: forked with glibc's fork so its thread state is right.
-    let main_pid = match unsafe_free_fork() {
+    let main_pid = match fork_command() {
         Ok(None) => command(&args),
         Ok(Some(pid)) => pid,
         Err(e) => {
@@ -62,7 +62,8 @@ pub fn main(args: InitArgs<'_>) -> ! {
     supervise_tree(fd, main_pid, sandboxed)
 }
 
-fn unsafe_free_fork() -> io::Result<Option<Pid>> {
+/// Forks the command's process: None in the child, its pid in the init.
+fn fork_command() -> io::Result<Option<Pid>> {
     match sys::fork_glibc()? {
         0 => Ok(None),
         pid => Ok(Some(Pid::from_raw(pid))),
