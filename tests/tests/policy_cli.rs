@@ -386,3 +386,26 @@ fn invalid_flags_are_refused() {
         );
     }
 }
+
+/// This host has every layer in full (Landlock ABI >= 6): each sandboxed
+/// level, with a file among the grants and the proxy, must say "full" —
+/// "partial" would mean a rule was silently narrowed or dropped.
+#[test]
+fn every_layer_is_full_at_every_sandboxed_level() {
+    let fx = Fixture::new();
+    let file = fx.root.join("granted-file");
+    std::fs::write(&file, "x").unwrap();
+    let f = file.to_str().unwrap().to_string();
+    for level in ["read-only", "workspace-write", "workspace-contained"] {
+        for extra in [vec![], vec!["--ro", f.as_str()], vec!["--network", "proxy"]] {
+            let mut flags = vec!["--json"];
+            flags.extend(extra.iter().copied());
+            let out = run(fx.sh(level, &flags, "true"));
+            out.expect_code(0);
+            let j = out.json();
+            for l in ["namespaces", "landlock", "seccomp"] {
+                assert_eq!(j["sandbox"]["layers"][l], "full", "{level} {extra:?}: layer {l}\n{}", out.dump());
+            }
+        }
+    }
+}

@@ -123,6 +123,10 @@ pub fn apply_landlock(spec: &LandlockSpec, kernel_abi: i32) -> Result<Enforcemen
         *rules.entry(p).or_default() |= dev & all;
     }
     for (path, access) in rules {
+        // A rule on a file (a bound binary, a --ro file) may only carry
+        // file rights; directory rights there would make the kernel refuse
+        // the rule and the crate report the ruleset as partial.
+        let access = if path.is_dir() { access } else { access & AccessFs::from_file(abi) };
         let fd = PathFd::new(path).map_err(|e| ConfineError::Landlock(format!("{}: {e}", path.display())))?;
         created = created.add_rule(PathBeneath::new(fd, access)).map_err(ll)?;
     }
