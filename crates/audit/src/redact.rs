@@ -75,13 +75,59 @@ pub fn redact_arg(arg: &str) -> String {
     if arg.bytes().any(|b| b.is_ascii_whitespace()) {
         words_after_secret_flags(arg, &mut ranges);
     }
+    known_token_shapes(arg, &mut ranges);
+    bare_userinfo(arg, &mut ranges);
     apply(arg, ranges)
+}
+
+/// `user:pass@host` without a scheme: the password part.
+fn bare_userinfo(s: &str, ranges: &mut Vec<Range>) {
+    for (at, _) in s.match_indices('@') {
+        let start = s[..at].rfind(|c: char| c.is_whitespace() || c == '/' || c == '\'' || c == '"').map(|i| i + 1).unwrap_or(0);
+        if let Some(colon) = s[start..at].find(':') {
+            let pw_start = start + colon + 1;
+            if pw_start < at {
+                ranges.push((pw_start, at));
+            }
+        }
+    }
+}
+
+/// Prefixes of well-known credential formats (GitHub, GitLab, Slack,
+/// Anthropic/OpenAI, AWS access keys, Stripe, Google API keys).
+const TOKEN_PREFIXES: &[&str] = &[
+    "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "xoxb-", "xoxp-", "xoxa-", "xoxs-",
+    "sk-ant-", "sk-proj-", "sk-", "AKIA", "ASIA", "sk_live_", "rk_live_", "AIza",
+];
+
+/// Whole words that look like a known token format: a listed prefix
+/// followed by at least 12 token characters.
+fn known_token_shapes(s: &str, ranges: &mut Vec<Range>) {
+    let bytes = s.as_bytes();
+    let is_tok = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+    let mut i = 0;
+    while i < bytes.len() {
+        if !is_tok(bytes[i]) || (i > 0 && is_tok(bytes[i - 1])) {
+            i += 1;
+            continue;
+        }
+        let mut end = i;
+        while end < bytes.len() && is_tok(bytes[end]) {
+            end += 1;
+        }
+        let word = &s[i..end];
+        if TOKEN_PREFIXES.iter().any(|p| word.starts_with(p) && word.len() >= p.len() + 12) {
+            ranges.push((i, end));
+        }
+        i = end;
+    }
 }
 
 /// Redacts a whole argv: each argument as [`redact_arg`], plus the argument
 /// after a flag whose name says it takes a secret (`--password x`,
-/// `--token x`, `--client-secret x`), the password part after curl's
-/// `-u`/`--user`, and the argument after sshpass's `-p`.
+/// `--token x`, `--client-secret x`), the password part of any `user:pass`
+/// after `-u`/`--user`, and the argument after `-p` for sshpass and the
+/// mysql/psql-style clients that take a password there.
 pub fn redact_argv(argv: &[String]) -> Vec<String> {
     let mut out = Vec::with_capacity(argv.len());
     let mut seen_curl = false;
@@ -93,7 +139,7 @@ pub fn redact_argv(argv: &[String]) -> Vec<String> {
             let looks_like_flag = arg.len() > 1 && arg.starts_with('-');
             if (is_secret_flag_word(prev) && !looks_like_flag) || (seen_sshpass && prev == "-p") {
                 redacted = REDACTED.to_owned();
-            } else if seen_curl && matches!(prev, "-u" | "--user" | "-U" | "--proxy-user") {
+            } else if matches!(prev, "-u" | "--user" | "-U" | "--proxy-user") && (seen_curl || arg.contains(':')) {
                 if let Some(colon) = arg.find(':') {
                     redacted = format!("{}:{REDACTED}", &arg[..colon]);
                 }
@@ -455,5 +501,22 @@ mod tests {
     fn non_ascii_is_kept_intact() {
         assert_eq!(r("héllo=wörld token=ü€ done"), "héllo=wörld token=*** done");
         assert_eq!(r("https://ü:ö@h/"), "https://***@h/");
+    }
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::*;
+
+    #[test]
+    fn known_token_shapes_and_bare_userinfo_are_redacted() {
+        for secret in ["ghp_ABCDEFGHIJKLMNOPQRSTUVWX", "sk-ant-api03-SECRETSECRETSECRET", "AKIAABCDEFGHIJKLMNOP", "glpat-abcdefghijklmnop"] {
+            let out = redact_arg(&format!("x {secret} y"));
+            assert!(!out.contains(secret), "{out}");
+        }
+        assert!(!redact_arg("user:pass_R12@host").contains("pass_R12"));
+        assert_eq!(redact_arg("plain-word and sk-short"), "plain-word and sk-short");
+        let argv: Vec<String> = ["mysql", "-u", "admin:BASICPW"].iter().map(|s| s.to_string()).collect();
+        assert!(!redact_argv(&argv).join(" ").contains("BASICPW"));
     }
 }

@@ -262,6 +262,14 @@ pub fn run_resolved(
     // A nested run: the broker checked the request, and this process checks
     // the policy it actually resolved, against the same outer bounds.
     if let Some(b) = std::env::var_os(crate::nested::BOUNDS_ENV) {
+        // A nested run dies with the outer supervisor that launched it,
+        // even if that one is SIGKILLed (its init then takes the sandbox).
+        let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+        let parent_ok = std::env::var("MOAT_BROKER_PID").ok().and_then(|p| p.parse::<u32>().ok())
+            == Some(std::os::unix::process::parent_id());
+        if !parent_ok {
+            return refuse(mode, &id, &session_id, Some(&policy), "nested run refused: the outer moat is gone", &sink);
+        }
         let bounds: Result<moat_policy::Bounds, _> = serde_json::from_str(&b.to_string_lossy());
         let verdict = match bounds {
             Ok(b) => policy.within(&b).map_err(|e| e.to_string()),

@@ -168,14 +168,39 @@ fn receive(conn: &UnixStream) -> Result<(Value, Vec<OwnedFd>), String> {
     Ok((v, fds))
 }
 
+static IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One of the MAX_NESTED places, given back when dropped.
+struct Slot;
+
+impl Slot {
+    fn take() -> Option<Slot> {
+        let prev = IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        if prev >= MAX_NESTED {
+            IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(Slot)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Nested runs one outer run may have at once: each is a host process and
 /// a sandbox, so a command must not be able to start them without bound.
 const MAX_NESTED: usize = 8;
 
 fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Vec<u32>>, stop: &AtomicBool) -> Result<i32, String> {
-    if children.lock().map(|v| v.len()).unwrap_or(MAX_NESTED) >= MAX_NESTED {
-        return Err(format!("nested run refused: {MAX_NESTED} nested runs are already going"));
-    }
+    // Counted from the moment a request is taken, not when its process
+    // starts, so a burst cannot slip past the limit.
+    let _slot = match Slot::take() {
+        Some(s) => s,
+        None => return Err(format!("nested run refused: {MAX_NESTED} nested runs are already going")),
+    };
     let args: Vec<String> = req["args"].as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default();
     let cwd = PathBuf::from(req["cwd"].as_str().unwrap_or("/"));
     if let Some(p) = SANDBOX_PRIVATE.iter().find(|p| cwd.starts_with(p)) {
@@ -242,6 +267,7 @@ fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Ve
         .env("HOME", &home)
         .env("MOAT_SESSION_ID", &outer.session_id)
         .env("MOAT_PARENT_EXECUTION_ID", &outer.execution_id)
+        .env("MOAT_BROKER_PID", std::process::id().to_string())
         // The launched moat checks again after its own resolution: a path
         // swapped between this check and that one cannot widen the run.
         .env(BOUNDS_ENV, serde_json::to_string(&outer.policy.bounds()).unwrap_or_default())

@@ -167,7 +167,11 @@ fn stdio_reopen_rights(abi: ABI) -> Vec<(PathFd, landlock::BitFlags<AccessFs>)> 
             access |= AccessFs::ReadFile;
         }
         if mode == OFlag::O_WRONLY || mode == OFlag::O_RDWR {
-            access |= AccessFs::WriteFile | AccessFs::Truncate;
+            access |= AccessFs::WriteFile;
+            // A file given in append mode (`>> log`) must not be truncated.
+            if !OFlag::from_bits_truncate(flags).contains(OFlag::O_APPEND) {
+                access |= AccessFs::Truncate;
+            }
         }
         if is_dev {
             access |= AccessFs::IoctlDev;

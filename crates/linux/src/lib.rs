@@ -23,7 +23,7 @@ pub mod probe;
 pub mod run;
 mod sweep;
 pub mod sys;
-mod tree;
+pub mod tree;
 
 pub use confine::Enforcement;
 pub use plan::{build as build_plan, Plan, PlanError};

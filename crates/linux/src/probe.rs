@@ -371,7 +371,11 @@ impl HostFacts {
             }
         }
         if is_home {
-            for rel in &policy.write_protected_home {
+            // Missing protected paths (~/.ssh, ~/.aws…) are swept too: a
+            // command must not plant ~/.ssh/authorized_keys or credentials
+            // the host's tools would then use. Existing ones are stand-ins.
+            let missing_protected = PROTECTED_HOME_PATHS.iter().filter(|rel| lstat_kind(&root.join(rel)).is_none());
+            for rel in policy.write_protected_home.iter().chain(missing_protected) {
                 let p = root.join(rel);
                 match lstat_kind(&p) {
                     Some(k) => {
@@ -463,8 +467,7 @@ impl HostFacts {
                             Some(k) => {
                                 self.workspace_write_protected.insert(p, k);
                             }
-                            None if gd == git => self.workspace_missing.push(p),
-                            None => {}
+                            None => self.workspace_missing.push(p),
                         }
                     }
                 }

@@ -213,10 +213,19 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
         swept: Vec::new(),
         stderr_tail: Vec::new(),
     };
+    if !plan.sandboxed {
+        // Without a pid namespace the command could kill its reaper (same
+        // uid, no confinement): moat itself adopts whatever is orphaned
+        // then, and kills it below.
+        let _ = nix::sys::prctl::set_child_subreaper(true);
+    }
     if let Err(e) = launch(plan, opts, &mut out, start, observer) {
         out.status = RunStatus::FailedToStart;
         out.exit_code = 125;
         out.error = Some(e);
+    }
+    if !plan.sandboxed {
+        crate::tree::kill_descendants_until_gone();
     }
     out.duration = start.elapsed();
     let mut created: Vec<PathBuf> = plan.sweep.iter().filter(|p| p.symlink_metadata().is_ok()).cloned().collect();

@@ -71,10 +71,36 @@ pub const WRITE_PROTECTED_HOME_PATHS: &[&str] = &[
     ".pythonrc",
     ".npmrc",
     "bin",
+    ".bash_aliases",
+    ".vimrc",
+    ".gvimrc",
+    ".exrc",
+    ".vim",
+    ".emacs",
+    ".emacs.d",
+    ".config/nvim",
+    ".config/emacs",
+    ".tmux.conf",
+    ".config/tmux",
+    ".ipython",
+    ".config/pip",
+    ".pip",
+    ".curlrc",
+    ".wgetrc",
+    ".hgrc",
+    ".mailcap",
+    ".lesskey",
+    ".direnvrc",
+    ".config/direnv",
+    ".Xresources",
+    ".xsessionrc",
+    ".config/fontconfig",
+    ".config/user-dirs.dirs",
 ];
 
-/// Paths inside `.git` that run code later.
-pub const WRITE_PROTECTED_GIT_PATHS: &[&str] = &["hooks", "config"];
+/// Paths inside `.git` that run code later, or redirect git to a config or
+/// hooks directory elsewhere (`commondir`, per-worktree config).
+pub const WRITE_PROTECTED_GIT_PATHS: &[&str] = &["hooks", "config", "commondir", "config.worktree"];
 
 /// True for a workspace-root name that must stay read-only.
 pub fn is_write_protected_name(name: &str) -> bool {

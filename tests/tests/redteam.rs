@@ -1,0 +1,144 @@
+//! Regressions for escapes a red-team review found: each asserts the side
+//! effect the attack was after (a host file planted, a process surviving,
+//! a log truncated).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use moat_conformance::*;
+
+fn git(dir: &Path, args: &[&str]) {
+    let ok = Command::new("git")
+        .args(["-c", "user.email=a@b", "-c", "user.name=a"])
+        .args(args)
+        .current_dir(dir)
+        .env("HOME", dir)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(ok, "git {args:?} failed");
+}
+
+/// `.git/commondir` (and `config.worktree`) redirect git to a config and
+/// hooks of the command's choosing: they must not survive the run.
+#[test]
+fn git_commondir_and_worktree_config_cannot_be_planted() {
+    let fx = Fixture::new();
+    git(&fx.ws, &["init", "-q", "."]);
+    git(&fx.ws, &["commit", "-q", "--allow-empty", "-m", "init"]);
+    for level in ["workspace-write", "workspace-contained"] {
+        let out = run(fx.sh(
+            level,
+            &["--no-audit"],
+            "mkdir -p .evil && printf '[core]\\n\\tfsmonitor = \"touch PWNED\"\\n' > .evil/config && \
+             echo ../.evil > .git/commondir; echo '[core]' > .git/config.worktree; echo planted",
+        ));
+        assert!(out.stdout.contains("planted"), "control: the command ran\n{}", out.dump());
+        assert!(!exists(fx.ws.join(".git/commondir")), "{level}: .git/commondir survived the run\n{}", out.dump());
+        assert!(!exists(fx.ws.join(".git/config.worktree")), "{level}: .git/config.worktree survived\n{}", out.dump());
+    }
+}
+
+/// Under danger-full-access the command can kill its reaper; moat itself
+/// must still leave nothing running.
+#[test]
+fn danger_full_access_tree_dies_even_if_the_reaper_is_killed() {
+    let fx = Fixture::new();
+    let marker = unique("orphan");
+    let out = run(fx.sh(
+        "danger-full-access",
+        &["--no-audit"],
+        &format!("(exec -a {marker} sleep 300) & sleep 0.2; kill -9 $PPID"),
+    ));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(procs_with(&marker).is_empty(), "a process outlived moat\n{}", out.dump());
+}
+
+/// A nested run dies with an outer moat that is SIGKILLed.
+#[test]
+fn nested_runs_die_with_a_killed_outer_moat() {
+    let fx = Fixture::new();
+    std::fs::create_dir_all(fx.w("sub")).unwrap();
+    let marker = unique("nestedsurvivor");
+    let flag = fx.w("NESTED_SURVIVED");
+    let mut c = fx.sh(
+        "workspace-write",
+        &["--no-audit"],
+        &format!(
+            "/moat/bin/moat exec --policy workspace-write -- bash -c 'exec -a {marker} sleep 3; touch {}' & sleep 60",
+            flag.display()
+        ),
+    );
+    let mut child = c.spawn().unwrap();
+    // Wait until the nested command runs, then kill the outer moat.
+    let mut seen = false;
+    for _ in 0..100 {
+        if !procs_with(&marker).is_empty() {
+            seen = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(seen, "control: the nested run started");
+    child.kill().unwrap();
+    let _ = child.wait();
+    std::thread::sleep(Duration::from_millis(3800));
+    assert!(!exists(&flag), "the nested run went on after the outer moat was killed");
+    assert!(procs_with(&marker).is_empty(), "the nested command outlived the outer moat");
+}
+
+/// Workspace = HOME: a missing ~/.ssh (or another protected path) and rc
+/// files sourced by shells must not be planted.
+#[test]
+fn workspace_home_cannot_plant_ssh_keys_or_rc_files() {
+    let fx = Fixture::new();
+    let home = fx.root.join("fresh-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let mut c = fx.sh(
+        "workspace-write",
+        &["--no-audit", "--cwd", home.to_str().unwrap()],
+        "mkdir -p .ssh && echo key > .ssh/authorized_keys; echo evil > .bash_aliases; echo x > .vimrc; \
+         mkdir -p .aws && echo k > .aws/credentials; echo ok > work.txt; echo planted",
+    );
+    c.env("HOME", &home);
+    let out = run(c);
+    assert!(out.stdout.contains("planted"), "control\n{}", out.dump());
+    assert!(exists(home.join("work.txt")), "control: the workspace is writable\n{}", out.dump());
+    for p in [".ssh", ".bash_aliases", ".vimrc", ".aws"] {
+        assert!(!exists(home.join(p)), "{p} survived the run\n{}", out.dump());
+    }
+}
+
+/// At most 8 nested runs go at once, however fast they are asked for.
+#[test]
+fn nested_runs_are_capped() {
+    let fx = Fixture::new();
+    let out = run(fx.sh(
+        "workspace-write",
+        &["--no-audit"],
+        "for i in $(seq 14); do (/moat/bin/moat exec --policy workspace-write -- sleep 2 >/dev/null 2>&1; echo rc=$?) & done; wait",
+    ));
+    let refused = out.stdout.matches("rc=125").count();
+    let ran = out.stdout.matches("rc=0").count();
+    assert!(ran >= 1, "control: nested runs work\n{}", out.dump());
+    assert!(ran <= 8 && refused >= 6, "{ran} ran at once (refused {refused})\n{}", out.dump());
+}
+
+/// A log the caller gave as stdout in append mode cannot be truncated.
+#[test]
+fn append_mode_stdout_cannot_be_truncated() {
+    let fx = Fixture::new();
+    let log = fx.root.join("out.log");
+    std::fs::write(&log, "PRIOR\n").unwrap();
+    // The caller's shell opens the log with O_APPEND (`>>`), as a harness would.
+    let script = format!(
+        "'{}' exec --no-audit --policy workspace-contained -- bash -c ': > /proc/self/fd/1; echo appended' >> '{}'",
+        moat_bin().display(),
+        log.display()
+    );
+    let status = Command::new("bash").arg("-c").arg(&script).current_dir(&fx.ws).env("HOME", &fx.home).status().unwrap();
+    let out_code = status.code();
+    let text = read(&log).unwrap_or_default();
+    assert!(text.starts_with("PRIOR\n") && text.contains("appended"), "log: {text:?} (exit {out_code:?})");
+}
