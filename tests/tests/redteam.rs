@@ -142,3 +142,55 @@ fn append_mode_stdout_cannot_be_truncated() {
     let text = read(&log).unwrap_or_default();
     assert!(text.starts_with("PRIOR\n") && text.contains("appended"), "log: {text:?} (exit {out_code:?})");
 }
+
+/// A nested run cannot read what the outer view replaced with its own
+/// tmpfs: the host's /tmp and /run (and their sockets) stay out of reach.
+#[test]
+fn nested_runs_cannot_reach_host_tmp_or_run() {
+    let fx = Fixture::new();
+    for level in ["read-only", "workspace-write"] {
+        let out = run(fx.sh(
+            level,
+            &["--no-audit"],
+            "/moat/bin/moat exec --ro /tmp -- true; echo tmp=$?; /moat/bin/moat exec --ro /run -- true; echo run=$?; \
+             /moat/bin/moat exec -- true; echo plain=$?",
+        ));
+        assert!(out.stdout.contains("plain=0"), "control: a nested run works at {level}\n{}", out.dump());
+        assert!(out.stdout.contains("tmp=125") && out.stdout.contains("run=125"), "{level}: host /tmp or /run granted\n{}", out.dump());
+    }
+}
+
+/// A request that never completes (here: the command sends the broker its
+/// own end of the connection) must not keep moat alive after the command.
+#[test]
+fn a_stuck_nested_request_does_not_hang_moat() {
+    let fx = Fixture::new();
+    let code = "import socket, struct\ns = socket.socket(socket.AF_UNIX)\ns.connect('/moat/broker.sock')\nsocket.send_fds(s, [struct.pack('>I', 100)], [s.fileno()] * 3)\ns.close()\nprint('sent')";
+    let out = run(fx.py("workspace-write", &["--no-audit"], code, &[]));
+    out.expect_code(0);
+    assert!(out.stdout.contains("sent"), "control\n{}", out.dump());
+}
+
+/// A project file that is a symlink (to another, trusted project's file)
+/// is refused rather than trusted by its target's path.
+#[test]
+fn a_symlinked_project_file_is_refused() {
+    let fx = Fixture::new();
+    let other = fx.root.join("other");
+    std::fs::create_dir_all(other.join(".git")).unwrap();
+    std::fs::write(other.join(".moat.toml"), "rw = [\"data\"]\n").unwrap();
+    std::fs::create_dir_all(other.join("data")).unwrap();
+    std::fs::create_dir_all(fx.ws.join(".git")).unwrap();
+    std::fs::create_dir_all(fx.w("sub")).unwrap();
+    std::os::unix::fs::symlink(other.join(".moat.toml"), fx.w("sub/.moat.toml")).unwrap();
+    let state = fx.root.join("state");
+    // Trust the other project's file first (no terminal needed for `moat trust`).
+    let mut t = fx.moat(["trust", other.to_str().unwrap()]);
+    t.env("XDG_STATE_HOME", &state);
+    run(t).expect_code(0);
+    let mut c = fx.moat(["run", "sh", "-c", &format!("echo PWNED > {}/data/x", other.display())]);
+    c.current_dir(fx.w("sub")).env("XDG_STATE_HOME", &state);
+    let out = run(c);
+    assert_ne!(out.code, Some(0), "the symlinked project file was accepted\n{}", out.dump());
+    assert!(!exists(other.join("data/x")), "the other project's grant was used\n{}", out.dump());
+}

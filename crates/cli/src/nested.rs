@@ -82,15 +82,21 @@ pub struct Broker {
     stop: Arc<AtomicBool>,
     children: Arc<Mutex<Vec<u32>>>,
     handlers: Vec<std::thread::JoinHandle<()>>,
+    /// Our side of every connection, so shutdown can end a request that
+    /// never completes (a command may even send us its own end).
+    conns: Vec<UnixStream>,
 }
 
 impl Broker {
     pub fn new(outer: Outer) -> Broker {
-        Broker { outer, stop: Arc::default(), children: Arc::default(), handlers: Vec::new() }
+        Broker { outer, stop: Arc::default(), children: Arc::default(), handlers: Vec::new(), conns: Vec::new() }
     }
 
     /// Serves one nested request on its own thread.
     pub fn serve(&mut self, conn: UnixStream) {
+        if let Ok(c) = conn.try_clone() {
+            self.conns.push(c);
+        }
         let (o, c, s) = (self.outer.clone(), self.children.clone(), self.stop.clone());
         self.handlers.push(std::thread::spawn(move || handle(conn, &o, &c, &s)));
     }
@@ -102,6 +108,10 @@ impl Broker {
         let pids: Vec<u32> = self.children.lock().map(|v| v.clone()).unwrap_or_default();
         for pid in &pids {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), nix::sys::signal::Signal::SIGTERM);
+        }
+        // A request still being read ends now: its read sees end of file.
+        for c in &self.conns {
+            let _ = c.shutdown(std::net::Shutdown::Read);
         }
         for h in self.handlers {
             let _ = h.join();

@@ -250,15 +250,24 @@ fn resolve_tool(tool: &str, argv1: Option<&str>, a: &RunArgs) -> Result<(Policy,
         })
         .map_err(|e| e.to_string())?;
     // Tools composed inside the session keep their own net class.
+    // Under the profile's name and under its program's (python → python3),
+    // so calling either inside the session keeps the tool's class.
     let shims: Vec<moat_policy::ShimSpec> = shimmable_names(&cat)
         .into_iter()
         .filter(|n| *n != tool)
         .filter_map(|n| cat.get(n))
-        .map(|p| moat_policy::ShimSpec {
-            name: p.name.clone(),
-            program: p.program.clone(),
-            net_class: p.base.net_class,
-            subcommands: p.subcommands.iter().filter_map(|(k, s)| s.net_class.map(|c| (k.clone(), c))).collect(),
+        .flat_map(|p| {
+            let spec = |name: &str| moat_policy::ShimSpec {
+                name: name.to_string(),
+                program: p.program.clone(),
+                net_class: p.base.net_class,
+                subcommands: p.subcommands.iter().filter_map(|(k, s)| s.net_class.map(|c| (k.clone(), c))).collect(),
+            };
+            let mut v = vec![spec(&p.name)];
+            if p.program != p.name && p.program != tool {
+                v.push(spec(&p.program));
+            }
+            v
         })
         .collect();
     policy = with_shims(policy, shims)?;

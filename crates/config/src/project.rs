@@ -151,8 +151,20 @@ pub fn parse_project(
 
 /// Reads, canonicalizes and parses the project file at `path`.
 pub fn load_project(path: &Path, home: Option<&Path>) -> Result<ProjectFile, ConfigError> {
+    // A symlinked project file would borrow another project's trust (trust
+    // is keyed by the canonical path): a command could plant
+    // `sub/.moat.toml -> ../../other/.moat.toml` and get its grants unasked.
+    let meta = std::fs::symlink_metadata(path).map_err(|e| ConfigError::io("cannot read", path, e))?;
+    if meta.file_type().is_symlink() || !meta.is_file() {
+        return Err(ConfigError::io(
+            "refusing a project file that is not a regular file (a symlink borrows another project's trust)",
+            path,
+            std::io::Error::from(std::io::ErrorKind::InvalidData),
+        ));
+    }
     let canonical =
         std::fs::canonicalize(path).map_err(|e| ConfigError::io("cannot resolve", path, e))?;
+
     let bytes =
         std::fs::read(&canonical).map_err(|e| ConfigError::io("cannot read", &canonical, e))?;
     let home = home.map(|h| std::fs::canonicalize(h).unwrap_or_else(|_| h.to_path_buf()));

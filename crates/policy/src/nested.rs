@@ -24,6 +24,11 @@ pub struct Bounds {
     pub allow: Vec<String>,
 }
 
+/// Directories a sandboxed view builds itself (private tmpfs, moat's own
+/// /proc, /dev, /run…): the host's content there is not part of the outer
+/// view, unless the workspace or a grant puts it back.
+const SANDBOX_BUILT: &[&str] = &["/tmp", "/run", "/var/run", "/proc", "/dev", "/sys", "/moat"];
+
 /// Host directories a workspace-contained view shows besides its grants.
 const CONTAINED_RUNTIME: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"];
 
@@ -48,9 +53,18 @@ fn network_rank(m: NetworkMode) -> u8 {
 }
 
 impl Bounds {
+    /// Whether `path` shows host content in the outer view at all.
+    fn shows_host(&self, path: &Path) -> bool {
+        if !self.level.is_sandboxed() {
+            return true;
+        }
+        let granted = path.starts_with(&self.workspace) || self.paths.iter().any(|g| path.starts_with(&g.path));
+        granted || !SANDBOX_BUILT.iter().any(|d| path.starts_with(d))
+    }
+
     /// Whether `path` can be read inside the outer view.
     pub fn can_read(&self, path: &Path) -> bool {
-        if self.hides(path) {
+        if self.hides(path) || !self.shows_host(path) {
             return false;
         }
         match self.level {
@@ -68,7 +82,7 @@ impl Bounds {
         if self.level == Level::DangerFullAccess {
             return true;
         }
-        if self.hides(path) {
+        if self.hides(path) || !self.shows_host(path) {
             return false;
         }
         (self.level.workspace_writable() && path.starts_with(&self.workspace))
@@ -229,6 +243,18 @@ mod tests {
         assert!(pol(Level::DangerFullAccess, |_| {}).within(&outer.bounds()).is_err());
         let e = pol(Level::WorkspaceWrite, |r| r.ro = vec!["/home/u/.ssh".into()]).within(&outer.bounds()).unwrap_err();
         assert!(e.grant.contains(".ssh"), "{e}");
+    }
+
+    #[test]
+    fn directories_the_sandbox_builds_are_not_host_content() {
+        let outer = pol(Level::ReadOnly, |_| {});
+        for p in ["/tmp", "/run", "/run/postgresql", "/var/run", "/proc", "/dev", "/sys/fs", "/moat"] {
+            let e = pol(Level::ReadOnly, |r| r.ro = vec![p.into()]).within(&outer.bounds()).unwrap_err();
+            assert_eq!(e.grant, format!("--ro {p}"));
+        }
+        // …unless the outer workspace is there.
+        let outer = pol(Level::WorkspaceWrite, |r| r.workspace = "/tmp/proj".into());
+        assert!(pol(Level::WorkspaceWrite, |r| r.workspace = "/tmp/proj".into()).within(&outer.bounds()).is_ok());
     }
 
     #[test]
