@@ -326,14 +326,12 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         // Tools look under $HOME, which is the sandbox's own: a grant under
         // the real home (`--rw ~/.cache/pip`, a profile's `~/.claude`) also
         // appears at the same place under the sandbox HOME.
-        if let Ok(rel) = g.path.strip_prefix(&policy.home) {
-            if !rel.as_os_str().is_empty() && policy.home != Path::new("/") {
-                let mut op = host_bind(&g.path, kind, true, g.access == Access::ReadOnly);
-                if let MountOp::Bind { target, .. } = &mut op {
-                    *target = Path::new(SANDBOX_HOME).join(rel);
-                }
-                layered.push(op);
+        if let Some(mirror) = in_sandbox_home(policy, &g.path) {
+            let mut op = host_bind(&g.path, kind, true, g.access == Access::ReadOnly);
+            if let MountOp::Bind { target, .. } = &mut op {
+                *target = mirror;
             }
+            layered.push(op);
         }
     }
 
@@ -433,13 +431,9 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         ll.write.push(policy.workspace.clone());
     }
     ll.write.extend(policy.paths.iter().filter(|g| g.access == Access::ReadWrite).map(|g| g.path.clone()));
-    for g in policy.paths.iter().filter(|g| g.access == Access::ReadWrite) {
-        if let Ok(rel) = g.path.strip_prefix(&policy.home) {
-            if !rel.as_os_str().is_empty() && policy.home != Path::new("/") {
-                ll.write.push(Path::new(SANDBOX_HOME).join(rel));
-            }
-        }
-    }
+    ll.write.extend(
+        policy.paths.iter().filter(|g| g.access == Access::ReadWrite).filter_map(|g| in_sandbox_home(policy, &g.path)),
+    );
     ll.devices.push("/dev".into());
     ll.read.sort();
     ll.read.dedup();
@@ -485,6 +479,12 @@ fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
         }
     }
     pins.into_iter().map(|p| host_bind(&p, Kind::Dir, true, false)).collect()
+}
+
+/// Where a grant under the real home also appears under the sandbox HOME.
+fn in_sandbox_home(policy: &Policy, path: &Path) -> Option<PathBuf> {
+    let rel = path.strip_prefix(&policy.home).ok()?;
+    (!rel.as_os_str().is_empty() && policy.home != Path::new("/")).then(|| Path::new(SANDBOX_HOME).join(rel))
 }
 
 fn host_bind(path: &Path, kind: Kind, recursive: bool, readonly: bool) -> MountOp {
