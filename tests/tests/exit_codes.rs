@@ -108,8 +108,26 @@ fn refusals_are_125() {
     std::fs::create_dir_all(&x).unwrap();
     let xs = x.to_str().unwrap();
     run(fx.moat(["exec", "--allow-domain", "example.com", "--", "true"])).expect_code(125);
-    run(fx.moat(["exec", "--network", "proxy", "--allow-domain", "*", "--", "true"])).expect_code(125);
-    run(fx.moat(["exec", "--network", "proxy", "--allow-domain", "*.com", "--", "true"])).expect_code(125);
+    run(fx.moat([
+        "exec",
+        "--network",
+        "proxy",
+        "--allow-domain",
+        "*",
+        "--",
+        "true",
+    ]))
+    .expect_code(125);
+    run(fx.moat([
+        "exec",
+        "--network",
+        "proxy",
+        "--allow-domain",
+        "*.com",
+        "--",
+        "true",
+    ]))
+    .expect_code(125);
     run(fx.moat([
         "exec",
         "--policy",

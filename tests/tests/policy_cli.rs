@@ -404,7 +404,12 @@ fn every_layer_is_full_at_every_sandboxed_level() {
             out.expect_code(0);
             let j = out.json();
             for l in ["namespaces", "landlock", "seccomp"] {
-                assert_eq!(j["sandbox"]["layers"][l], "full", "{level} {extra:?}: layer {l}\n{}", out.dump());
+                assert_eq!(
+                    j["sandbox"]["layers"][l],
+                    "full",
+                    "{level} {extra:?}: layer {l}\n{}",
+                    out.dump()
+                );
             }
         }
     }

@@ -34,9 +34,21 @@ fn git_commondir_and_worktree_config_cannot_be_planted() {
             "mkdir -p .evil && printf '[core]\\n\\tfsmonitor = \"touch PWNED\"\\n' > .evil/config && \
              echo ../.evil > .git/commondir; echo '[core]' > .git/config.worktree; echo planted",
         ));
-        assert!(out.stdout.contains("planted"), "control: the command ran\n{}", out.dump());
-        assert!(!exists(fx.ws.join(".git/commondir")), "{level}: .git/commondir survived the run\n{}", out.dump());
-        assert!(!exists(fx.ws.join(".git/config.worktree")), "{level}: .git/config.worktree survived\n{}", out.dump());
+        assert!(
+            out.stdout.contains("planted"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(fx.ws.join(".git/commondir")),
+            "{level}: .git/commondir survived the run\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(fx.ws.join(".git/config.worktree")),
+            "{level}: .git/config.worktree survived\n{}",
+            out.dump()
+        );
     }
 }
 
@@ -52,7 +64,11 @@ fn danger_full_access_tree_dies_even_if_the_reaper_is_killed() {
         &format!("(exec -a {marker} sleep 300) & sleep 0.2; kill -9 $PPID"),
     ));
     std::thread::sleep(Duration::from_millis(300));
-    assert!(procs_with(&marker).is_empty(), "a process outlived moat\n{}", out.dump());
+    assert!(
+        procs_with(&marker).is_empty(),
+        "a process outlived moat\n{}",
+        out.dump()
+    );
 }
 
 /// A nested run dies with an outer moat that is SIGKILLed.
@@ -84,8 +100,14 @@ fn nested_runs_die_with_a_killed_outer_moat() {
     child.kill().unwrap();
     let _ = child.wait();
     std::thread::sleep(Duration::from_millis(3800));
-    assert!(!exists(&flag), "the nested run went on after the outer moat was killed");
-    assert!(procs_with(&marker).is_empty(), "the nested command outlived the outer moat");
+    assert!(
+        !exists(&flag),
+        "the nested run went on after the outer moat was killed"
+    );
+    assert!(
+        procs_with(&marker).is_empty(),
+        "the nested command outlived the outer moat"
+    );
 }
 
 /// Workspace = HOME: a missing ~/.ssh (or another protected path) and rc
@@ -104,9 +126,17 @@ fn workspace_home_cannot_plant_ssh_keys_or_rc_files() {
     c.env("HOME", &home);
     let out = run(c);
     assert!(out.stdout.contains("planted"), "control\n{}", out.dump());
-    assert!(exists(home.join("work.txt")), "control: the workspace is writable\n{}", out.dump());
+    assert!(
+        exists(home.join("work.txt")),
+        "control: the workspace is writable\n{}",
+        out.dump()
+    );
     for p in [".ssh", ".bash_aliases", ".vimrc", ".aws"] {
-        assert!(!exists(home.join(p)), "{p} survived the run\n{}", out.dump());
+        assert!(
+            !exists(home.join(p)),
+            "{p} survived the run\n{}",
+            out.dump()
+        );
     }
 }
 
@@ -122,7 +152,11 @@ fn nested_runs_are_capped() {
     let refused = out.stdout.matches("rc=125").count();
     let ran = out.stdout.matches("rc=0").count();
     assert!(ran >= 1, "control: nested runs work\n{}", out.dump());
-    assert!(ran <= 8 && refused >= 6, "{ran} ran at once (refused {refused})\n{}", out.dump());
+    assert!(
+        ran <= 8 && refused >= 6,
+        "{ran} ran at once (refused {refused})\n{}",
+        out.dump()
+    );
 }
 
 /// A log the caller gave as stdout in append mode cannot be truncated.
@@ -137,10 +171,19 @@ fn append_mode_stdout_cannot_be_truncated() {
         moat_bin().display(),
         log.display()
     );
-    let status = Command::new("bash").arg("-c").arg(&script).current_dir(&fx.ws).env("HOME", &fx.home).status().unwrap();
+    let status = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(&fx.ws)
+        .env("HOME", &fx.home)
+        .status()
+        .unwrap();
     let out_code = status.code();
     let text = read(&log).unwrap_or_default();
-    assert!(text.starts_with("PRIOR\n") && text.contains("appended"), "log: {text:?} (exit {out_code:?})");
+    assert!(
+        text.starts_with("PRIOR\n") && text.contains("appended"),
+        "log: {text:?} (exit {out_code:?})"
+    );
 }
 
 /// A nested run cannot read what the outer view replaced with its own
@@ -155,8 +198,16 @@ fn nested_runs_cannot_reach_host_tmp_or_run() {
             "/moat/bin/moat exec --ro /tmp -- true; echo tmp=$?; /moat/bin/moat exec --ro /run -- true; echo run=$?; \
              /moat/bin/moat exec -- true; echo plain=$?",
         ));
-        assert!(out.stdout.contains("plain=0"), "control: a nested run works at {level}\n{}", out.dump());
-        assert!(out.stdout.contains("tmp=125") && out.stdout.contains("run=125"), "{level}: host /tmp or /run granted\n{}", out.dump());
+        assert!(
+            out.stdout.contains("plain=0"),
+            "control: a nested run works at {level}\n{}",
+            out.dump()
+        );
+        assert!(
+            out.stdout.contains("tmp=125") && out.stdout.contains("run=125"),
+            "{level}: host /tmp or /run granted\n{}",
+            out.dump()
+        );
     }
 }
 
@@ -188,9 +239,23 @@ fn a_symlinked_project_file_is_refused() {
     let mut t = fx.moat(["trust", other.to_str().unwrap()]);
     t.env("XDG_STATE_HOME", &state);
     run(t).expect_code(0);
-    let mut c = fx.moat(["run", "sh", "-c", &format!("echo PWNED > {}/data/x", other.display())]);
+    let mut c = fx.moat([
+        "run",
+        "sh",
+        "-c",
+        &format!("echo PWNED > {}/data/x", other.display()),
+    ]);
     c.current_dir(fx.w("sub")).env("XDG_STATE_HOME", &state);
     let out = run(c);
-    assert_ne!(out.code, Some(0), "the symlinked project file was accepted\n{}", out.dump());
-    assert!(!exists(other.join("data/x")), "the other project's grant was used\n{}", out.dump());
+    assert_ne!(
+        out.code,
+        Some(0),
+        "the symlinked project file was accepted\n{}",
+        out.dump()
+    );
+    assert!(
+        !exists(other.join("data/x")),
+        "the other project's grant was used\n{}",
+        out.dump()
+    );
 }

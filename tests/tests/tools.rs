@@ -1601,9 +1601,19 @@ fn nested_run_cannot_widen_level_or_network() {
 fn run_python_and_cargo_under_their_profiles() {
     let t = Tx::new();
     let marker = unique("py");
-    let out = run(t.moat(["run", "python", "-c", &format!("open('py.txt', 'w').write('{marker}')")]));
+    let out = run(t.moat([
+        "run",
+        "python",
+        "-c",
+        &format!("open('py.txt', 'w').write('{marker}')"),
+    ]));
     out.expect_code(0);
-    assert_eq!(read(t.fx.w("py.txt")).as_deref(), Some(marker.as_str()), "python wrote the workspace\n{}", out.dump());
+    assert_eq!(
+        read(t.fx.w("py.txt")).as_deref(),
+        Some(marker.as_str()),
+        "python wrote the workspace\n{}",
+        out.dump()
+    );
     // The python profile is net-denied: no inet socket, whatever the session.
     let out = run(t.moat([
         "run",
@@ -1613,7 +1623,11 @@ fn run_python_and_cargo_under_their_profiles() {
         "-c",
         "import socket\ntry:\n socket.socket(socket.AF_INET)\n print('SOCKET-OPENED')\nexcept OSError as e:\n print('ERRNO', e.errno)",
     ]));
-    assert!(out.stdout.contains("ERRNO 1") && !out.stdout.contains("SOCKET-OPENED"), "net-denied python opened an inet socket\n{}", out.dump());
+    assert!(
+        out.stdout.contains("ERRNO 1") && !out.stdout.contains("SOCKET-OPENED"),
+        "net-denied python opened an inet socket\n{}",
+        out.dump()
+    );
 
     // cargo needs the caller's own toolchain; root's rustup is not readable
     // by the unprivileged run, which says so instead of passing vacuously.
@@ -1621,17 +1635,34 @@ fn run_python_and_cargo_under_their_profiles() {
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .map(|d| d.join("cargo"))
-        .find(|c| std::process::Command::new(c).arg("--version").output().map(|o| o.status.success()).unwrap_or(false));
+        .find(|c| {
+            std::process::Command::new(c)
+                .arg("--version")
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        });
     let Some(cargo) = cargo else {
         println!("SKIP: cargo: no working cargo on this user's PATH");
         return;
     };
     let real_home = std::env::var("HOME").unwrap_or_default();
-    let rustup_home = std::env::var("RUSTUP_HOME").unwrap_or_else(|_| format!("{real_home}/.rustup"));
+    let rustup_home =
+        std::env::var("RUSTUP_HOME").unwrap_or_else(|_| format!("{real_home}/.rustup"));
     let path_var = format!("{}:{HOST_PATH}", cargo.parent().unwrap().display());
-    let mut c = t.moat(["run", "--env", &format!("RUSTUP_HOME={rustup_home}"), "cargo", "--version"]);
+    let mut c = t.moat([
+        "run",
+        "--env",
+        &format!("RUSTUP_HOME={rustup_home}"),
+        "cargo",
+        "--version",
+    ]);
     c.env("PATH", &path_var);
     let out = run(c);
     out.expect_code(0);
-    assert!(out.stdout.starts_with("cargo "), "cargo --version under its profile\n{}", out.dump());
+    assert!(
+        out.stdout.starts_with("cargo "),
+        "cargo --version under its profile\n{}",
+        out.dump()
+    );
 }

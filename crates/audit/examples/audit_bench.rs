@@ -39,14 +39,31 @@ fn append(path: &Path, n: usize) -> Result<(), String> {
         let ctx = RunContext {
             execution_id: format!("exec_{i:032x}"),
             session_id: "sess_bench".into(),
-            policy_hash: "sha256:5d1e0f8c2b7a4e39a1c0d6f2e8b3a7c94f0e1d2c3b4a59687766554433221100".into(),
+            policy_hash: "sha256:5d1e0f8c2b7a4e39a1c0d6f2e8b3a7c94f0e1d2c3b4a59687766554433221100"
+                .into(),
             policy_epoch: "1".into(),
             moat_version: "0.1.0".into(),
         };
         let events = [
-            event(&ctx, "policy.resolved", fields(json!({"policy_id": "workspace-write", "sandbox_level": "workspace-write", "network": {"mode": "disabled", "routes": []}}))),
-            event(&ctx, "execution.started", fields(json!({"argv": ["cargo", "test"], "cwd": "/home/dev/app", "pid": 4242}))),
-            event(&ctx, "execution.finished", fields(json!({"exit_code": 0, "signal": null, "status": "finished", "duration_ms": 12, "timed_out": false}))),
+            event(
+                &ctx,
+                "policy.resolved",
+                fields(
+                    json!({"policy_id": "workspace-write", "sandbox_level": "workspace-write", "network": {"mode": "disabled", "routes": []}}),
+                ),
+            ),
+            event(
+                &ctx,
+                "execution.started",
+                fields(json!({"argv": ["cargo", "test"], "cwd": "/home/dev/app", "pid": 4242})),
+            ),
+            event(
+                &ctx,
+                "execution.finished",
+                fields(
+                    json!({"exit_code": 0, "signal": null, "status": "finished", "duration_ms": 12, "timed_out": false}),
+                ),
+            ),
         ];
         let start = Instant::now();
         log.append(&events).map_err(|e| e.to_string())?;
@@ -54,7 +71,12 @@ fn append(path: &Path, n: usize) -> Result<(), String> {
     }
     times.sort_by(f64::total_cmp);
     let pct = |p: f64| times[((times.len() - 1) as f64 * p) as usize];
-    println!("append (3 events, one locked write): median {:.1} us, p90 {:.1} us, max {:.1} us over {n}", pct(0.5), pct(0.9), pct(1.0));
+    println!(
+        "append (3 events, one locked write): median {:.1} us, p90 {:.1} us, max {:.1} us over {n}",
+        pct(0.5),
+        pct(0.9),
+        pct(1.0)
+    );
     Ok(())
 }
 

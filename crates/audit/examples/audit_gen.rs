@@ -20,7 +20,8 @@ fn run_events(n: u64) -> Vec<Value> {
     let ctx = RunContext {
         execution_id: format!("exec_{n:032x}"),
         session_id: format!("sess_{:032x}", n / 10),
-        policy_hash: "sha256:5d1e0f8c2b7a4e39a1c0d6f2e8b3a7c94f0e1d2c3b4a59687766554433221100".into(),
+        policy_hash: "sha256:5d1e0f8c2b7a4e39a1c0d6f2e8b3a7c94f0e1d2c3b4a59687766554433221100"
+            .into(),
         policy_epoch: "1".into(),
         moat_version: "0.1.0".into(),
     };
@@ -31,16 +32,28 @@ fn run_events(n: u64) -> Vec<Value> {
         "env_names": ["CI", "RUST_LOG"], "pass_env": [], "timeout_ms": 600000,
     });
     vec![
-        event(&ctx, "policy.resolved", fields(json!({
-            "policy_id": "workspace-write", "sandbox_level": "workspace-write",
-            "network": {"mode": "disabled", "routes": []}, "policy": policy,
-        }))),
-        event(&ctx, "execution.started", fields(json!({
-            "argv": ["cargo", "test", "--workspace", "--", "--nocapture"], "cwd": "/home/dev/projects/app", "pid": 4242 + n,
-        }))),
-        event(&ctx, "execution.finished", fields(json!({
-            "exit_code": 0, "signal": null, "status": "finished", "duration_ms": 1234, "timed_out": false,
-        }))),
+        event(
+            &ctx,
+            "policy.resolved",
+            fields(json!({
+                "policy_id": "workspace-write", "sandbox_level": "workspace-write",
+                "network": {"mode": "disabled", "routes": []}, "policy": policy,
+            })),
+        ),
+        event(
+            &ctx,
+            "execution.started",
+            fields(json!({
+                "argv": ["cargo", "test", "--workspace", "--", "--nocapture"], "cwd": "/home/dev/projects/app", "pid": 4242 + n,
+            })),
+        ),
+        event(
+            &ctx,
+            "execution.finished",
+            fields(json!({
+                "exit_code": 0, "signal": null, "status": "finished", "duration_ms": 1234, "timed_out": false,
+            })),
+        ),
     ]
 }
 

@@ -93,7 +93,9 @@ pub fn parse_denials(stderr: &str) -> Vec<Denial> {
         // Only the start of a very long line is looked at (bounded work).
         let line = truncate(raw.trim(), MAX_SCAN);
         let lower = line.to_ascii_lowercase();
-        let Some((errno, at)) = classify(&lower) else { continue };
+        let Some((errno, at)) = classify(&lower) else {
+            continue;
+        };
         let path = extract_path(line, at);
         if out.iter().any(|d| d.errno == errno && d.path == path) {
             continue;
@@ -107,7 +109,12 @@ pub fn parse_denials(stderr: &str) -> Vec<Denial> {
         } else {
             "access"
         };
-        out.push(Denial { path, errno, op, line: truncate(line, MAX_LINE).to_owned() });
+        out.push(Denial {
+            path,
+            errno,
+            op,
+            line: truncate(line, MAX_LINE).to_owned(),
+        });
     }
     out
 }
@@ -115,7 +122,10 @@ pub fn parse_denials(stderr: &str) -> Vec<Denial> {
 /// The errno a line reports, and where its first marker starts.
 fn classify(lower: &str) -> Option<(&'static str, usize)> {
     let errno = MARKERS.iter().find(|(m, _)| contains_marker(lower, m))?.1;
-    let at = MARKERS.iter().filter_map(|(m, _)| find_marker(lower, m)).min()?;
+    let at = MARKERS
+        .iter()
+        .filter_map(|(m, _)| find_marker(lower, m))
+        .min()?;
     Some((errno, at))
 }
 
@@ -128,7 +138,9 @@ fn find_marker(lower: &str, marker: &str) -> Option<usize> {
         let start = from + off;
         let end = start + marker.len();
         let boundary = |i: Option<&u8>| i.is_none_or(|c| !c.is_ascii_alphanumeric() && *c != b'_');
-        if !whole_word || (boundary(start.checked_sub(1).and_then(|i| b.get(i))) && boundary(b.get(end))) {
+        if !whole_word
+            || (boundary(start.checked_sub(1).and_then(|i| b.get(i))) && boundary(b.get(end)))
+        {
             return Some(start);
         }
         from = end;
@@ -146,26 +158,44 @@ fn contains_marker(lower: &str, marker: &str) -> bool {
 /// create /a/b: …`).
 fn extract_path(line: &str, marker_at: usize) -> Option<String> {
     let quoted = quoted_strings(line);
-    let before = quoted.iter().rev().find(|q| q.1 <= marker_at && !q.2.is_empty());
-    let after = quoted.iter().find(|q| q.0 >= marker_at && looks_like_path(q.2));
+    let before = quoted
+        .iter()
+        .rev()
+        .find(|q| q.1 <= marker_at && !q.2.is_empty());
+    let after = quoted
+        .iter()
+        .find(|q| q.0 >= marker_at && looks_like_path(q.2));
     if let Some(q) = before.or(after) {
         return Some(truncate(q.2, MAX_PATH).to_owned());
     }
-    let head = line.get(..marker_at)?.trim_end().trim_end_matches([':', ',']).trim_end();
+    let head = line
+        .get(..marker_at)?
+        .trim_end()
+        .trim_end_matches([':', ','])
+        .trim_end();
     let fields: Vec<&str> = head.split(": ").collect();
     let last = fields.last()?.trim();
     // A lone first field is the program's name ("cat"), never the path.
     let bare_word_ok = fields.len() > 1;
     // "cannot create NAME" (dash): what follows the verb is the path.
-    let after_verb = last.strip_prefix("cannot ").and_then(|r| r.split_once(' ')).map(|(_, p)| p.trim());
-    let candidate = if bare_word_ok && !last.contains(' ') && !last.is_empty() && !last.bytes().all(|b| b.is_ascii_digit()) {
+    let after_verb = last
+        .strip_prefix("cannot ")
+        .and_then(|r| r.split_once(' '))
+        .map(|(_, p)| p.trim());
+    let candidate = if bare_word_ok
+        && !last.contains(' ')
+        && !last.is_empty()
+        && !last.bytes().all(|b| b.is_ascii_digit())
+    {
         Some(last)
     } else if let Some(p) = after_verb.filter(|p| !p.is_empty() && !p.contains(' ')) {
         Some(p)
     } else {
         // "cannot create .local/x" (dash): a relative path is the last
         // word when it has a slash or is a dotfile.
-        last.split_whitespace().rev().find(|w| looks_like_path(w) || w.contains('/') || (w.starts_with('.') && w.len() > 1))
+        last.split_whitespace()
+            .rev()
+            .find(|w| looks_like_path(w) || w.contains('/') || (w.starts_with('.') && w.len() > 1))
     };
     candidate.map(|p| truncate(p.trim_end_matches([':', ',']), MAX_PATH).to_owned())
 }
@@ -199,12 +229,17 @@ fn quoted_strings(line: &str) -> Vec<(usize, usize, &str)> {
             continue;
         }
         let close = (i + 1..chars.len()).find(|&j| {
-            closers.contains(&chars[j].1) && chars.get(j + 1).is_none_or(|(_, n)| !n.is_alphanumeric())
+            closers.contains(&chars[j].1)
+                && chars.get(j + 1).is_none_or(|(_, n)| !n.is_alphanumeric())
         });
         match close {
             Some(j) => {
                 let content_start = start + c.len_utf8();
-                out.push((start, chars[j].0 + chars[j].1.len_utf8(), &line[content_start..chars[j].0]));
+                out.push((
+                    start,
+                    chars[j].0 + chars[j].1.len_utf8(),
+                    &line[content_start..chars[j].0],
+                ));
                 i = j + 1;
             }
             None => i += 1,
@@ -240,32 +275,74 @@ mod tests {
 
     #[test]
     fn coreutils() {
-        assert_eq!(one("touch: cannot touch '/x/y': Read-only file system"), (p("/x/y"), "EROFS", "write"));
-        assert_eq!(one("cat: /a/b: Permission denied"), (p("/a/b"), "EACCES", "access"));
-        assert_eq!(one("ls: cannot open directory '/x': Permission denied"), (p("/x"), "EACCES", "read"));
-        assert_eq!(one("mkdir: cannot create directory \u{2018}/w/d\u{2019}: Read-only file system"), (p("/w/d"), "EROFS", "write"));
-        assert_eq!(one("mv: cannot move 'a' to '/x/b': Permission denied"), (p("/x/b"), "EACCES", "write"));
-        assert_eq!(one("touch: cannot touch 'notes.txt': Read-only file system"), (p("notes.txt"), "EROFS", "write"));
-        assert_eq!(one("rm: cannot remove '/w/.git/hooks/pre-commit': Permission denied"), (p("/w/.git/hooks/pre-commit"), "EACCES", "write"));
+        assert_eq!(
+            one("touch: cannot touch '/x/y': Read-only file system"),
+            (p("/x/y"), "EROFS", "write")
+        );
+        assert_eq!(
+            one("cat: /a/b: Permission denied"),
+            (p("/a/b"), "EACCES", "access")
+        );
+        assert_eq!(
+            one("ls: cannot open directory '/x': Permission denied"),
+            (p("/x"), "EACCES", "read")
+        );
+        assert_eq!(
+            one("mkdir: cannot create directory \u{2018}/w/d\u{2019}: Read-only file system"),
+            (p("/w/d"), "EROFS", "write")
+        );
+        assert_eq!(
+            one("mv: cannot move 'a' to '/x/b': Permission denied"),
+            (p("/x/b"), "EACCES", "write")
+        );
+        assert_eq!(
+            one("touch: cannot touch 'notes.txt': Read-only file system"),
+            (p("notes.txt"), "EROFS", "write")
+        );
+        assert_eq!(
+            one("rm: cannot remove '/w/.git/hooks/pre-commit': Permission denied"),
+            (p("/w/.git/hooks/pre-commit"), "EACCES", "write")
+        );
     }
 
     #[test]
     fn shells() {
-        assert_eq!(one("bash: /a/b: Operation not permitted"), (p("/a/b"), "EPERM", "access"));
-        assert_eq!(one("bash: line 1: /home/u/.bashrc: Read-only file system"), (p("/home/u/.bashrc"), "EROFS", "write"));
-        assert_eq!(one("sh: 1: cannot create /home/u/.profile: Read-only file system"), (p("/home/u/.profile"), "EROFS", "write"));
-        assert_eq!(one("bash: ./run.sh: Permission denied"), (p("./run.sh"), "EACCES", "access"));
+        assert_eq!(
+            one("bash: /a/b: Operation not permitted"),
+            (p("/a/b"), "EPERM", "access")
+        );
+        assert_eq!(
+            one("bash: line 1: /home/u/.bashrc: Read-only file system"),
+            (p("/home/u/.bashrc"), "EROFS", "write")
+        );
+        assert_eq!(
+            one("sh: 1: cannot create /home/u/.profile: Read-only file system"),
+            (p("/home/u/.profile"), "EROFS", "write")
+        );
+        assert_eq!(
+            one("bash: ./run.sh: Permission denied"),
+            (p("./run.sh"), "EACCES", "access")
+        );
     }
 
     #[test]
     fn python_and_others() {
-        assert_eq!(one("python3: can't open file '/a/b': [Errno 13] Permission denied"), (p("/a/b"), "EACCES", "read"));
-        assert_eq!(one("PermissionError: [Errno 1] Operation not permitted"), (None, "EPERM", "access"));
+        assert_eq!(
+            one("python3: can't open file '/a/b': [Errno 13] Permission denied"),
+            (p("/a/b"), "EACCES", "read")
+        );
+        assert_eq!(
+            one("PermissionError: [Errno 1] Operation not permitted"),
+            (None, "EPERM", "access")
+        );
         assert_eq!(
             one("PermissionError: [Errno 13] Permission denied: '/etc/moat.conf'"),
             (p("/etc/moat.conf"), "EACCES", "access")
         );
-        assert_eq!(one("OSError: [Errno 30] Read-only file system: '/usr/x'"), (p("/usr/x"), "EROFS", "write"));
+        assert_eq!(
+            one("OSError: [Errno 30] Read-only file system: '/usr/x'"),
+            (p("/usr/x"), "EROFS", "write")
+        );
         assert_eq!(
             one("Error: EACCES: permission denied, open '/home/u/.npmrc'"),
             (p("/home/u/.npmrc"), "EACCES", "read")
@@ -274,8 +351,14 @@ mod tests {
             one("error: could not lock config file /w/.git/config: Permission denied"),
             (p("/w/.git/config"), "EACCES", "write")
         );
-        assert_eq!(one("open /var/x: permission denied"), (p("/var/x"), "EACCES", "read"));
-        assert_eq!(one("error: failed to open `/w/Cargo.lock`: Permission denied (os error 13)"), (p("/w/Cargo.lock"), "EACCES", "read"));
+        assert_eq!(
+            one("open /var/x: permission denied"),
+            (p("/var/x"), "EACCES", "read")
+        );
+        assert_eq!(
+            one("error: failed to open `/w/Cargo.lock`: Permission denied (os error 13)"),
+            (p("/w/Cargo.lock"), "EACCES", "read")
+        );
     }
 
     #[test]
@@ -296,13 +379,18 @@ socket: Operation not permitted
         assert_eq!(d[1].path.as_deref(), Some("/x/y"));
         assert_eq!(d[2].errno, "EPERM");
         assert_eq!(d[2].path, None);
-        assert_eq!(d[1].line, "touch: cannot touch '/x/y': Read-only file system");
+        assert_eq!(
+            d[1].line,
+            "touch: cannot touch '/x/y': Read-only file system"
+        );
     }
 
     #[test]
     fn no_false_positives_and_bounded() {
         assert!(parse_denials("all good\npermissions: ok\nsuperuser\nEPERMISSIVE").is_empty());
-        let many: String = (0..500).map(|i| format!("cat: /f{i}: Permission denied\n")).collect();
+        let many: String = (0..500)
+            .map(|i| format!("cat: /f{i}: Permission denied\n"))
+            .collect();
         assert_eq!(parse_denials(&many).len(), MAX_DENIALS);
         let long = format!("cat: /{}: Permission denied", "é".repeat(3000));
         let d = parse_denials(&long);

@@ -20,8 +20,17 @@ pub struct RunContext {
 
 /// Keys the envelope owns; a same-named entry in an event's fields is
 /// ignored. `seq` and `prev` belong to the log and are dropped here too.
-const ENVELOPE_KEYS: &[&str] =
-    &["type", "time", "execution_id", "session_id", "policy_hash", "policy_epoch", "moat_version", "seq", "prev"];
+const ENVELOPE_KEYS: &[&str] = &[
+    "type",
+    "time",
+    "execution_id",
+    "session_id",
+    "policy_hash",
+    "policy_epoch",
+    "moat_version",
+    "seq",
+    "prev",
+];
 
 /// One event: `{"type": kind, "time", "execution_id", "session_id",
 /// "policy_hash", "policy_epoch", "moat_version", ...fields}`, stamped now.
@@ -34,11 +43,20 @@ pub fn event(ctx: &RunContext, kind: &str, fields: Map<String, Value>) -> Value 
     }
     map.insert("type".into(), Value::String(kind.to_owned()));
     map.insert("time".into(), Value::String(now_rfc3339()));
-    map.insert("execution_id".into(), Value::String(ctx.execution_id.clone()));
+    map.insert(
+        "execution_id".into(),
+        Value::String(ctx.execution_id.clone()),
+    );
     map.insert("session_id".into(), Value::String(ctx.session_id.clone()));
     map.insert("policy_hash".into(), Value::String(ctx.policy_hash.clone()));
-    map.insert("policy_epoch".into(), Value::String(ctx.policy_epoch.clone()));
-    map.insert("moat_version".into(), Value::String(ctx.moat_version.clone()));
+    map.insert(
+        "policy_epoch".into(),
+        Value::String(ctx.policy_epoch.clone()),
+    );
+    map.insert(
+        "moat_version".into(),
+        Value::String(ctx.moat_version.clone()),
+    );
     Value::Object(map)
 }
 
@@ -57,7 +75,8 @@ pub fn session_id_from_env() -> String {
 pub(crate) fn is_sane_session_id(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= MAX_SESSION_ID
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
 /// 16 random bytes as 32 hex digits, from `/dev/urandom`; should that fail,
@@ -65,7 +84,9 @@ pub(crate) fn is_sane_session_id(s: &str) -> bool {
 /// a session id is a label, not a credential).
 fn random_hex16() -> String {
     let mut bytes = [0u8; 16];
-    let ok = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_ok();
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_ok();
     if !ok {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
@@ -100,7 +121,10 @@ mod tests {
     use serde_json::json;
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -140,7 +164,9 @@ mod tests {
             moat_version: "0.1.0".into(),
         };
         let fields = json!({"type": "x", "seq": 9, "prev": "p", "argv": ["true"]});
-        let Value::Object(fields) = fields else { panic!() };
+        let Value::Object(fields) = fields else {
+            panic!()
+        };
         let ev = event(&ctx, "execution.started", fields);
         assert_eq!(ev["type"], "execution.started");
         assert_eq!(ev["execution_id"], "exec_1");

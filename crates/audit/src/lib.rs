@@ -20,7 +20,8 @@ mod time;
 pub use denials::{parse_denials, Denial, MAX_DENIALS};
 pub use envelope::{default_log_path, event, session_id_from_env, RunContext};
 pub use log::{
-    lines_from, read_events, tail_lines, verify, AuditError, AuditLog, VerifyError, VerifyReport, GENESIS,
+    lines_from, read_events, tail_lines, verify, AuditError, AuditLog, VerifyError, VerifyReport,
+    GENESIS,
 };
 pub use redact::{redact_arg, redact_argv, REDACTED};
 pub use table::format_table;

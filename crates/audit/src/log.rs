@@ -26,13 +26,20 @@ const TAIL_WINDOW: u64 = 8 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
     #[error("audit log {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("audit log {path}: cannot take the lock: {errno}")]
     Lock { path: PathBuf, errno: Errno },
     #[error("audit log {path}: {reason}; run `moat audit verify --log {path}`")]
     Corrupt { path: PathBuf, reason: String },
     #[error("audit log {path}, line {line}: not a JSON event: {source}")]
-    BadLine { path: PathBuf, line: u64, source: serde_json::Error },
+    BadLine {
+        path: PathBuf,
+        line: u64,
+        source: serde_json::Error,
+    },
     #[error("an audit event must be a JSON object")]
     NotAnObject,
     #[error("cannot serialize an audit event: {0}")]
@@ -46,7 +53,10 @@ pub enum VerifyError {
     #[error("broken at line {line}: {reason}")]
     Broken { line: u64, reason: String },
     #[error("cannot read {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// What an intact log holds.
@@ -71,9 +81,16 @@ impl AuditLog {
     /// Opens (creating it 0600, and missing parent directories 0700) the log
     /// at `path` for appending.
     pub fn open(path: &Path) -> Result<AuditLog, AuditError> {
-        let io = |source| AuditError::Io { path: path.to_path_buf(), source };
+        let io = |source| AuditError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            DirBuilder::new().recursive(true).mode(0o700).create(parent).map_err(io)?;
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(io)?;
         }
         let file = OpenOptions::new()
             .read(true)
@@ -82,7 +99,11 @@ impl AuditLog {
             .mode(0o600) // std adds O_CLOEXEC
             .open(path)
             .map_err(io)?;
-        Ok(AuditLog { path: path.to_path_buf(), file, in_process: Mutex::new(()) })
+        Ok(AuditLog {
+            path: path.to_path_buf(),
+            file,
+            in_process: Mutex::new(()),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -104,15 +125,23 @@ impl AuditLog {
         if events.is_empty() {
             return Ok(());
         }
-        let io = |source| AuditError::Io { path: self.path.clone(), source };
-        let _thread_guard = self.in_process.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let io = |source| AuditError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let _thread_guard = self
+            .in_process
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let locked = lock_exclusive(self.file.try_clone().map_err(io)?, &self.path)?;
         let len = locked.metadata().map_err(io)?.len();
         let (mut prev, mut seq) = last_line_state(&locked, len, &self.path)?;
 
         let mut buf = Vec::with_capacity(events.len() * 512);
         for ev in events {
-            let Value::Object(fields) = ev else { return Err(AuditError::NotAnObject) };
+            let Value::Object(fields) = ev else {
+                return Err(AuditError::NotAnObject);
+            };
             let mut line = fields.clone();
             seq += 1;
             line.insert("seq".into(), Value::from(seq));
@@ -139,7 +168,12 @@ fn lock_exclusive(file: File, path: &Path) -> Result<Flock<File>, AuditError> {
         match Flock::lock(file, FlockArg::LockExclusive) {
             Ok(locked) => return Ok(locked),
             Err((back, Errno::EINTR)) => file = back,
-            Err((_, errno)) => return Err(AuditError::Lock { path: path.to_path_buf(), errno }),
+            Err((_, errno)) => {
+                return Err(AuditError::Lock {
+                    path: path.to_path_buf(),
+                    errno,
+                })
+            }
         }
     }
 }
@@ -187,14 +221,23 @@ fn last_line_state(file: &File, len: u64, path: &Path) -> Result<(String, u64), 
     if len == 0 {
         return Ok((GENESIS.to_owned(), 0));
     }
-    let corrupt = |reason: String| AuditError::Corrupt { path: path.to_path_buf(), reason };
+    let corrupt = |reason: String| AuditError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
     let mut window = TAIL_WINDOW.min(len);
     loop {
         let start = len - window;
         let mut buf = vec![0u8; usize::try_from(window).unwrap_or(usize::MAX)];
-        file.read_exact_at(&mut buf, start).map_err(|source| AuditError::Io { path: path.to_path_buf(), source })?;
+        file.read_exact_at(&mut buf, start)
+            .map_err(|source| AuditError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
         if buf.last() != Some(&b'\n') {
-            return Err(corrupt("its last line is incomplete (no trailing newline)".into()));
+            return Err(corrupt(
+                "its last line is incomplete (no trailing newline)".into(),
+            ));
         }
         let body = &buf[..buf.len() - 1];
         let line = match body.iter().rposition(|&b| b == b'\n') {
@@ -233,7 +276,10 @@ struct ChainFields<'a> {
 /// from a shorter log by a chain alone (compare `lines` with a count kept
 /// elsewhere), nor can a rewrite that recomputes every later hash.
 pub fn verify(path: &Path) -> Result<VerifyReport, VerifyError> {
-    let io = |source| VerifyError::Io { path: path.to_path_buf(), source };
+    let io = |source| VerifyError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let file = File::open(path).map_err(io)?;
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut raw = Vec::with_capacity(4096);
@@ -246,7 +292,10 @@ pub fn verify(path: &Path) -> Result<VerifyReport, VerifyError> {
             break;
         }
         line_no += 1;
-        let broken = |reason: String| VerifyError::Broken { line: line_no, reason };
+        let broken = |reason: String| VerifyError::Broken {
+            line: line_no,
+            reason,
+        };
         let Some(body) = raw.strip_suffix(b"\n") else {
             return Err(broken(if serde_json::from_slice::<Value>(&raw).is_ok() {
                 "the last line has no newline (the file was truncated)".into()
@@ -255,7 +304,9 @@ pub fn verify(path: &Path) -> Result<VerifyReport, VerifyError> {
             }));
         };
         if body.is_empty() {
-            return Err(broken("empty line (a line was blanked or a newline inserted)".into()));
+            return Err(broken(
+                "empty line (a line was blanked or a newline inserted)".into(),
+            ));
         }
         let fields: ChainFields = serde_json::from_slice(body)
             .map_err(|e| broken(format!("not a valid JSON event (edited or damaged): {e}")))?;
@@ -264,7 +315,10 @@ pub fn verify(path: &Path) -> Result<VerifyReport, VerifyError> {
             let reason = if fields.seq > line_no {
                 format!("seq {} follows seq {previous}: a line is missing (deleted) or lines are out of order", fields.seq)
             } else {
-                format!("seq {} follows seq {previous}: lines were reordered, duplicated or edited", fields.seq)
+                format!(
+                    "seq {} follows seq {previous}: lines were reordered, duplicated or edited",
+                    fields.seq
+                )
             };
             return Err(broken(reason));
         }
@@ -287,13 +341,19 @@ pub fn verify(path: &Path) -> Result<VerifyReport, VerifyError> {
         }
         expected_prev = chain_hash(body);
     }
-    Ok(VerifyReport { lines: line_no, executions: executions.len() as u64 })
+    Ok(VerifyReport {
+        lines: line_no,
+        executions: executions.len() as u64,
+    })
 }
 
 /// Every event of the log, in order. A line that is not JSON is an error
 /// naming it.
 pub fn read_events(path: &Path) -> Result<Vec<Value>, AuditError> {
-    let io = |source| AuditError::Io { path: path.to_path_buf(), source };
+    let io = |source| AuditError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let reader = BufReader::with_capacity(1 << 20, File::open(path).map_err(io)?);
     let mut events = Vec::new();
     for (i, line) in reader.split(b'\n').enumerate() {
@@ -315,7 +375,10 @@ pub fn read_events(path: &Path) -> Result<Vec<Value>, AuditError> {
 /// end, and the byte offset just after the last complete line (where
 /// [`lines_from`] continues for `--follow`).
 pub fn tail_lines(path: &Path, n: usize) -> Result<(Vec<String>, u64), AuditError> {
-    let io = |source| AuditError::Io { path: path.to_path_buf(), source };
+    let io = |source| AuditError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let file = File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
     let mut window = TAIL_WINDOW.min(len);
@@ -350,7 +413,10 @@ pub fn tail_lines(path: &Path, n: usize) -> Result<(Vec<String>, u64), AuditErro
 /// the last of them. If the file became shorter than `offset` (replaced or
 /// truncated), reading restarts at 0.
 pub fn lines_from(path: &Path, offset: u64) -> Result<(Vec<String>, u64), AuditError> {
-    let io = |source| AuditError::Io { path: path.to_path_buf(), source };
+    let io = |source| AuditError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut file = File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
     let offset = if len < offset { 0 } else { offset };

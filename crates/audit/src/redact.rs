@@ -57,14 +57,31 @@ const SECRET_KEYS: &[&str] = &[
 ];
 
 /// Substrings (lowercase) that make a key, flag or header name secret.
-const SECRET_PARTS: &[&str] =
-    &["token", "secret", "password", "passwd", "apikey", "api_key", "api-key", "credential", "passphrase", "private_key", "private-key"];
+const SECRET_PARTS: &[&str] = &[
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "apikey",
+    "api_key",
+    "api-key",
+    "credential",
+    "passphrase",
+    "private_key",
+    "private-key",
+];
 
 /// Longest quoted JSON key looked back for before a `:`.
 const MAX_JSON_KEY: usize = 128;
 
 /// Header names (lowercase) whose value is a credential.
-const SECRET_HEADERS: &[&str] = &["authorization", "proxy-authorization", "cookie", "set-cookie", "auth"];
+const SECRET_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "auth",
+];
 
 /// Redacts one argument (or any string: a URL, a shell command line).
 pub fn redact_arg(arg: &str) -> String {
@@ -83,7 +100,10 @@ pub fn redact_arg(arg: &str) -> String {
 /// `user:pass@host` without a scheme: the password part.
 fn bare_userinfo(s: &str, ranges: &mut Vec<Range>) {
     for (at, _) in s.match_indices('@') {
-        let start = s[..at].rfind(|c: char| c.is_whitespace() || c == '/' || c == '\'' || c == '"').map(|i| i + 1).unwrap_or(0);
+        let start = s[..at]
+            .rfind(|c: char| c.is_whitespace() || c == '/' || c == '\'' || c == '"')
+            .map(|i| i + 1)
+            .unwrap_or(0);
         if let Some(colon) = s[start..at].find(':') {
             let pw_start = start + colon + 1;
             if pw_start < at {
@@ -96,8 +116,25 @@ fn bare_userinfo(s: &str, ranges: &mut Vec<Range>) {
 /// Prefixes of well-known credential formats (GitHub, GitLab, Slack,
 /// Anthropic/OpenAI, AWS access keys, Stripe, Google API keys).
 const TOKEN_PREFIXES: &[&str] = &[
-    "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "xoxb-", "xoxp-", "xoxa-", "xoxs-",
-    "sk-ant-", "sk-proj-", "sk-", "AKIA", "ASIA", "sk_live_", "rk_live_", "AIza",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "github_pat_",
+    "glpat-",
+    "xoxb-",
+    "xoxp-",
+    "xoxa-",
+    "xoxs-",
+    "sk-ant-",
+    "sk-proj-",
+    "sk-",
+    "AKIA",
+    "ASIA",
+    "sk_live_",
+    "rk_live_",
+    "AIza",
 ];
 
 /// Whole words that look like a known token format: a listed prefix
@@ -116,7 +153,10 @@ fn known_token_shapes(s: &str, ranges: &mut Vec<Range>) {
             end += 1;
         }
         let word = &s[i..end];
-        if TOKEN_PREFIXES.iter().any(|p| word.starts_with(p) && word.len() >= p.len() + 12) {
+        if TOKEN_PREFIXES
+            .iter()
+            .any(|p| word.starts_with(p) && word.len() >= p.len() + 12)
+        {
             ranges.push((i, end));
         }
         i = end;
@@ -133,13 +173,19 @@ pub fn redact_argv(argv: &[String]) -> Vec<String> {
     let mut seen_curl = false;
     let mut seen_sshpass = false;
     for (i, arg) in argv.iter().enumerate() {
-        let prev = if i > 0 { Some(argv[i - 1].as_str()) } else { None };
+        let prev = if i > 0 {
+            Some(argv[i - 1].as_str())
+        } else {
+            None
+        };
         let mut redacted = redact_arg(arg);
         if let Some(prev) = prev {
             let looks_like_flag = arg.len() > 1 && arg.starts_with('-');
             if (is_secret_flag_word(prev) && !looks_like_flag) || (seen_sshpass && prev == "-p") {
                 redacted = REDACTED.to_owned();
-            } else if matches!(prev, "-u" | "--user" | "-U" | "--proxy-user") && (seen_curl || arg.contains(':')) {
+            } else if matches!(prev, "-u" | "--user" | "-U" | "--proxy-user")
+                && (seen_curl || arg.contains(':'))
+            {
                 if let Some(colon) = arg.find(':') {
                     redacted = format!("{}:{REDACTED}", &arg[..colon]);
                 }
@@ -188,7 +234,11 @@ fn apply(s: &str, mut ranges: Vec<Range>) -> String {
 }
 
 fn is_value_end(b: u8) -> bool {
-    b.is_ascii_whitespace() || matches!(b, b'&' | b'#' | b';' | b'\'' | b'"' | b'`' | b'|' | b')' | b',' | b'<' | b'>')
+    b.is_ascii_whitespace()
+        || matches!(
+            b,
+            b'&' | b'#' | b';' | b'\'' | b'"' | b'`' | b'|' | b')' | b',' | b'<' | b'>'
+        )
 }
 
 fn is_key_byte(b: u8) -> bool {
@@ -213,7 +263,9 @@ fn url_userinfo(s: &str, ranges: &mut Vec<Range>) {
         let start = sep + 3;
         let end = b[start..]
             .iter()
-            .position(|&c| matches!(c, b'/' | b'?' | b'#' | b'\'' | b'"' | b'`') || c.is_ascii_whitespace())
+            .position(|&c| {
+                matches!(c, b'/' | b'?' | b'#' | b'\'' | b'"' | b'`') || c.is_ascii_whitespace()
+            })
             .map_or(b.len(), |p| start + p);
         if let Some(at) = b[start..end].iter().rposition(|&c| c == b'@') {
             ranges.push((start, start + at));
@@ -233,7 +285,10 @@ fn header_values(s: &str, ranges: &mut Vec<Range>) {
             continue; // a URL scheme
         }
         let mut name_start = i;
-        while name_start > 0 && (b[name_start - 1].is_ascii_alphanumeric() || matches!(b[name_start - 1], b'-' | b'_')) {
+        while name_start > 0
+            && (b[name_start - 1].is_ascii_alphanumeric()
+                || matches!(b[name_start - 1], b'-' | b'_'))
+        {
             name_start -= 1;
         }
         let mut v = i + 1;
@@ -251,10 +306,20 @@ fn header_values(s: &str, ranges: &mut Vec<Range>) {
             }
             // Inside a quoted segment the value ends at the closing quote;
             // otherwise at the end of the line.
-            let quote = if name_start > 0 && matches!(b[name_start - 1], b'\'' | b'"') { Some(b[name_start - 1]) } else { None };
+            let quote = if name_start > 0 && matches!(b[name_start - 1], b'\'' | b'"') {
+                Some(b[name_start - 1])
+            } else {
+                None
+            };
             let end = match quote {
-                Some(q) => b[v..].iter().position(|&c| c == q).map_or(b.len(), |p| v + p),
-                None => b[v..].iter().position(|&c| c == b'\n').map_or(b.len(), |p| v + p),
+                Some(q) => b[v..]
+                    .iter()
+                    .position(|&c| c == q)
+                    .map_or(b.len(), |p| v + p),
+                None => b[v..]
+                    .iter()
+                    .position(|&c| c == b'\n')
+                    .map_or(b.len(), |p| v + p),
             };
             ranges.push((v, end));
             covered = end;
@@ -268,7 +333,11 @@ fn header_values(s: &str, ranges: &mut Vec<Range>) {
                 continue;
             }
             let lookback = k_end.saturating_sub(1 + MAX_JSON_KEY);
-            let Some(k_start) = b[lookback..k_end - 1].iter().rposition(|&c| c == b'"').map(|p| lookback + p) else {
+            let Some(k_start) = b[lookback..k_end - 1]
+                .iter()
+                .rposition(|&c| c == b'"')
+                .map(|p| lookback + p)
+            else {
                 continue;
             };
             let key = s[k_start + 1..k_end - 1].to_ascii_lowercase();
@@ -283,7 +352,9 @@ fn header_values(s: &str, ranges: &mut Vec<Range>) {
                 ranges.push((v + 1, e.min(b.len())));
                 covered = e;
             } else {
-                let end = b[v..].iter().position(|&c| matches!(c, b',' | b'}' | b']') || c.is_ascii_whitespace());
+                let end = b[v..]
+                    .iter()
+                    .position(|&c| matches!(c, b',' | b'}' | b']') || c.is_ascii_whitespace());
                 covered = end.map_or(b.len(), |p| v + p);
                 ranges.push((v, covered));
             }
@@ -319,14 +390,20 @@ fn key_values(s: &str, ranges: &mut Vec<Range>) {
         }
         let v = i + 1;
         let end = if let Some(&q @ (b'\'' | b'"')) = b.get(v) {
-            let close = b[v + 1..].iter().position(|&c| c == q).map_or(b.len(), |p| v + 1 + p);
+            let close = b[v + 1..]
+                .iter()
+                .position(|&c| c == q)
+                .map_or(b.len(), |p| v + 1 + p);
             ranges.push((v + 1, close));
             covered = close;
             continue;
         } else if key_start == 0 {
             b.len() // the whole argument is one assignment: spaces may be part of the value
         } else {
-            b[v..].iter().position(|&c| is_value_end(c)).map_or(b.len(), |p| v + p)
+            b[v..]
+                .iter()
+                .position(|&c| is_value_end(c))
+                .map_or(b.len(), |p| v + p)
         };
         ranges.push((v, end));
         covered = end;
@@ -352,13 +429,18 @@ fn words_after_secret_flags(s: &str, ranges: &mut Vec<Range>) {
     }
     for pair in words.windows(2) {
         let (flag, (v_start, v_end)) = (&s[pair[0].0..pair[0].1], pair[1]);
-        let flag = flag.trim_start_matches(['\'', '"']).trim_end_matches(['\'', '"']);
+        let flag = flag
+            .trim_start_matches(['\'', '"'])
+            .trim_end_matches(['\'', '"']);
         if !is_secret_flag_word(flag) || (b[v_start] == b'-' && v_end - v_start > 1) {
             continue;
         }
         match b[v_start] {
             q @ (b'\'' | b'"') => {
-                let close = b[v_start + 1..].iter().position(|&c| c == q).map_or(b.len(), |p| v_start + 1 + p);
+                let close = b[v_start + 1..]
+                    .iter()
+                    .position(|&c| c == q)
+                    .map_or(b.len(), |p| v_start + 1 + p);
                 ranges.push((v_start + 1, close));
             }
             _ => ranges.push((v_start, v_end)),
@@ -377,10 +459,18 @@ fn is_secret_flag_word(word: &str) -> bool {
 /// Flag names (without dashes) whose value is a secret.
 fn is_secret_flag_name(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
-    if lower.is_empty() || lower.starts_with("no-") || lower.ends_with("-stdin") || lower.ends_with("-file") {
+    if lower.is_empty()
+        || lower.starts_with("no-")
+        || lower.ends_with("-stdin")
+        || lower.ends_with("-file")
+    {
         return false;
     }
-    contains_secret_part(&lower) || matches!(lower.as_str(), "pass" | "passin" | "passout" | "auth" | "proxy-auth")
+    contains_secret_part(&lower)
+        || matches!(
+            lower.as_str(),
+            "pass" | "passin" | "passout" | "auth" | "proxy-auth"
+        )
 }
 
 /// `KEY` of a `KEY=VALUE` (environment style or query style) with a secret value.
@@ -407,7 +497,10 @@ mod tests {
 
     #[test]
     fn urls() {
-        assert_eq!(r("https://user:pa55@github.com/x.git"), "https://***@github.com/x.git");
+        assert_eq!(
+            r("https://user:pa55@github.com/x.git"),
+            "https://***@github.com/x.git"
+        );
         assert_eq!(r("https://ghp_abc@github.com"), "https://***@github.com");
         assert_eq!(
             r("https://api.example.com/v1?access_token=abc123&page=2#frag"),
@@ -417,7 +510,10 @@ mod tests {
             r("https://s3.amazonaws.com/b/o?X-Amz-Credential=AK%2F1&X-Amz-Signature=deadbeef&x=1"),
             "https://s3.amazonaws.com/b/o?X-Amz-Credential=***&X-Amz-Signature=***&x=1"
         );
-        assert_eq!(r("https://example.com/search?q=rust&page=1"), "https://example.com/search?q=rust&page=1");
+        assert_eq!(
+            r("https://example.com/search?q=rust&page=1"),
+            "https://example.com/search?q=rust&page=1"
+        );
         assert_eq!(r("git@github.com:o/r.git"), "git@github.com:o/r.git");
         assert_eq!(r("?code=xyz&state=s"), "?code=***&state=s");
     }
@@ -428,23 +524,38 @@ mod tests {
         assert_eq!(r("authorization:Basic dXNlcjpwYXNz"), "authorization:***");
         assert_eq!(r("Cookie: sid=abc; theme=dark"), "Cookie: ***");
         assert_eq!(r("Set-Cookie: sid=abc"), "Set-Cookie: ***");
-        assert_eq!(r("Proxy-Authorization: Basic x"), "Proxy-Authorization: ***");
+        assert_eq!(
+            r("Proxy-Authorization: Basic x"),
+            "Proxy-Authorization: ***"
+        );
         assert_eq!(r("X-Api-Key: k1"), "X-Api-Key: ***");
         assert_eq!(r("Private-Token: glpat-1"), "Private-Token: ***");
-        assert_eq!(r("Content-Type: application/json"), "Content-Type: application/json");
+        assert_eq!(
+            r("Content-Type: application/json"),
+            "Content-Type: application/json"
+        );
         assert_eq!(
             r("curl -H 'Authorization: Bearer tok' https://x.dev/api"),
             "curl -H 'Authorization: ***' https://x.dev/api"
         );
-        assert_eq!(r("--header=Authorization: token abc"), "--header=Authorization: ***");
-        assert_eq!(r("http.extraHeader=Authorization: Basic Zm9v"), "http.extraHeader=Authorization: ***");
+        assert_eq!(
+            r("--header=Authorization: token abc"),
+            "--header=Authorization: ***"
+        );
+        assert_eq!(
+            r("http.extraHeader=Authorization: Basic Zm9v"),
+            "http.extraHeader=Authorization: ***"
+        );
     }
 
     #[test]
     fn assignments_and_flags() {
         assert_eq!(r("SECRET_TOKEN=value"), "SECRET_TOKEN=***");
         assert_eq!(r("openai_api_key=sk-1"), "openai_api_key=***");
-        assert_eq!(r("AWS_SECRET_ACCESS_KEY=a b c"), "AWS_SECRET_ACCESS_KEY=***");
+        assert_eq!(
+            r("AWS_SECRET_ACCESS_KEY=a b c"),
+            "AWS_SECRET_ACCESS_KEY=***"
+        );
         assert_eq!(r("GITHUB_TOKEN=x"), "GITHUB_TOKEN=***");
         assert_eq!(r("MY_COOKIE=c"), "MY_COOKIE=***");
         assert_eq!(r("PATH=/usr/bin"), "PATH=/usr/bin");
@@ -453,7 +564,10 @@ mod tests {
         assert_eq!(r("--client-secret=s"), "--client-secret=***");
         assert_eq!(r("--key=2"), "--key=2");
         assert_eq!(r("--author=Me <me@x>"), "--author=Me <me@x>");
-        assert_eq!(r("username=u,password=p,uid=1000"), "username=u,password=***,uid=1000");
+        assert_eq!(
+            r("username=u,password=p,uid=1000"),
+            "username=u,password=***,uid=1000"
+        );
         assert_eq!(r("a==b"), "a==b");
         assert_eq!(r("dGVzdA=="), "dGVzdA==");
     }
@@ -465,24 +579,62 @@ mod tests {
             "export OPENAI_API_KEY=***; python run.py"
         );
         assert_eq!(r("X_TOKEN=\"a b\" make"), "X_TOKEN=\"***\" make");
-        assert_eq!(r("mysql --password secret -h db"), "mysql --password *** -h db");
+        assert_eq!(
+            r("mysql --password secret -h db"),
+            "mysql --password *** -h db"
+        );
         assert_eq!(r("tool --token 'a b' go"), "tool --token '***' go");
-        assert_eq!(r("curl -d '{\"password\": \"pw1\", \"user\": \"u\"}'"), "curl -d '{\"password\": \"***\", \"user\": \"u\"}'");
+        assert_eq!(
+            r("curl -d '{\"password\": \"pw1\", \"user\": \"u\"}'"),
+            "curl -d '{\"password\": \"***\", \"user\": \"u\"}'"
+        );
         assert_eq!(r("ls -la /tmp"), "ls -la /tmp");
     }
 
     #[test]
     fn argv_following_values() {
         assert_eq!(
-            argv(&["curl", "-H", "Authorization: Bearer abc", "-u", "me:pw", "https://x"]),
-            ["curl", "-H", "Authorization: ***", "-u", "me:***", "https://x"]
+            argv(&[
+                "curl",
+                "-H",
+                "Authorization: Bearer abc",
+                "-u",
+                "me:pw",
+                "https://x"
+            ]),
+            [
+                "curl",
+                "-H",
+                "Authorization: ***",
+                "-u",
+                "me:***",
+                "https://x"
+            ]
         );
-        assert_eq!(argv(&["tool", "--password", "pw", "--token", "t", "x"]), ["tool", "--password", "***", "--token", "***", "x"]);
-        assert_eq!(argv(&["ssh", "-p", "2222", "host"]), ["ssh", "-p", "2222", "host"]);
-        assert_eq!(argv(&["sshpass", "-p", "pw", "ssh", "h"]), ["sshpass", "-p", "***", "ssh", "h"]);
-        assert_eq!(argv(&["git", "push", "-u", "origin", "main"]), ["git", "push", "-u", "origin", "main"]);
-        assert_eq!(argv(&["docker", "login", "--password-stdin", "-u", "me"]), ["docker", "login", "--password-stdin", "-u", "me"]);
-        assert_eq!(argv(&["x", "--token", "--verbose"]), ["x", "--token", "--verbose"]);
+        assert_eq!(
+            argv(&["tool", "--password", "pw", "--token", "t", "x"]),
+            ["tool", "--password", "***", "--token", "***", "x"]
+        );
+        assert_eq!(
+            argv(&["ssh", "-p", "2222", "host"]),
+            ["ssh", "-p", "2222", "host"]
+        );
+        assert_eq!(
+            argv(&["sshpass", "-p", "pw", "ssh", "h"]),
+            ["sshpass", "-p", "***", "ssh", "h"]
+        );
+        assert_eq!(
+            argv(&["git", "push", "-u", "origin", "main"]),
+            ["git", "push", "-u", "origin", "main"]
+        );
+        assert_eq!(
+            argv(&["docker", "login", "--password-stdin", "-u", "me"]),
+            ["docker", "login", "--password-stdin", "-u", "me"]
+        );
+        assert_eq!(
+            argv(&["x", "--token", "--verbose"]),
+            ["x", "--token", "--verbose"]
+        );
     }
 
     #[test]
@@ -494,7 +646,11 @@ mod tests {
         assert_eq!(r(&hdrs), "token:***");
         let kv = "password=".repeat(200_000);
         assert_eq!(r(&kv), "password=***");
-        assert!(start.elapsed() < std::time::Duration::from_secs(2), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[test]
@@ -510,13 +666,24 @@ mod token_tests {
 
     #[test]
     fn known_token_shapes_and_bare_userinfo_are_redacted() {
-        for secret in ["ghp_ABCDEFGHIJKLMNOPQRSTUVWX", "sk-ant-api03-SECRETSECRETSECRET", "AKIAABCDEFGHIJKLMNOP", "glpat-abcdefghijklmnop"] {
+        for secret in [
+            "ghp_ABCDEFGHIJKLMNOPQRSTUVWX",
+            "sk-ant-api03-SECRETSECRETSECRET",
+            "AKIAABCDEFGHIJKLMNOP",
+            "glpat-abcdefghijklmnop",
+        ] {
             let out = redact_arg(&format!("x {secret} y"));
             assert!(!out.contains(secret), "{out}");
         }
         assert!(!redact_arg("user:pass_R12@host").contains("pass_R12"));
-        assert_eq!(redact_arg("plain-word and sk-short"), "plain-word and sk-short");
-        let argv: Vec<String> = ["mysql", "-u", "admin:BASICPW"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            redact_arg("plain-word and sk-short"),
+            "plain-word and sk-short"
+        );
+        let argv: Vec<String> = ["mysql", "-u", "admin:BASICPW"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         assert!(!redact_argv(&argv).join(" ").contains("BASICPW"));
     }
 }

@@ -17,10 +17,16 @@ const TYPE_WIDTH: usize = 18;
 /// are escaped, so a logged argv cannot drive the terminal.
 pub fn format_table(events: &[Value]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{:<19}  {:<8}  {:<TYPE_WIDTH$}  SUMMARY", "TIME (UTC)", "EXEC", "TYPE");
+    let _ = writeln!(
+        out,
+        "{:<19}  {:<8}  {:<TYPE_WIDTH$}  SUMMARY",
+        "TIME (UTC)", "EXEC", "TYPE"
+    );
     for ev in events {
         let time = str_field(ev, "time").map(short_time).unwrap_or_default();
-        let exec = str_field(ev, "execution_id").map(short_id).unwrap_or_default();
+        let exec = str_field(ev, "execution_id")
+            .map(short_id)
+            .unwrap_or_default();
         let kind = clean(str_field(ev, "type").unwrap_or("?"), 40);
         let summary = clean(&summary(ev), SUMMARY_MAX);
         let _ = writeln!(out, "{time:<19}  {exec:<8}  {kind:<TYPE_WIDTH$}  {summary}");
@@ -53,7 +59,10 @@ fn summary(ev: &Value) -> String {
     match kind {
         "execution.started" => {
             let argv = ev.get("argv").and_then(Value::as_array).map(|a| {
-                a.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), shell_word)).collect::<Vec<_>>().join(" ")
+                a.iter()
+                    .map(|v| v.as_str().map_or_else(|| v.to_string(), shell_word))
+                    .collect::<Vec<_>>()
+                    .join(" ")
             });
             let mut s = argv.unwrap_or_default();
             if let Some(cwd) = str_field(ev, "cwd") {
@@ -72,7 +81,9 @@ fn summary(ev: &Value) -> String {
             if let Some(status) = str_field(ev, "status") {
                 parts.push(status.to_owned());
             }
-            if ev.get("timed_out").and_then(Value::as_bool) == Some(true) && str_field(ev, "status") != Some("timed_out") {
+            if ev.get("timed_out").and_then(Value::as_bool) == Some(true)
+                && str_field(ev, "status") != Some("timed_out")
+            {
                 parts.push("timed out".into());
             }
             if let Some(ms) = ev.get("duration_ms").and_then(Value::as_u64) {
@@ -80,9 +91,10 @@ fn summary(ev: &Value) -> String {
             }
             parts.join(", ")
         }
-        "execution.failed" => {
-            str_field(ev, "reason").or_else(|| str_field(ev, "error")).unwrap_or("").to_owned()
-        }
+        "execution.failed" => str_field(ev, "reason")
+            .or_else(|| str_field(ev, "error"))
+            .unwrap_or("")
+            .to_owned(),
         "network.decision" => {
             let host = str_field(ev, "host").unwrap_or("?");
             let target = match ev.get("port").filter(|v| !v.is_null()) {
@@ -97,8 +109,11 @@ fn summary(ev: &Value) -> String {
         }
         "sandbox.denied" => {
             let op = str_field(ev, "operation").or_else(|| str_field(ev, "op"));
-            let mut s =
-                [op, str_field(ev, "path"), str_field(ev, "errno")].into_iter().flatten().collect::<Vec<_>>().join(" ");
+            let mut s = [op, str_field(ev, "path"), str_field(ev, "errno")]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(" ");
             if let Some(reason) = str_field(ev, "reason") {
                 let _ = write!(s, " ({reason})");
             }
@@ -106,22 +121,40 @@ fn summary(ev: &Value) -> String {
         }
         "policy.resolved" => {
             let level = str_field(ev, "sandbox_level").unwrap_or("?");
-            let network = ev.pointer("/network/mode").and_then(Value::as_str).unwrap_or("?");
+            let network = ev
+                .pointer("/network/mode")
+                .and_then(Value::as_str)
+                .unwrap_or("?");
             let hash = str_field(ev, "policy_hash").unwrap_or("");
-            let short = hash.strip_prefix("sha256:").map_or(hash, |h| h.get(..12).unwrap_or(h));
+            let short = hash
+                .strip_prefix("sha256:")
+                .map_or(hash, |h| h.get(..12).unwrap_or(h));
             format!("level {level}, network {network}, policy {short}")
         }
         _ => {
             // Anything else: its own fields, compactly.
-            const ENVELOPE: &[&str] =
-                &["type", "time", "execution_id", "session_id", "policy_hash", "policy_epoch", "moat_version", "seq", "prev"];
+            const ENVELOPE: &[&str] = &[
+                "type",
+                "time",
+                "execution_id",
+                "session_id",
+                "policy_hash",
+                "policy_epoch",
+                "moat_version",
+                "seq",
+                "prev",
+            ];
             let mut s = String::new();
             if let Some(map) = ev.as_object() {
                 for (k, v) in map.iter().filter(|(k, _)| !ENVELOPE.contains(&k.as_str())) {
                     if !s.is_empty() {
                         s.push(' ');
                     }
-                    let _ = write!(s, "{k}={}", v.as_str().map_or_else(|| v.to_string(), str::to_owned));
+                    let _ = write!(
+                        s,
+                        "{k}={}",
+                        v.as_str().map_or_else(|| v.to_string(), str::to_owned)
+                    );
                 }
             }
             s
@@ -132,7 +165,13 @@ fn summary(ev: &Value) -> String {
 /// An argv word, quoted only when a shell would need it.
 fn shell_word(s: &str) -> String {
     let plain = !s.is_empty()
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/' | b'=' | b':' | b',' | b'+' | b'@' | b'%'));
+        && s.bytes().all(|b| {
+            b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'-' | b'_' | b'.' | b'/' | b'=' | b':' | b',' | b'+' | b'@' | b'%'
+                )
+        });
     if plain {
         s.to_owned()
     } else {
@@ -177,9 +216,21 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 6);
         assert!(lines[1].starts_with("2026-11-30 08:21:26  01234567  execution.started   sh -c 'echo hi\\u{1b}[2J'  (in /w)"), "{}", lines[1]);
-        assert!(lines[2].ends_with("exit 0, finished, 33 ms"), "{}", lines[2]);
-        assert!(lines[3].ends_with("pypi.org:443 deny (not in routes)"), "{}", lines[3]);
-        assert!(lines[4].ends_with("write /home/u/.bashrc EROFS (outside workspace)"), "{}", lines[4]);
+        assert!(
+            lines[2].ends_with("exit 0, finished, 33 ms"),
+            "{}",
+            lines[2]
+        );
+        assert!(
+            lines[3].ends_with("pypi.org:443 deny (not in routes)"),
+            "{}",
+            lines[3]
+        );
+        assert!(
+            lines[4].ends_with("write /home/u/.bashrc EROFS (outside workspace)"),
+            "{}",
+            lines[4]
+        );
         assert!(lines[5].ends_with("landlock unavailable"), "{}", lines[5]);
         assert!(!t.contains('\u{1b}'));
     }

@@ -5,7 +5,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// The current time, e.g. `2026-11-30T08:21:26.967279Z`.
 pub fn now_rfc3339() -> String {
     let (secs, micros) = match SystemTime::now().duration_since(UNIX_EPOCH) {
-        Ok(d) => (i64::try_from(d.as_secs()).unwrap_or(i64::MAX), d.subsec_micros()),
+        Ok(d) => (
+            i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            d.subsec_micros(),
+        ),
         // A clock before 1970: count backwards so the output stays well formed.
         Err(e) => {
             let d = e.duration();
@@ -58,9 +61,18 @@ mod tests {
     #[test]
     fn known_dates() {
         assert_eq!(format_rfc3339(0, 0), "1970-01-01T00:00:00.000000Z");
-        assert_eq!(format_rfc3339(951_782_400, 5), "2000-02-29T00:00:00.000005Z");
-        assert_eq!(format_rfc3339(1_796_026_886, 967_279), "2026-11-30T08:21:26.967279Z");
-        assert_eq!(format_rfc3339(4_102_444_799, 999_999), "2099-12-31T23:59:59.999999Z");
+        assert_eq!(
+            format_rfc3339(951_782_400, 5),
+            "2000-02-29T00:00:00.000005Z"
+        );
+        assert_eq!(
+            format_rfc3339(1_796_026_886, 967_279),
+            "2026-11-30T08:21:26.967279Z"
+        );
+        assert_eq!(
+            format_rfc3339(4_102_444_799, 999_999),
+            "2099-12-31T23:59:59.999999Z"
+        );
         assert_eq!(format_rfc3339(-1, 0), "1969-12-31T23:59:59.000000Z");
     }
 
@@ -71,8 +83,15 @@ mod tests {
         for day in 0..47_482 {
             let cur = civil_from_days(day);
             let next_in_month = (prev.0, prev.1, prev.2 + 1);
-            let next_month = if prev.1 == 12 { (prev.0 + 1, 1, 1) } else { (prev.0, prev.1 + 1, 1) };
-            assert!(cur == next_in_month || cur == next_month, "{prev:?} -> {cur:?}");
+            let next_month = if prev.1 == 12 {
+                (prev.0 + 1, 1, 1)
+            } else {
+                (prev.0, prev.1 + 1, 1)
+            };
+            assert!(
+                cur == next_in_month || cur == next_month,
+                "{prev:?} -> {cur:?}"
+            );
             prev = cur;
         }
     }

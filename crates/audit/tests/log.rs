@@ -8,8 +8,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use moat_audit::{
-    event, lines_from, read_events, redact_arg, redact_argv, tail_lines, verify, AuditError, AuditLog, RunContext,
-    VerifyError, GENESIS,
+    event, lines_from, read_events, redact_arg, redact_argv, tail_lines, verify, AuditError,
+    AuditLog, RunContext, VerifyError, GENESIS,
 };
 use serde_json::{json, Map, Value};
 
@@ -34,9 +34,23 @@ fn fields(v: Value) -> Map<String, Value> {
 fn run_events(id: &str, argv: &[&str]) -> Vec<Value> {
     let c = ctx(id);
     vec![
-        event(&c, "policy.resolved", fields(json!({"sandbox_level": "workspace-write", "network": {"mode": "disabled"}}))),
-        event(&c, "execution.started", fields(json!({"argv": argv, "cwd": "/w", "pid": 42}))),
-        event(&c, "execution.finished", fields(json!({"exit_code": 0, "signal": null, "status": "finished", "duration_ms": 3, "timed_out": false}))),
+        event(
+            &c,
+            "policy.resolved",
+            fields(json!({"sandbox_level": "workspace-write", "network": {"mode": "disabled"}})),
+        ),
+        event(
+            &c,
+            "execution.started",
+            fields(json!({"argv": argv, "cwd": "/w", "pid": 42})),
+        ),
+        event(
+            &c,
+            "execution.finished",
+            fields(
+                json!({"exit_code": 0, "signal": null, "status": "finished", "duration_ms": 3, "timed_out": false}),
+            ),
+        ),
     ]
 }
 
@@ -45,14 +59,25 @@ fn three_batches(dir: &Path) -> PathBuf {
     let path = dir.join("state/moat/audit.jsonl");
     let log = AuditLog::open(&path).unwrap();
     for i in 0..3 {
-        log.append(&run_events(&format!("exec_{i}"), &["echo", "hello"])).unwrap();
+        log.append(&run_events(&format!("exec_{i}"), &["echo", "hello"]))
+            .unwrap();
     }
-    assert_eq!(verify(&path).unwrap(), moat_audit::VerifyReport { lines: 9, executions: 3 });
+    assert_eq!(
+        verify(&path).unwrap(),
+        moat_audit::VerifyReport {
+            lines: 9,
+            executions: 3
+        }
+    );
     path
 }
 
 fn lines_of(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path).unwrap().lines().map(str::to_owned).collect()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 fn write_lines(path: &Path, lines: &[String]) {
@@ -78,7 +103,15 @@ fn chain_fields_and_permissions() {
     assert_eq!(events[0]["prev"], GENESIS);
     for (i, ev) in events.iter().enumerate() {
         assert_eq!(ev["seq"], i as u64 + 1);
-        for key in ["type", "time", "execution_id", "session_id", "policy_hash", "policy_epoch", "moat_version"] {
+        for key in [
+            "type",
+            "time",
+            "execution_id",
+            "session_id",
+            "policy_hash",
+            "policy_epoch",
+            "moat_version",
+        ] {
             assert!(ev.get(key).is_some(), "{key} missing in {ev}");
         }
     }
@@ -86,10 +119,16 @@ fn chain_fields_and_permissions() {
     assert_eq!(mode(&path), 0o600);
     assert_eq!(mode(path.parent().unwrap()), 0o700);
     // Reopening continues the chain.
-    AuditLog::open(&path).unwrap().append(&run_events("exec_again", &["true"])).unwrap();
+    AuditLog::open(&path)
+        .unwrap()
+        .append(&run_events("exec_again", &["true"]))
+        .unwrap();
     assert_eq!(verify(&path).unwrap().lines, 12);
     assert!(AuditLog::open(&path).unwrap().append(&[]).is_ok());
-    assert!(matches!(AuditLog::open(&path).unwrap().append(&[json!(1)]), Err(AuditError::NotAnObject)));
+    assert!(matches!(
+        AuditLog::open(&path).unwrap().append(&[json!(1)]),
+        Err(AuditError::NotAnObject)
+    ));
     assert_eq!(verify(&path).unwrap().lines, 12);
 }
 
@@ -125,7 +164,10 @@ fn edit_breaking_json_or_seq_is_reported_at_the_line() {
     assert_eq!(broken(&path).0, 2);
 
     let mut lines = orig;
-    lines[0] = lines[0].replacen("echo", "ECHO", 1).replacen("workspace-write", "danger-full-access", 1);
+    lines[0] =
+        lines[0]
+            .replacen("echo", "ECHO", 1)
+            .replacen("workspace-write", "danger-full-access", 1);
     write_lines(&path, &lines);
     assert_eq!(broken(&path).0, 2);
 }
@@ -171,7 +213,10 @@ fn truncated_last_line_is_detected_and_not_extended() {
     assert!(reason.contains("truncated"), "{reason}");
 
     // An append refuses to extend a log whose last line is incomplete.
-    let err = AuditLog::open(&path).unwrap().append(&run_events("exec_x", &["true"])).unwrap_err();
+    let err = AuditLog::open(&path)
+        .unwrap()
+        .append(&run_events("exec_x", &["true"]))
+        .unwrap_err();
     assert!(matches!(err, AuditError::Corrupt { .. }), "{err}");
     assert_eq!(std::fs::read(&path).unwrap(), &bytes[..bytes.len() - 20]);
 
@@ -186,10 +231,18 @@ fn long_last_line_is_found_from_the_tail() {
     let path = dir.path().join("a.jsonl");
     let log = AuditLog::open(&path).unwrap();
     let big = "x".repeat(100_000);
-    log.append(&run_events("exec_big", &["echo", &big])[..2]).unwrap();
-    log.append(&run_events("exec_big", &["echo", &big])[1..2]).unwrap();
+    log.append(&run_events("exec_big", &["echo", &big])[..2])
+        .unwrap();
+    log.append(&run_events("exec_big", &["echo", &big])[1..2])
+        .unwrap();
     log.append(&run_events("exec_small", &["true"])).unwrap();
-    assert_eq!(verify(&path).unwrap(), moat_audit::VerifyReport { lines: 6, executions: 2 });
+    assert_eq!(
+        verify(&path).unwrap(),
+        moat_audit::VerifyReport {
+            lines: 6,
+            executions: 2
+        }
+    );
 }
 
 #[test]
@@ -205,13 +258,21 @@ fn tail_and_follow_reading() {
 
     let (none, same) = lines_from(&path, end).unwrap();
     assert!(none.is_empty() && same == end);
-    AuditLog::open(&path).unwrap().append(&run_events("exec_new", &["true"])).unwrap();
+    AuditLog::open(&path)
+        .unwrap()
+        .append(&run_events("exec_new", &["true"]))
+        .unwrap();
     let (new, after) = lines_from(&path, end).unwrap();
     assert_eq!(new.len(), 3);
     assert!(new[0].contains("\"seq\":10"));
     // A partial line being written is not returned yet.
     use std::io::Write;
-    std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"{\"partial").unwrap();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(b"{\"partial")
+        .unwrap();
     assert!(lines_from(&path, after).unwrap().0.is_empty());
     assert_eq!(lines_from(&path, after).unwrap().1, after);
 }
@@ -226,7 +287,11 @@ const PER_PROC: usize = 4;
 /// `fifty_processes_append_concurrently` (a no-op when run normally).
 #[test]
 fn concurrent_child() {
-    let (Ok(log), Ok(id), Ok(go)) = (std::env::var(CHILD_LOG), std::env::var(CHILD_ID), std::env::var(CHILD_GO)) else {
+    let (Ok(log), Ok(id), Ok(go)) = (
+        std::env::var(CHILD_LOG),
+        std::env::var(CHILD_ID),
+        std::env::var(CHILD_GO),
+    ) else {
         return;
     };
     let log = AuditLog::open(Path::new(&log)).unwrap();
@@ -266,12 +331,25 @@ fn fifty_processes_append_concurrently() {
         assert!(child.wait().unwrap().success());
     }
     let report = verify(&path).unwrap();
-    assert_eq!(report, moat_audit::VerifyReport { lines: (PROCS * PER_PROC) as u64, executions: PROCS as u64 });
+    assert_eq!(
+        report,
+        moat_audit::VerifyReport {
+            lines: (PROCS * PER_PROC) as u64,
+            executions: PROCS as u64
+        }
+    );
     let events = read_events(&path).unwrap();
     let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
     assert_eq!(seqs, (1..=(PROCS * PER_PROC) as u64).collect::<Vec<_>>());
-    let mut pairs: Vec<(String, u64)> =
-        events.iter().map(|e| (e["child"].as_str().unwrap().to_owned(), e["i"].as_u64().unwrap())).collect();
+    let mut pairs: Vec<(String, u64)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["child"].as_str().unwrap().to_owned(),
+                e["i"].as_u64().unwrap(),
+            )
+        })
+        .collect();
     pairs.sort();
     pairs.dedup();
     assert_eq!(pairs.len(), PROCS * PER_PROC);
@@ -287,19 +365,33 @@ fn threads_sharing_one_log_do_not_interleave() {
             let log = &log;
             s.spawn(move || {
                 for i in 0..25 {
-                    log.append(&run_events(&format!("exec_t{t}_{i}"), &["true"])).unwrap();
+                    log.append(&run_events(&format!("exec_t{t}_{i}"), &["true"]))
+                        .unwrap();
                 }
             });
         }
     });
-    assert_eq!(verify(&path).unwrap(), moat_audit::VerifyReport { lines: 600, executions: 200 });
+    assert_eq!(
+        verify(&path).unwrap(),
+        moat_audit::VerifyReport {
+            lines: 600,
+            executions: 200
+        }
+    );
 }
 
 #[test]
 fn secrets_never_reach_the_log_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.jsonl");
-    let secrets = ["hunter2userinfo", "tok_query_123", "bearer_header_456", "env_value_789", "flag_pw_000", "next_pw_111"];
+    let secrets = [
+        "hunter2userinfo",
+        "tok_query_123",
+        "bearer_header_456",
+        "env_value_789",
+        "flag_pw_000",
+        "next_pw_111",
+    ];
     let argv: Vec<String> = [
         "curl",
         "https://me:hunter2userinfo@api.example.com/v1/items?access_token=tok_query_123&page=2",
@@ -317,14 +409,26 @@ fn secrets_never_reach_the_log_file() {
     let red = redact_argv(&argv);
     let url = redact_arg("https://example.com/cb?code=tok_query_123");
     let log = AuditLog::open(&path).unwrap();
-    log.append(&[event(&c, "execution.started", fields(json!({"argv": red, "cwd": "/w", "url": url})))]).unwrap();
+    log.append(&[event(
+        &c,
+        "execution.started",
+        fields(json!({"argv": red, "cwd": "/w", "url": url})),
+    )])
+    .unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let text = String::from_utf8(bytes).unwrap();
     for s in secrets {
         assert!(!text.contains(s), "{s} leaked: {text}");
     }
     // What is left stays useful.
-    for kept in ["api.example.com/v1/items", "page=2", "Authorization: ***", "SECRET_TOKEN=***", "--password=***", "me"] {
+    for kept in [
+        "api.example.com/v1/items",
+        "page=2",
+        "Authorization: ***",
+        "SECRET_TOKEN=***",
+        "--password=***",
+        "me",
+    ] {
         assert!(text.contains(kept), "{kept} missing: {text}");
     }
 }
@@ -333,7 +437,13 @@ fn secrets_never_reach_the_log_file() {
 fn matches_time_format(s: &str) -> bool {
     const TEMPLATE: &str = "dddd-dd-ddTdd:dd:dd.ddddddZ";
     s.len() == TEMPLATE.len()
-        && s.bytes().zip(TEMPLATE.bytes()).all(|(c, t)| if t == b'd' { c.is_ascii_digit() } else { c == t })
+        && s.bytes().zip(TEMPLATE.bytes()).all(|(c, t)| {
+            if t == b'd' {
+                c.is_ascii_digit()
+            } else {
+                c == t
+            }
+        })
 }
 
 #[test]

@@ -80,21 +80,33 @@ fn log_path(arg: &LogArg) -> Result<PathBuf, String> {
         return Ok(p.clone());
     }
     let env: Vec<(String, String)> = std::env::vars_os()
-        .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
         .collect();
-    moat_audit::default_log_path(&env)
-        .ok_or_else(|| "cannot locate the audit log: neither XDG_STATE_HOME nor HOME is set; pass --log PATH".into())
+    moat_audit::default_log_path(&env).ok_or_else(|| {
+        "cannot locate the audit log: neither XDG_STATE_HOME nor HOME is set; pass --log PATH"
+            .into()
+    })
 }
 
 fn missing(path: &Path) -> String {
-    format!("no audit log at {} (nothing has been recorded there yet)", path.display())
+    format!(
+        "no audit log at {} (nothing has been recorded there yet)",
+        path.display()
+    )
 }
 
 /// Writes to stdout; `false` once the reader has gone (a closed pipe ends
 /// the command quietly).
 fn emit(text: &str) -> bool {
     let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_ok()
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .is_ok()
 }
 
 fn tail(path: &Path, args: &TailArgs) -> Result<ExitCode, String> {
@@ -142,13 +154,18 @@ fn render(lines: &[String], json: bool, header: bool) -> String {
     }
     let events: Vec<Value> = lines
         .iter()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|_| serde_json::json!({"type": "(not JSON)"})))
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|_| serde_json::json!({"type": "(not JSON)"}))
+        })
         .collect();
     let table = moat_audit::format_table(&events);
     if header {
         table
     } else {
-        table.split_once('\n').map(|(_, rows)| rows.to_owned()).unwrap_or_default()
+        table
+            .split_once('\n')
+            .map(|(_, rows)| rows.to_owned())
+            .unwrap_or_default()
     }
 }
 
@@ -164,22 +181,37 @@ fn show(path: &Path, query: &str) -> Result<ExitCode, String> {
         if !line.contains(query) {
             continue;
         }
-        let Ok(ev) = serde_json::from_str::<Value>(&line) else { continue };
-        if ev.get("execution_id").and_then(Value::as_str).is_some_and(|id| id_matches(id, query)) {
+        let Ok(ev) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if ev
+            .get("execution_id")
+            .and_then(Value::as_str)
+            .is_some_and(|id| id_matches(id, query))
+        {
             events.push(ev);
         }
     }
-    let mut ids: Vec<&str> = events.iter().filter_map(|e| e["execution_id"].as_str()).collect();
+    let mut ids: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e["execution_id"].as_str())
+        .collect();
     ids.sort_unstable();
     ids.dedup();
     if ids.is_empty() {
-        return Err(format!("no events of execution {query} in {}", path.display()));
+        return Err(format!(
+            "no events of execution {query} in {}",
+            path.display()
+        ));
     }
     let exact = ids.contains(&query);
     if ids.len() > 1 && !exact {
         let shown = ids.iter().take(5).copied().collect::<Vec<_>>().join(", ");
         let more = if ids.len() > 5 { ", …" } else { "" };
-        return Err(format!("{query} matches {} executions ({shown}{more}); give more of the id", ids.len()));
+        return Err(format!(
+            "{query} matches {} executions ({shown}{more}); give more of the id",
+            ids.len()
+        ));
     }
     if exact {
         events.retain(|e| e["execution_id"].as_str() == Some(query));
@@ -191,7 +223,11 @@ fn show(path: &Path, query: &str) -> Result<ExitCode, String> {
 
 /// The full id, or a prefix of it with or without the `exec_` prefix.
 fn id_matches(id: &str, query: &str) -> bool {
-    !query.is_empty() && (id.starts_with(query) || id.strip_prefix("exec_").is_some_and(|rest| rest.starts_with(query)))
+    !query.is_empty()
+        && (id.starts_with(query)
+            || id
+                .strip_prefix("exec_")
+                .is_some_and(|rest| rest.starts_with(query)))
 }
 
 fn verify(path: &Path) -> Result<ExitCode, String> {
@@ -200,7 +236,10 @@ fn verify(path: &Path) -> Result<ExitCode, String> {
     }
     match moat_audit::verify(path) {
         Ok(r) => {
-            emit(&format!("ok: {} lines, {} executions, chain intact\n", r.lines, r.executions));
+            emit(&format!(
+                "ok: {} lines, {} executions, chain intact\n",
+                r.lines, r.executions
+            ));
             Ok(ExitCode::SUCCESS)
         }
         Err(moat_audit::VerifyError::Broken { line, reason }) => {

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use base64::Engine;
 use moat_audit::{AuditLog, RunContext};
 use moat_linux::explain::{explain, DenyReason};
-use moat_linux::{HostFacts, OutputMode, Plan, RunObserver, RunOutcome, RunOptions, RunStatus, Stream};
+use moat_linux::{
+    HostFacts, OutputMode, Plan, RunObserver, RunOptions, RunOutcome, RunStatus, Stream,
+};
 use moat_policy::{NetworkMode, Policy};
 use serde_json::{json, Map, Value};
 
@@ -64,7 +66,12 @@ impl Session {
         }
         if let Some(log) = &self.audit {
             if let Err(e) = log.append(events) {
-                self.audit_error.get_or_insert_with(|| format!("cannot append to the audit log {}: {e}", log.path().display()));
+                self.audit_error.get_or_insert_with(|| {
+                    format!(
+                        "cannot append to the audit log {}: {e}",
+                        log.path().display()
+                    )
+                });
             }
         }
     }
@@ -86,27 +93,44 @@ impl RunObserver for Session {
             Stream::Stderr => "execution.stderr",
         };
         let b64 = base64::engine::general_purpose::STANDARD.encode(data);
-        let ev = self.event(kind, json!({"offset": offset, "length": data.len(), "data": b64}));
+        let ev = self.event(
+            kind,
+            json!({"offset": offset, "length": data.len(), "data": b64}),
+        );
         emit(&self.sink, &ev);
     }
 
     fn broker_connection(&mut self, conn: std::os::unix::net::UnixStream) {
         if let Some(outer) = &self.outer {
-            self.broker.get_or_insert_with(|| crate::nested::Broker::new(outer.clone())).serve(conn);
+            self.broker
+                .get_or_insert_with(|| crate::nested::Broker::new(outer.clone()))
+                .serve(conn);
         }
     }
 
     fn proxy_listeners(&mut self, http: std::net::TcpListener, socks: std::net::TcpListener) {
-        let Some(config) = self.proxy_config.take() else { return };
+        let Some(config) = self.proxy_config.take() else {
+            return;
+        };
         // Each tunnel costs two descriptors here. The sandbox was forked
         // already, so raising our own soft limit does not reach the command.
-        if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-            let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+        if let Ok((_, hard)) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        {
+            let _ = nix::sys::resource::setrlimit(
+                nix::sys::resource::Resource::RLIMIT_NOFILE,
+                hard,
+                hard,
+            );
         }
         let sink = self.sink.clone();
         let ctx = self.ctx.clone();
         let on_decision: moat_proxy::OnDecision = Box::new(move |rec| {
-            let ev = moat_audit::event(&ctx, "network.decision", fields(serde_json::to_value(&rec).unwrap_or(Value::Null)));
+            let ev = moat_audit::event(
+                &ctx,
+                "network.decision",
+                fields(serde_json::to_value(&rec).unwrap_or(Value::Null)),
+            );
             emit(&sink, &ev);
         });
         match moat_proxy::start(http, socks, config, on_decision) {
@@ -155,9 +179,15 @@ fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
             "detail": format!("created by the command at a write-protected path; moved to {}", to.display()),
         }));
     }
-    let text = String::from_utf8_lossy(if o.stderr.is_empty() { &o.stderr_tail } else { &o.stderr });
+    let text = String::from_utf8_lossy(if o.stderr.is_empty() {
+        &o.stderr_tail
+    } else {
+        &o.stderr
+    });
     for d in moat_audit::parse_denials(&text) {
-        let Some(path) = d.path.as_deref() else { continue };
+        let Some(path) = d.path.as_deref() else {
+            continue;
+        };
         if let Some(reason) = explain(plan, path, d.errno, |p| p.symlink_metadata().is_ok()) {
             out.push(json!({
                 "operation": d.op,
@@ -169,8 +199,14 @@ fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
         }
     }
     if plan.level == moat_policy::Level::WorkspaceContained {
-        for line in text.lines().filter(|l| l.contains("No such file or directory")).take(64) {
-            let Some(path) = quoted_or_prefixed_path(line) else { continue };
+        for line in text
+            .lines()
+            .filter(|l| l.contains("No such file or directory"))
+            .take(64)
+        {
+            let Some(path) = quoted_or_prefixed_path(line) else {
+                continue;
+            };
             if let Some(reason) = explain(plan, &path, "ENOENT", |p| p.symlink_metadata().is_ok()) {
                 let abs = moat_linux::explain::absolute(&plan.cwd, &path);
                 if out.iter().any(|d| d["path"] == json!(abs)) {
@@ -239,8 +275,19 @@ pub fn exec(args: ExecArgs) -> ExitCode {
 
 /// A refusal before any policy exists (e.g. `moat run` could not resolve one).
 pub fn refuse_early(reporting: &Reporting, msg: &str) -> ExitCode {
-    let sink: EventSink = Arc::new(Mutex::new(if reporting.events { Some(std::io::stdout()) } else { None }));
-    refuse(reporting.mode(), &execution_id(), &moat_audit::session_id_from_env(), None, msg, &sink)
+    let sink: EventSink = Arc::new(Mutex::new(if reporting.events {
+        Some(std::io::stdout())
+    } else {
+        None
+    }));
+    refuse(
+        reporting.mode(),
+        &execution_id(),
+        &moat_audit::session_id_from_env(),
+        None,
+        msg,
+        &sink,
+    )
 }
 
 /// Runs `command` under a resolved policy, reporting and auditing it.
@@ -251,10 +298,20 @@ pub fn run_resolved(
 ) -> ExitCode {
     let id = execution_id();
     let session_id = moat_audit::session_id_from_env();
-    let env: Vec<(String, String)> =
-        std::env::vars_os().map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned())).collect();
+    let env: Vec<(String, String)> = std::env::vars_os()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect();
     let mode = reporting.mode();
-    let sink: EventSink = Arc::new(Mutex::new(if reporting.events { Some(std::io::stdout()) } else { None }));
+    let sink: EventSink = Arc::new(Mutex::new(if reporting.events {
+        Some(std::io::stdout())
+    } else {
+        None
+    }));
     let (policy, timeout) = match resolved {
         Ok(p) => p,
         Err(e) => return refuse(mode, &id, &session_id, None, &e, &sink),
@@ -265,10 +322,19 @@ pub fn run_resolved(
         // A nested run dies with the outer supervisor that launched it,
         // even if that one is SIGKILLed (its init then takes the sandbox).
         let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
-        let parent_ok = std::env::var("MOAT_BROKER_PID").ok().and_then(|p| p.parse::<u32>().ok())
+        let parent_ok = std::env::var("MOAT_BROKER_PID")
+            .ok()
+            .and_then(|p| p.parse::<u32>().ok())
             == Some(std::os::unix::process::parent_id());
         if !parent_ok {
-            return refuse(mode, &id, &session_id, Some(&policy), "nested run refused: the outer moat is gone", &sink);
+            return refuse(
+                mode,
+                &id,
+                &session_id,
+                Some(&policy),
+                "nested run refused: the outer moat is gone",
+                &sink,
+            );
         }
         let bounds: Result<moat_policy::Bounds, _> = serde_json::from_str(&b.to_string_lossy());
         let verdict = match bounds {
@@ -300,7 +366,10 @@ pub fn run_resolved(
         match AuditLog::open(&path) {
             Ok(l) => Some(l),
             Err(e) => {
-                let msg = format!("cannot open the audit log {}: {e}; pass --audit-log PATH or --no-audit", path.display());
+                let msg = format!(
+                    "cannot open the audit log {}: {e}; pass --audit-log PATH or --no-audit",
+                    path.display()
+                );
                 return refuse(mode, &id, &session_id, Some(&policy), &msg, &sink);
             }
         }
@@ -313,7 +382,11 @@ pub fn run_resolved(
     let plan = match moat_linux::build_plan(&policy, &facts) {
         Ok(p) => p,
         Err(e) => {
-            let failed = moat_audit::event(&ctx, "execution.failed", fields(json!({"reason": e.to_string()})));
+            let failed = moat_audit::event(
+                &ctx,
+                "execution.failed",
+                fields(json!({"reason": e.to_string()})),
+            );
             let mut s = Session::new(ctx, audit, sink.clone(), command, &policy);
             s.record(&[resolved, failed]);
             return refuse(mode, &id, &session_id, Some(&policy), &e.to_string(), &sink);
@@ -325,7 +398,9 @@ pub fn run_resolved(
         if let Some(u) = &policy.network.upstream_url {
             match moat_proxy::parse_upstream(u) {
                 Ok(up) => config.upstream = Some(up),
-                Err(e) => return refuse(mode, &id, &session_id, Some(&policy), &e.to_string(), &sink),
+                Err(e) => {
+                    return refuse(mode, &id, &session_id, Some(&policy), &e.to_string(), &sink)
+                }
             }
         }
         session.proxy_config = Some(config);
@@ -334,7 +409,9 @@ pub fn run_resolved(
     let opts = RunOptions {
         argv: command.to_vec(),
         output: match mode {
-            Mode::Json => OutputMode::Capture { limit: CAPTURE_LIMIT },
+            Mode::Json => OutputMode::Capture {
+                limit: CAPTURE_LIMIT,
+            },
             Mode::Events => OutputMode::Stream,
             Mode::Plain => OutputMode::Passthrough,
         },
@@ -342,7 +419,11 @@ pub fn run_resolved(
         tag: id.clone(),
     };
     let mut outcome = moat_linux::run(&plan, &opts, &mut session);
-    let requests = session.proxy.take().map(|h| h.shutdown()).unwrap_or_default();
+    let requests = session
+        .proxy
+        .take()
+        .map(|h| h.shutdown())
+        .unwrap_or_default();
     if let Some(b) = session.broker.take() {
         b.shutdown();
     }
@@ -350,14 +431,25 @@ pub fn run_resolved(
         outcome.error.get_or_insert(e);
     }
     let denied = denials(&plan, &outcome);
-    let mut tail_events: Vec<Value> = denied.iter().map(|d| session.event("sandbox.denied", d.clone())).collect();
+    let mut tail_events: Vec<Value> = denied
+        .iter()
+        .map(|d| session.event("sandbox.denied", d.clone()))
+        .collect();
     // Live subscribers saw each decision as it happened; the log gets them now.
     let decision_events: Vec<Value> = requests
         .iter()
-        .map(|r| session.event("network.decision", serde_json::to_value(r).unwrap_or(Value::Null)))
+        .map(|r| {
+            session.event(
+                "network.decision",
+                serde_json::to_value(r).unwrap_or(Value::Null),
+            )
+        })
         .collect();
     let finished = if outcome.status == RunStatus::FailedToStart {
-        session.event("execution.failed", json!({"reason": outcome.error, "exit_code": outcome.exit_code}))
+        session.event(
+            "execution.failed",
+            json!({"reason": outcome.error, "exit_code": outcome.exit_code}),
+        )
     } else {
         session.event(
             "execution.finished",
@@ -375,7 +467,10 @@ pub fn run_resolved(
         batch.extend(decision_events);
         batch.push(finished.clone());
         if let Err(e) = log.append(&batch) {
-            session.audit_error.get_or_insert(format!("cannot append to the audit log {}: {e}", log.path().display()));
+            session.audit_error.get_or_insert(format!(
+                "cannot append to the audit log {}: {e}",
+                log.path().display()
+            ));
         }
     }
     tail_events.push(finished);
@@ -394,7 +489,13 @@ pub fn run_resolved(
 }
 
 impl Session {
-    fn new(ctx: RunContext, audit: Option<AuditLog>, sink: EventSink, command: &[std::ffi::OsString], policy: &Policy) -> Session {
+    fn new(
+        ctx: RunContext,
+        audit: Option<AuditLog>,
+        sink: EventSink,
+        command: &[std::ffi::OsString],
+        policy: &Policy,
+    ) -> Session {
         let outer = crate::nested::Outer {
             policy: policy.clone(),
             session_id: ctx.session_id.clone(),
@@ -405,7 +506,12 @@ impl Session {
             ctx,
             audit,
             sink,
-            argv: moat_audit::redact_argv(&command.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>()),
+            argv: moat_audit::redact_argv(
+                &command
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect::<Vec<_>>(),
+            ),
             cwd: policy.workspace.to_string_lossy().into_owned(),
             proxy_config: None,
             proxy: None,
@@ -443,7 +549,10 @@ fn report_plain(o: &RunOutcome, denied: &[Value], quiet: bool) {
         eprintln!("moat: {e}");
     }
     if o.timed_out {
-        eprintln!("moat: timed out after {} ms; the process tree was stopped", o.duration.as_millis());
+        eprintln!(
+            "moat: timed out after {} ms; the process tree was stopped",
+            o.duration.as_millis()
+        );
     }
     if quiet {
         return;
@@ -456,7 +565,14 @@ fn report_plain(o: &RunOutcome, denied: &[Value], quiet: bool) {
     }
 }
 
-fn refuse(mode: Mode, id: &str, session_id: &str, policy: Option<&Policy>, msg: &str, sink: &EventSink) -> ExitCode {
+fn refuse(
+    mode: Mode,
+    id: &str,
+    session_id: &str,
+    policy: Option<&Policy>,
+    msg: &str,
+    sink: &EventSink,
+) -> ExitCode {
     match mode {
         Mode::Json => print_json(&json!({
             "execution_id": id,
@@ -495,7 +611,13 @@ fn refuse(mode: Mode, id: &str, session_id: &str, policy: Option<&Policy>, msg: 
     ExitCode::from(EXIT_MOAT_FAILED)
 }
 
-fn result_json(id: &str, policy: &Policy, o: &RunOutcome, denied: &[Value], requests: &[moat_proxy::DecisionRecord]) -> Value {
+fn result_json(
+    id: &str,
+    policy: &Policy,
+    o: &RunOutcome,
+    denied: &[Value],
+    requests: &[moat_proxy::DecisionRecord],
+) -> Value {
     let enforced = policy.level.is_sandboxed() && o.status != RunStatus::FailedToStart;
     let mut network = json!({"mode": policy.network.mode.as_str()});
     if policy.network.mode == NetworkMode::Proxy {
@@ -529,7 +651,11 @@ fn result_json(id: &str, policy: &Policy, o: &RunOutcome, denied: &[Value], requ
         v["error"] = json!(e);
     }
     if !o.swept.is_empty() {
-        v["swept"] = json!(o.swept.iter().map(|(a, b)| json!({"path": a, "moved_to": b})).collect::<Vec<_>>());
+        v["swept"] = json!(o
+            .swept
+            .iter()
+            .map(|(a, b)| json!({"path": a, "moved_to": b}))
+            .collect::<Vec<_>>());
     }
     v
 }
@@ -548,4 +674,3 @@ pub fn proxy_connect(host: &str, port: u16) -> ExitCode {
         }
     }
 }
-

@@ -148,13 +148,18 @@ pub(crate) struct ExecArgs {
 fn main() -> ExitCode {
     // Invoked under a tool's name: a shim.
     let argv0 = std::env::args_os().next().unwrap_or_default();
-    let name = Path::new(&argv0).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = Path::new(&argv0)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     if !name.is_empty() && !name.starts_with("moat") && tools::is_shim_name(&name) {
         return tools::shim_main(&name, std::env::args_os().skip(1).collect());
     }
     let cli = Cli::parse();
     match cli.command {
-        Command::Exec(_) if nested::inside_sandbox() => nested::request(std::env::args_os().skip(1).collect()),
+        Command::Exec(_) if nested::inside_sandbox() => {
+            nested::request(std::env::args_os().skip(1).collect())
+        }
         Command::Exec(args) => exec::exec(args),
         Command::Audit(args) => audit_cmd::run(args),
         Command::ProxyConnect { host, port } => exec::proxy_connect(&host, port),
@@ -175,7 +180,9 @@ fn main() -> ExitCode {
         Command::Version { json } => {
             let v = env!("CARGO_PKG_VERSION");
             if json {
-                print_json(&json!({"version": v, "protocol_version": PROTOCOL_VERSION, "policy_version": POLICY_VERSION}));
+                print_json(
+                    &json!({"version": v, "protocol_version": PROTOCOL_VERSION, "policy_version": POLICY_VERSION}),
+                );
             } else {
                 println!("moat {v} (protocol {PROTOCOL_VERSION}, policy {POLICY_VERSION})");
             }
@@ -183,7 +190,9 @@ fn main() -> ExitCode {
         }
         Command::ExplainPolicy(args) => match resolve_policy(&args) {
             Ok((policy, _)) => {
-                print_json(&json!({"policy": policy.canonical_value(), "policy_hash": policy.hash()}));
+                print_json(
+                    &json!({"policy": policy.canonical_value(), "policy_hash": policy.hash()}),
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -197,34 +206,58 @@ fn main() -> ExitCode {
 /// Reads the world (cwd, HOME, path existence) into a policy request.
 pub(crate) fn resolve_policy(args: &PolicyArgs) -> Result<(Policy, Option<Duration>)> {
     let here = std::env::current_dir().context("cannot read the current directory")?;
-    let home_raw = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"));
+    let home_raw = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"));
     resolve_policy_in(args, &here, &home_raw)
 }
 
 /// [`resolve_policy`] for a given current directory and HOME (a nested
 /// request is resolved in the caller's directory, against the real home).
-pub(crate) fn resolve_policy_in(args: &PolicyArgs, here: &Path, home_raw: &Path) -> Result<(Policy, Option<Duration>)> {
+pub(crate) fn resolve_policy_in(
+    args: &PolicyArgs,
+    here: &Path,
+    home_raw: &Path,
+) -> Result<(Policy, Option<Duration>)> {
     let (here, home_raw) = (here.to_path_buf(), home_raw.to_path_buf());
     let level = Level::parse(&args.policy).ok_or_else(|| {
         anyhow!("unknown --policy {:?}; use read-only, workspace-write, workspace-contained or danger-full-access", args.policy)
     })?;
-    let network = match &args.network {
-        None => None,
-        Some(m) => Some(NetworkMode::parse(m).ok_or_else(|| anyhow!("unknown --network {m:?}; use disabled, proxy or unmanaged"))?),
-    };
+    let network =
+        match &args.network {
+            None => None,
+            Some(m) => Some(NetworkMode::parse(m).ok_or_else(|| {
+                anyhow!("unknown --network {m:?}; use disabled, proxy or unmanaged")
+            })?),
+        };
     let home = std::fs::canonicalize(&home_raw).unwrap_or(home_raw.clone());
     let ws_arg = args.cwd.clone().unwrap_or_else(|| here.clone());
     let workspace = std::fs::canonicalize(expand(&ws_arg, &home_raw, &here))
         .with_context(|| format!("the workspace {} does not exist", ws_arg.display()))?;
     if !workspace.is_dir() {
-        return Err(anyhow!("the workspace {} is not a directory", workspace.display()));
+        return Err(anyhow!(
+            "the workspace {} is not a directory",
+            workspace.display()
+        ));
     }
     let canon = |p: &PathBuf, flag: &str| {
-        std::fs::canonicalize(expand(p, &home_raw, &here))
-            .with_context(|| format!("{flag} {}: no such path on the host (moat does not skip missing paths)", p.display()))
+        std::fs::canonicalize(expand(p, &home_raw, &here)).with_context(|| {
+            format!(
+                "{flag} {}: no such path on the host (moat does not skip missing paths)",
+                p.display()
+            )
+        })
     };
-    let ro = args.ro.iter().map(|p| canon(p, "--ro")).collect::<Result<Vec<_>>>()?;
-    let rw = args.rw.iter().map(|p| canon(p, "--rw")).collect::<Result<Vec<_>>>()?;
+    let ro = args
+        .ro
+        .iter()
+        .map(|p| canon(p, "--ro"))
+        .collect::<Result<Vec<_>>>()?;
+    let rw = args
+        .rw
+        .iter()
+        .map(|p| canon(p, "--rw"))
+        .collect::<Result<Vec<_>>>()?;
     let env = args
         .env
         .iter()
@@ -266,4 +299,3 @@ fn expand(p: &Path, home: &Path, here: &Path) -> PathBuf {
         here.join(p)
     }
 }
-

@@ -35,7 +35,9 @@ const SANDBOX_PRIVATE: &[&str] = &["/tmp", "/moat", "/proc", "/dev", "/run", "/s
 /// a fake outside would only stop a command from running.
 pub fn inside_sandbox() -> bool {
     use std::os::unix::fs::FileTypeExt;
-    let sock = std::fs::symlink_metadata(BROKER_SOCKET).map(|m| m.file_type().is_socket()).unwrap_or(false);
+    let sock = std::fs::symlink_metadata(BROKER_SOCKET)
+        .map(|m| m.file_type().is_socket())
+        .unwrap_or(false);
     sock && moat_linux::probe::under_seccomp()
 }
 
@@ -51,8 +53,10 @@ pub fn request(args: Vec<OsString>) -> ExitCode {
 }
 
 fn send_request(args: Vec<OsString>) -> Result<i32, String> {
-    let stream = UnixStream::connect(BROKER_SOCKET).map_err(|e| format!("cannot reach the outer moat at {BROKER_SOCKET}: {e}"))?;
-    let cwd = std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
+    let stream = UnixStream::connect(BROKER_SOCKET)
+        .map_err(|e| format!("cannot reach the outer moat at {BROKER_SOCKET}: {e}"))?;
+    let cwd =
+        std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
     let req = json!({
         "args": args.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>(),
         "cwd": cwd,
@@ -63,16 +67,29 @@ fn send_request(args: Vec<OsString>) -> Result<i32, String> {
     frame.extend_from_slice(&body);
     let fds: [RawFd; 3] = [0, 1, 2];
     let cmsg = [ControlMessage::ScmRights(&fds)];
-    let sent = sendmsg::<()>(stream.as_raw_fd(), &[IoSlice::new(&frame)], &cmsg, MsgFlags::empty(), None)
+    let sent = sendmsg::<()>(
+        stream.as_raw_fd(),
+        &[IoSlice::new(&frame)],
+        &cmsg,
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(|e| format!("send the request: {e}"))?;
+    (&stream)
+        .write_all(&frame[sent..])
         .map_err(|e| format!("send the request: {e}"))?;
-    (&stream).write_all(&frame[sent..]).map_err(|e| format!("send the request: {e}"))?;
     let mut reply = String::new();
-    (&stream).read_to_string(&mut reply).map_err(|e| format!("read the reply: {e}"))?;
-    let v: Value = serde_json::from_str(reply.trim()).map_err(|_| "the outer moat closed the request without an answer".to_string())?;
+    (&stream)
+        .read_to_string(&mut reply)
+        .map_err(|e| format!("read the reply: {e}"))?;
+    let v: Value = serde_json::from_str(reply.trim())
+        .map_err(|_| "the outer moat closed the request without an answer".to_string())?;
     if let Some(err) = v.get("error").and_then(Value::as_str) {
         eprintln!("moat: {err}");
     }
-    Ok(v.get("exit_code").and_then(Value::as_i64).unwrap_or(EXIT_MOAT_FAILED as i64) as i32)
+    Ok(v.get("exit_code")
+        .and_then(Value::as_i64)
+        .unwrap_or(EXIT_MOAT_FAILED as i64) as i32)
 }
 
 /// The outer side: serves nested requests (one thread each, started only
@@ -89,7 +106,13 @@ pub struct Broker {
 
 impl Broker {
     pub fn new(outer: Outer) -> Broker {
-        Broker { outer, stop: Arc::default(), children: Arc::default(), handlers: Vec::new(), conns: Vec::new() }
+        Broker {
+            outer,
+            stop: Arc::default(),
+            children: Arc::default(),
+            handlers: Vec::new(),
+            conns: Vec::new(),
+        }
     }
 
     /// Serves one nested request on its own thread.
@@ -98,7 +121,8 @@ impl Broker {
             self.conns.push(c);
         }
         let (o, c, s) = (self.outer.clone(), self.children.clone(), self.stop.clone());
-        self.handlers.push(std::thread::spawn(move || handle(conn, &o, &c, &s)));
+        self.handlers
+            .push(std::thread::spawn(move || handle(conn, &o, &c, &s)));
     }
 
     /// Refuses new requests and stops every nested run still going (they
@@ -107,7 +131,10 @@ impl Broker {
         self.stop.store(true, Ordering::SeqCst);
         let pids: Vec<u32> = self.children.lock().map(|v| v.clone()).unwrap_or_default();
         for pid in &pids {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), nix::sys::signal::Signal::SIGTERM);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
         }
         // A request still being read ends now: its read sees end of file.
         for c in &self.conns {
@@ -138,7 +165,12 @@ fn handle(conn: UnixStream, outer: &Outer, children: &Mutex<Vec<u32>>, stop: &At
     let _ = conn.set_nonblocking(false);
     let (req, fds) = match receive(&conn) {
         Ok(r) => r,
-        Err(e) => return reply(&conn, json!({"exit_code": EXIT_MOAT_FAILED, "error": format!("nested run: {e}")})),
+        Err(e) => {
+            return reply(
+                &conn,
+                json!({"exit_code": EXIT_MOAT_FAILED, "error": format!("nested run: {e}")}),
+            )
+        }
     };
     match run_nested(&req, fds, outer, children, stop) {
         Ok(code) => reply(&conn, json!({"exit_code": code})),
@@ -152,8 +184,13 @@ fn receive(conn: &UnixStream) -> Result<(Value, Vec<OwnedFd>), String> {
     let mut fds = Vec::new();
     let got = {
         let mut iov = [IoSliceMut::new(&mut head)];
-        let msg = recvmsg::<()>(conn.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
-            .map_err(|e| format!("read the request: {e}"))?;
+        let msg = recvmsg::<()>(
+            conn.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(|e| format!("read the request: {e}"))?;
         for c in msg.cmsgs().map_err(|e| e.to_string())? {
             if let ControlMessageOwned::ScmRights(r) = c {
                 fds.extend(r.into_iter().map(moat_linux::sys::own_fd));
@@ -163,14 +200,18 @@ fn receive(conn: &UnixStream) -> Result<(Value, Vec<OwnedFd>), String> {
     };
     let mut reader = conn;
     if got < 4 {
-        reader.read_exact(&mut head[got..]).map_err(|e| format!("read the request: {e}"))?;
+        reader
+            .read_exact(&mut head[got..])
+            .map_err(|e| format!("read the request: {e}"))?;
     }
     let len = u32::from_be_bytes(head) as usize;
     if len > 4 << 20 {
         return Err("request too large".into());
     }
     let mut body = vec![0u8; len];
-    reader.read_exact(&mut body).map_err(|e| format!("read the request: {e}"))?;
+    reader
+        .read_exact(&mut body)
+        .map_err(|e| format!("read the request: {e}"))?;
     if fds.len() != 3 {
         return Err("the request did not carry stdin, stdout and stderr".into());
     }
@@ -204,14 +245,31 @@ impl Drop for Slot {
 /// a sandbox, so a command must not be able to start them without bound.
 const MAX_NESTED: usize = 8;
 
-fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Vec<u32>>, stop: &AtomicBool) -> Result<i32, String> {
+fn run_nested(
+    req: &Value,
+    fds: Vec<OwnedFd>,
+    outer: &Outer,
+    children: &Mutex<Vec<u32>>,
+    stop: &AtomicBool,
+) -> Result<i32, String> {
     // Counted from the moment a request is taken, not when its process
     // starts, so a burst cannot slip past the limit.
     let _slot = match Slot::take() {
         Some(s) => s,
-        None => return Err(format!("nested run refused: {MAX_NESTED} nested runs are already going")),
+        None => {
+            return Err(format!(
+                "nested run refused: {MAX_NESTED} nested runs are already going"
+            ))
+        }
     };
-    let args: Vec<String> = req["args"].as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default();
+    let args: Vec<String> = req["args"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
     let cwd = PathBuf::from(req["cwd"].as_str().unwrap_or("/"));
     if let Some(p) = SANDBOX_PRIVATE.iter().find(|p| cwd.starts_with(p)) {
         return Err(format!(
@@ -220,7 +278,12 @@ fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Ve
         ));
     }
     let cli = Cli::try_parse_from(std::iter::once("moat".to_string()).chain(args.iter().cloned()))
-        .map_err(|e| format!("nested run: {}", e.to_string().lines().next().unwrap_or("bad arguments")))?;
+        .map_err(|e| {
+            format!(
+                "nested run: {}",
+                e.to_string().lines().next().unwrap_or("bad arguments")
+            )
+        })?;
     let Command::Exec(exec_args) = cli.command else {
         return Err("nested run: only `moat exec` is brokered".into());
     };
@@ -228,8 +291,11 @@ fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Ve
         return Err("nested run refused: --no-audit/--audit-log; nested runs are recorded in the outer run's audit log".into());
     }
     let home = outer.policy.home.clone();
-    let (inner, _) = crate::resolve_policy_in(&exec_args.policy, &cwd, &home).map_err(|e| format!("{e:#}"))?;
-    inner.within(&outer.policy.bounds()).map_err(|e| e.to_string())?;
+    let (inner, _) =
+        crate::resolve_policy_in(&exec_args.policy, &cwd, &home).map_err(|e| format!("{e:#}"))?;
+    inner
+        .within(&outer.policy.bounds())
+        .map_err(|e| e.to_string())?;
     if stop.load(Ordering::SeqCst) {
         return Err("nested run refused: the outer run is ending".into());
     }
@@ -237,7 +303,12 @@ fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Ve
         .as_array()
         .map(|a| {
             a.iter()
-                .filter_map(|kv| Some((kv.get(0)?.as_str()?.to_string(), kv.get(1)?.as_str()?.to_string())))
+                .filter_map(|kv| {
+                    Some((
+                        kv.get(0)?.as_str()?.to_string(),
+                        kv.get(1)?.as_str()?.to_string(),
+                    ))
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -249,7 +320,11 @@ fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Ve
     let mut cmd = std::process::Command::new(exe);
     let mut args = args;
     // After "exec": the outer run's log (or none, if the outer has none).
-    let at = args.iter().position(|a| a == "exec").map(|i| i + 1).unwrap_or(0);
+    let at = args
+        .iter()
+        .position(|a| a == "exec")
+        .map(|i| i + 1)
+        .unwrap_or(0);
     let mut injected: Vec<String> = match &outer.audit_log {
         Some(p) => vec!["--audit-log".into(), p.to_string_lossy().into_owned()],
         None => vec!["--no-audit".into()],
@@ -273,14 +348,21 @@ fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Ve
     cmd.args(&args)
         .current_dir(&cwd)
         .env_clear()
-        .envs(env.iter().filter(|(k, _)| safe(k) && !moat_policy::is_secret_env_name(k)).cloned())
+        .envs(
+            env.iter()
+                .filter(|(k, _)| safe(k) && !moat_policy::is_secret_env_name(k))
+                .cloned(),
+        )
         .env("HOME", &home)
         .env("MOAT_SESSION_ID", &outer.session_id)
         .env("MOAT_PARENT_EXECUTION_ID", &outer.execution_id)
         .env("MOAT_BROKER_PID", std::process::id().to_string())
         // The launched moat checks again after its own resolution: a path
         // swapped between this check and that one cannot widen the run.
-        .env(BOUNDS_ENV, serde_json::to_string(&outer.policy.bounds()).unwrap_or_default())
+        .env(
+            BOUNDS_ENV,
+            serde_json::to_string(&outer.policy.bounds()).unwrap_or_default(),
+        )
         .stdin(std::process::Stdio::from(i))
         .stdout(std::process::Stdio::from(o))
         .stderr(std::process::Stdio::from(e));
@@ -289,14 +371,20 @@ fn run_nested(req: &Value, fds: Vec<OwnedFd>, outer: &Outer, children: &Mutex<Ve
             cmd.env(k, v);
         }
     }
-    let mut child = cmd.spawn().map_err(|e| format!("start the nested run: {e}"))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("start the nested run: {e}"))?;
     if let Ok(mut v) = children.lock() {
         v.push(child.id());
     }
-    let status = child.wait().map_err(|e| format!("wait for the nested run: {e}"))?;
+    let status = child
+        .wait()
+        .map_err(|e| format!("wait for the nested run: {e}"))?;
     if let Ok(mut v) = children.lock() {
         v.retain(|p| *p != child.id());
     }
     use std::os::unix::process::ExitStatusExt;
-    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    Ok(status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use moat_config::{
-    find_project_file, load_catalogue, load_project, load_user_config, moat_args_from_env, render_grants,
-    resolve, resolve_program, shimmable_names, user_config_path, Catalogue, PathSpec, ProfileOrigin, ProjectFile,
-    Settings, Sources, TrustStore,
+    find_project_file, load_catalogue, load_project, load_user_config, moat_args_from_env,
+    render_grants, resolve, resolve_program, shimmable_names, user_config_path, Catalogue,
+    PathSpec, ProfileOrigin, ProjectFile, Settings, Sources, TrustStore,
 };
 use moat_policy::{parse_duration, Access, NetworkMode, Policy};
 
@@ -64,7 +64,12 @@ pub struct RunArgs {
     #[arg(long)]
     pub dry_run: bool,
     /// The tool (a profile name) and its arguments
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "TOOL")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "TOOL"
+    )]
     pub tool_and_args: Vec<OsString>,
 }
 
@@ -106,7 +111,9 @@ pub enum ShimCommand {
 }
 
 fn home() -> PathBuf {
-    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"))
 }
 
 fn config_dir() -> Option<PathBuf> {
@@ -121,12 +128,16 @@ fn catalogue() -> Result<Catalogue, String> {
 }
 
 fn moat_exe() -> Option<PathBuf> {
-    std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok())
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| std::fs::canonicalize(p).ok())
 }
 
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
 }
 
 fn shim_dir(explicit: Option<&Path>) -> PathBuf {
@@ -145,19 +156,28 @@ fn shim_dir(explicit: Option<&Path>) -> PathBuf {
 fn flag_settings(a: &RunArgs) -> Result<Settings, String> {
     let mut s = Settings::default();
     if let Some(l) = &a.policy {
-        s.level = Some(moat_config::parse_level(l).ok_or_else(|| format!("unknown --policy {l:?}"))?);
+        s.level =
+            Some(moat_config::parse_level(l).ok_or_else(|| format!("unknown --policy {l:?}"))?);
     }
     if let Some(n) = &a.network {
         s.network = Some(NetworkMode::parse(n).ok_or_else(|| format!("unknown --network {n:?}"))?);
     }
     for p in &a.ro {
-        s.paths.push(PathSpec { path: p.clone(), access: Access::ReadOnly });
+        s.paths.push(PathSpec {
+            path: p.clone(),
+            access: Access::ReadOnly,
+        });
     }
     for p in &a.rw {
-        s.paths.push(PathSpec { path: p.clone(), access: Access::ReadWrite });
+        s.paths.push(PathSpec {
+            path: p.clone(),
+            access: Access::ReadWrite,
+        });
     }
     for kv in &a.env {
-        let (k, v) = kv.split_once('=').ok_or_else(|| format!("--env {kv:?} must be K=V"))?;
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--env {kv:?} must be K=V"))?;
         s.env.insert(k.to_string(), v.to_string());
     }
     s.pass_env = a.pass_env.clone();
@@ -173,10 +193,16 @@ fn flag_settings(a: &RunArgs) -> Result<Settings, String> {
 /// asks on the terminal, or fails closed without one.
 fn trusted_project(workspace: &Path) -> Result<Option<ProjectFile>, String> {
     let h = home();
-    let Some(path) = find_project_file(workspace, Some(&h)) else { return Ok(None) };
+    let Some(path) = find_project_file(workspace, Some(&h)) else {
+        return Ok(None);
+    };
     let project = load_project(&path, Some(&h)).map_err(|e| e.to_string())?;
-    let store = TrustStore::from_env().ok_or("cannot locate the trust store: set HOME or XDG_STATE_HOME")?;
-    if store.is_trusted(&project.path, &project.digest).map_err(|e| e.to_string())? {
+    let store = TrustStore::from_env()
+        .ok_or("cannot locate the trust store: set HOME or XDG_STATE_HOME")?;
+    if store
+        .is_trusted(&project.path, &project.digest)
+        .map_err(|e| e.to_string())?
+    {
         return Ok(Some(project));
     }
     match ask_tty(&render_grants(&project)) {
@@ -196,7 +222,11 @@ fn trusted_project(workspace: &Path) -> Result<Option<ProjectFile>, String> {
 /// Shows `prompt` on the controlling terminal and reads y/N from it. None
 /// when there is no terminal (CI, an agent): the caller fails closed.
 fn ask_tty(prompt: &str) -> Option<bool> {
-    let tty = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty").ok()?;
+    let tty = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+        .ok()?;
     if !tty.is_terminal() {
         return None;
     }
@@ -211,21 +241,39 @@ fn ask_tty(prompt: &str) -> Option<bool> {
 /// Resolves a tool's policy: profile, user config, trusted project file,
 /// MOAT_ARGS, flags. Returns the policy, timeout, the real program path and
 /// the resolved grants.
-fn resolve_tool(tool: &str, argv1: Option<&str>, a: &RunArgs) -> Result<(Policy, Option<Duration>, PathBuf, moat_config::Resolved), String> {
+fn resolve_tool(
+    tool: &str,
+    argv1: Option<&str>,
+    a: &RunArgs,
+) -> Result<(Policy, Option<Duration>, PathBuf, moat_config::Resolved), String> {
     let cat = catalogue()?;
     let profile = cat.get(tool).cloned().ok_or_else(|| {
         format!("no profile for {tool:?}; `moat profile list` shows them, or add ~/.config/moat/profiles/{tool}.toml")
     })?;
     let h = home();
-    let here = std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
-    let ws = a.cwd.clone().map(|c| if c.is_absolute() { c } else { here.join(c) }).unwrap_or(here);
-    let workspace = std::fs::canonicalize(&ws).map_err(|e| format!("the workspace {}: {e}", ws.display()))?;
+    let here =
+        std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
+    let ws = a
+        .cwd
+        .clone()
+        .map(|c| if c.is_absolute() { c } else { here.join(c) })
+        .unwrap_or(here);
+    let workspace =
+        std::fs::canonicalize(&ws).map_err(|e| format!("the workspace {}: {e}", ws.display()))?;
     let shim = shim_dir(None);
     let exe = moat_exe();
     let path_var = std::env::var_os("PATH").unwrap_or_default();
-    let program = resolve_program(&profile.program, &path_var, Some(&shim), is_executable, |p| {
-        std::fs::canonicalize(p).ok().is_some_and(|c| Some(c) == exe)
-    })
+    let program = resolve_program(
+        &profile.program,
+        &path_var,
+        Some(&shim),
+        is_executable,
+        |p| {
+            std::fs::canonicalize(p)
+                .ok()
+                .is_some_and(|c| Some(c) == exe)
+        },
+    )
     .ok_or_else(|| format!("{} is not on PATH (outside moat's shims)", profile.program))?;
     let user_config = match config_dir() {
         Some(d) => load_user_config(&user_config_path(&d)).map_err(|e| e.to_string())?,
@@ -261,7 +309,11 @@ fn resolve_tool(tool: &str, argv1: Option<&str>, a: &RunArgs) -> Result<(Policy,
                 name: name.to_string(),
                 program: p.program.clone(),
                 net_class: p.base.net_class,
-                subcommands: p.subcommands.iter().filter_map(|(k, s)| s.net_class.map(|c| (k.clone(), c))).collect(),
+                subcommands: p
+                    .subcommands
+                    .iter()
+                    .filter_map(|(k, s)| s.net_class.map(|c| (k.clone(), c)))
+                    .collect(),
             };
             let mut v = vec![spec(&p.name)];
             if p.program != p.name && p.program != tool {
@@ -282,8 +334,10 @@ fn with_shims(policy: Policy, shims: Vec<moat_policy::ShimSpec>) -> Result<Polic
     }
     let mut p = policy;
     p.shims = {
-        let mut s: Vec<moat_policy::ShimSpec> =
-            shims.into_iter().filter(|s| !s.name.contains('/') && !s.program.contains('/') && s.name != "moat").collect();
+        let mut s: Vec<moat_policy::ShimSpec> = shims
+            .into_iter()
+            .filter(|s| !s.name.contains('/') && !s.program.contains('/') && s.name != "moat")
+            .collect();
         s.sort();
         s.dedup_by(|a, b| a.name == b.name);
         s
@@ -293,7 +347,13 @@ fn with_shims(policy: Policy, shims: Vec<moat_policy::ShimSpec>) -> Result<Polic
 
 /// `moat run TOOL [ARGS...]`.
 pub fn run(a: RunArgs) -> ExitCode {
-    let reporting = Reporting { json: a.json, events: a.events, audit_log: a.audit_log.clone(), no_audit: a.no_audit, quiet: a.quiet };
+    let reporting = Reporting {
+        json: a.json,
+        events: a.events,
+        audit_log: a.audit_log.clone(),
+        no_audit: a.no_audit,
+        quiet: a.quiet,
+    };
     let mut it = a.tool_and_args.iter();
     let Some(tool) = it.next().map(|t| t.to_string_lossy().into_owned()) else {
         return refuse_early(&reporting, "name a tool: moat run TOOL [ARGS...]");
@@ -338,17 +398,21 @@ pub fn shim_main(name: &str, args: Vec<OsString>) -> ExitCode {
     }
     let mut tool_and_args = vec![OsString::from(name)];
     tool_and_args.extend(args);
-    run(RunArgs { tool_and_args, ..Default::default() })
+    run(RunArgs {
+        tool_and_args,
+        ..Default::default()
+    })
 }
 
 fn in_sandbox_shim(name: &str, args: Vec<OsString>) -> ExitCode {
     // The table the host wrote into the view when it resolved the session:
     // which program each shim runs and with which class (the user's own
     // profiles included — their files are not visible in here).
-    let table: Vec<moat_policy::ShimSpec> = std::fs::read_to_string(moat_linux::plan::SANDBOX_SHIM_TABLE)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
+    let table: Vec<moat_policy::ShimSpec> =
+        std::fs::read_to_string(moat_linux::plan::SANDBOX_SHIM_TABLE)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
     let Some(spec) = table.into_iter().find(|s| s.name == name) else {
         eprintln!("moat: {name}: no shim of that name in this session");
         return ExitCode::from(127);
@@ -362,19 +426,32 @@ fn in_sandbox_shim(name: &str, args: Vec<OsString>) -> ExitCode {
         .map(|d| d.join(&spec.program))
         .find(|c| is_executable(c));
     let Some(program) = program else {
-        eprintln!("moat: {name}: {} not found in the sandbox's view", spec.program);
+        eprintln!(
+            "moat: {name}: {} not found in the sandbox's view",
+            spec.program
+        );
         return ExitCode::from(127);
     };
     if let Some(c) = class {
         if let Err(e) = moat_linux::confine::apply_net_class(c) {
-            eprintln!("moat: {name}: cannot apply its network class {}: {e}", c.as_str());
+            eprintln!(
+                "moat: {name}: cannot apply its network class {}: {e}",
+                c.as_str()
+            );
             return ExitCode::from(EXIT_MOAT_FAILED);
         }
     }
     use std::os::unix::process::CommandExt;
-    let err = std::process::Command::new(&program).arg0(name).args(args).exec();
+    let err = std::process::Command::new(&program)
+        .arg0(name)
+        .args(args)
+        .exec();
     eprintln!("moat: {}: {err}", program.display());
-    ExitCode::from(if err.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 })
+    ExitCode::from(if err.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    })
 }
 
 pub fn profile(cmd: ProfileCommand) -> ExitCode {
@@ -386,7 +463,10 @@ pub fn profile(cmd: ProfileCommand) -> ExitCode {
                         Some(ProfileOrigin::User(p)) => format!("user {}", p.display()),
                         _ => "built-in".into(),
                     };
-                    let desc = cat.get(n).and_then(|p| p.description.clone()).unwrap_or_default();
+                    let desc = cat
+                        .get(n)
+                        .and_then(|p| p.description.clone())
+                        .unwrap_or_default();
                     println!("{n:<8} {origin:<10} {desc}");
                 }
                 ExitCode::SUCCESS
@@ -442,7 +522,9 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                     return fail(&format!("refusing to shim {t:?}: it would shadow moat itself or is not a plain name"));
                 }
                 if !names.contains(&t.as_str()) {
-                    return fail(&format!("no profile for {t:?}; refusing to shim a tool without a declared boundary"));
+                    return fail(&format!(
+                        "no profile for {t:?}; refusing to shim a tool without a declared boundary"
+                    ));
                 }
             }
             if let Err(e) = std::fs::create_dir_all(&dir) {
@@ -457,16 +539,24 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                     }
                 }
                 if link.symlink_metadata().is_ok() {
-                    return fail(&format!("{} exists and is not a moat shim; remove it first", link.display()));
+                    return fail(&format!(
+                        "{} exists and is not a moat shim; remove it first",
+                        link.display()
+                    ));
                 }
                 if let Err(e) = std::os::unix::fs::symlink(&exe, &link) {
                     return fail(&format!("{}: {e}", link.display()));
                 }
                 println!("{} -> {}", link.display(), exe.display());
             }
-            let on_path = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d == dir)).unwrap_or(false);
+            let on_path = std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).any(|d| d == dir))
+                .unwrap_or(false);
             if !on_path {
-                eprintln!("note: {} is not on PATH; add it before the real tools' directories", dir.display());
+                eprintln!(
+                    "note: {} is not on PATH; add it before the real tools' directories",
+                    dir.display()
+                );
             }
             ExitCode::SUCCESS
         }
@@ -475,7 +565,12 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
             if let Ok(rd) = std::fs::read_dir(&dir) {
                 let mut names: Vec<String> = rd
                     .flatten()
-                    .filter(|e| std::fs::read_link(e.path()).ok().and_then(|t| std::fs::canonicalize(dir.join(t)).ok()) == Some(exe.clone()))
+                    .filter(|e| {
+                        std::fs::read_link(e.path())
+                            .ok()
+                            .and_then(|t| std::fs::canonicalize(dir.join(t)).ok())
+                            == Some(exe.clone())
+                    })
                     .map(|e| e.file_name().to_string_lossy().into_owned())
                     .collect();
                 names.sort();
@@ -489,7 +584,10 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
             let dir = shim_dir(dir.as_deref());
             for t in &tools {
                 let link = dir.join(t);
-                let ours = std::fs::read_link(&link).ok().and_then(|x| std::fs::canonicalize(dir.join(x)).ok()) == Some(exe.clone());
+                let ours = std::fs::read_link(&link)
+                    .ok()
+                    .and_then(|x| std::fs::canonicalize(dir.join(x)).ok())
+                    == Some(exe.clone());
                 if !ours {
                     return fail(&format!("{} is not a moat shim", link.display()));
                 }
@@ -519,10 +617,15 @@ pub fn trust(dir: Option<PathBuf>, list: bool, untrust: bool) -> ExitCode {
             Err(e) => fail(&e.to_string()),
         };
     }
-    let here = dir.unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")));
+    let here =
+        dir.unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")));
     let start = std::fs::canonicalize(&here).unwrap_or(here);
     let Some(path) = find_project_file(&start, Some(&home())) else {
-        return fail(&format!("no {} found from {} up to the repository root", moat_config::PROJECT_FILE_NAME, start.display()));
+        return fail(&format!(
+            "no {} found from {} up to the repository root",
+            moat_config::PROJECT_FILE_NAME,
+            start.display()
+        ));
     };
     if untrust {
         return match store.untrust(&path) {
@@ -541,7 +644,10 @@ pub fn trust(dir: Option<PathBuf>, list: bool, untrust: bool) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(&e.to_string()),
     };
-    print!("{}", render_grants(&project).trim_end_matches("Trust this project file? [y/N] "));
+    print!(
+        "{}",
+        render_grants(&project).trim_end_matches("Trust this project file? [y/N] ")
+    );
     println!();
     match store.trust(&project.path, &project.digest) {
         Ok(()) => {

@@ -154,7 +154,8 @@ pub fn load_project(path: &Path, home: Option<&Path>) -> Result<ProjectFile, Con
     // A symlinked project file would borrow another project's trust (trust
     // is keyed by the canonical path): a command could plant
     // `sub/.moat.toml -> ../../other/.moat.toml` and get its grants unasked.
-    let meta = std::fs::symlink_metadata(path).map_err(|e| ConfigError::io("cannot read", path, e))?;
+    let meta =
+        std::fs::symlink_metadata(path).map_err(|e| ConfigError::io("cannot read", path, e))?;
     if meta.file_type().is_symlink() || !meta.is_file() {
         return Err(ConfigError::io(
             "refusing a project file that is not a regular file (a symlink borrows another project's trust)",

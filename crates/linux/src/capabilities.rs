@@ -27,7 +27,9 @@ fn in_child(f: impl FnOnce() -> Result<(), i32>) -> Result<(), String> {
         }
         Ok(pid) => match nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None) {
             Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
-            Ok(nix::sys::wait::WaitStatus::Exited(_, e)) => Err(std::io::Error::from_raw_os_error(e).to_string()),
+            Ok(nix::sys::wait::WaitStatus::Exited(_, e)) => {
+                Err(std::io::Error::from_raw_os_error(e).to_string())
+            }
             Ok(other) => Err(format!("{other:?}")),
             Err(e) => Err(e.to_string()),
         },
@@ -42,8 +44,16 @@ fn errno_of(e: nix::errno::Errno) -> i32 {
 /// The full report printed by `moat capabilities`.
 pub fn report(moat_env: Vec<(String, String)>) -> Value {
     let mut probes = Vec::new();
-    let userns = in_child(|| nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(errno_of));
-    probes.push(probe_result("user_namespace", userns.is_ok(), userns.clone().err().unwrap_or_else(|| "unshare(CLONE_NEWUSER) succeeded".into())));
+    let userns =
+        in_child(|| nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(errno_of));
+    probes.push(probe_result(
+        "user_namespace",
+        userns.is_ok(),
+        userns
+            .clone()
+            .err()
+            .unwrap_or_else(|| "unshare(CLONE_NEWUSER) succeeded".into()),
+    ));
     let kinds = [
         ("mount_namespace", nix::sched::CloneFlags::CLONE_NEWNS),
         ("pid_namespace", nix::sched::CloneFlags::CLONE_NEWPID),
@@ -59,17 +69,30 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
             nix::sched::unshare(flag).map_err(errno_of)
         });
         ns_ok.insert(name.into(), Value::Bool(r.is_ok()));
-        probes.push(probe_result(name, r.is_ok(), r.err().unwrap_or_else(|| "created inside a new user namespace".into())));
+        probes.push(probe_result(
+            name,
+            r.is_ok(),
+            r.err()
+                .unwrap_or_else(|| "created inside a new user namespace".into()),
+        ));
     }
     let abi = sys::landlock_abi();
     probes.push(probe_result(
         "landlock",
         abi > 0,
-        if abi > 0 { format!("ABI {abi}") } else { "landlock_create_ruleset failed: Landlock not enabled".into() },
+        if abi > 0 {
+            format!("ABI {abi}")
+        } else {
+            "landlock_create_ruleset failed: Landlock not enabled".into()
+        },
     ));
     let seccomp = in_child(|| {
         sys::set_no_new_privs().map_err(|e| e.raw_os_error().unwrap_or(1))?;
-        let prog = crate::confine::seccomp_filter(&crate::plan::SeccompSpec { socket_families: Some(vec![libc::AF_UNIX]), ..Default::default() }).map_err(|_| 22)?;
+        let prog = crate::confine::seccomp_filter(&crate::plan::SeccompSpec {
+            socket_families: Some(vec![libc::AF_UNIX]),
+            ..Default::default()
+        })
+        .map_err(|_| 22)?;
         crate::confine::apply_seccomp(&prog).map_err(|_| 1)?;
         // The filter must actually refuse: an AF_INET socket has to fail with EPERM.
         match nix::sys::socket::socket(
@@ -82,32 +105,86 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
             _ => Err(libc::EINVAL),
         }
     });
-    probes.push(probe_result("seccomp_filter", seccomp.is_ok(), seccomp.clone().err().unwrap_or_else(|| "filter installed and refused socket(AF_INET) with EPERM".into())));
+    probes.push(probe_result(
+        "seccomp_filter",
+        seccomp.is_ok(),
+        seccomp
+            .clone()
+            .err()
+            .unwrap_or_else(|| "filter installed and refused socket(AF_INET) with EPERM".into()),
+    ));
 
     // Each level end to end: build its real plan and run `true` in it.
     let ws = std::env::temp_dir();
-    let home = moat_env.iter().find(|(k, _)| k == "HOME").map(|(_, v)| v.clone()).unwrap_or_else(|| "/".into());
-    let true_bin = ["/usr/bin/true", "/bin/true"].into_iter().find(|p| Path::new(p).exists()).unwrap_or("/bin/true");
+    let home = moat_env
+        .iter()
+        .find(|(k, _)| k == "HOME")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| "/".into());
+    let true_bin = ["/usr/bin/true", "/bin/true"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("/bin/true");
     let mut levels = Map::new();
     let mut level_ok = Map::new();
     for level in Level::ALL {
-        let network = if level.is_sandboxed() { NetworkMode::Disabled } else { NetworkMode::Unmanaged };
+        let network = if level.is_sandboxed() {
+            NetworkMode::Disabled
+        } else {
+            NetworkMode::Unmanaged
+        };
         let r = end_to_end(level, network, &ws, &home, true_bin, &moat_env);
         level_ok.insert(level.as_str().into(), Value::Bool(r.is_ok()));
         levels.insert(level.as_str().into(), status_value(&r));
-        probes.push(probe_result(&format!("sandbox_level:{level}"), r.is_ok(), r.err().unwrap_or_else(|| "ran `true` at this level".into())));
+        probes.push(probe_result(
+            &format!("sandbox_level:{level}"),
+            r.is_ok(),
+            r.err().unwrap_or_else(|| "ran `true` at this level".into()),
+        ));
     }
     let mut modes = Map::new();
-    let disabled_ok = level_ok.get("workspace-contained").and_then(Value::as_bool).unwrap_or(false);
-    modes.insert("disabled".into(), status_value(&if disabled_ok { Ok(()) } else { Err("sandbox levels unavailable".to_string()) }));
-    let unmanaged = end_to_end(Level::WorkspaceContained, NetworkMode::Unmanaged, &ws, &home, true_bin, &moat_env);
-    probes.push(probe_result("network_mode:unmanaged", unmanaged.is_ok(), unmanaged.clone().err().unwrap_or_else(|| "ran `true` on the host network with abstract-socket scoping".into())));
+    let disabled_ok = level_ok
+        .get("workspace-contained")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    modes.insert(
+        "disabled".into(),
+        status_value(&if disabled_ok {
+            Ok(())
+        } else {
+            Err("sandbox levels unavailable".to_string())
+        }),
+    );
+    let unmanaged = end_to_end(
+        Level::WorkspaceContained,
+        NetworkMode::Unmanaged,
+        &ws,
+        &home,
+        true_bin,
+        &moat_env,
+    );
+    probes.push(probe_result(
+        "network_mode:unmanaged",
+        unmanaged.is_ok(),
+        unmanaged.clone().err().unwrap_or_else(|| {
+            "ran `true` on the host network with abstract-socket scoping".into()
+        }),
+    ));
     modes.insert("unmanaged".into(), status_value(&unmanaged));
-    let proxy = end_to_end(Level::WorkspaceContained, NetworkMode::Proxy, &ws, &home, true_bin, &moat_env);
+    let proxy = end_to_end(
+        Level::WorkspaceContained,
+        NetworkMode::Proxy,
+        &ws,
+        &home,
+        true_bin,
+        &moat_env,
+    );
     probes.push(probe_result(
         "network_mode:proxy",
         proxy.is_ok(),
-        proxy.clone().err().unwrap_or_else(|| "ran `true` in a loopback-only namespace with the proxy endpoints handed out".into()),
+        proxy.clone().err().unwrap_or_else(|| {
+            "ran `true` in a loopback-only namespace with the proxy endpoints handed out".into()
+        }),
     ));
     modes.insert("proxy".into(), status_value(&proxy));
 
@@ -133,7 +210,14 @@ fn status_value(r: &Result<(), String>) -> Value {
     }
 }
 
-fn end_to_end(level: Level, network: NetworkMode, ws: &Path, home: &str, true_bin: &str, env: &[(String, String)]) -> Result<(), String> {
+fn end_to_end(
+    level: Level,
+    network: NetworkMode,
+    ws: &Path,
+    home: &str,
+    true_bin: &str,
+    env: &[(String, String)],
+) -> Result<(), String> {
     let policy = Policy::resolve(PolicyRequest {
         level: Some(level),
         network: Some(network),

@@ -9,10 +9,13 @@ use std::collections::BTreeMap;
 use std::io;
 
 use landlock::{
-    Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
-    RulesetStatus, Scope, ABI,
+    Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
-use seccompiler::{SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch};
+use seccompiler::{
+    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    TargetArch,
+};
 use serde::Serialize;
 
 use crate::plan::{LandlockSpec, SeccompSpec};
@@ -90,7 +93,11 @@ pub fn apply_landlock(spec: &LandlockSpec, kernel_abi: i32) -> Result<Enforcemen
     let ll = |e: landlock::RulesetError| ConfineError::Landlock(e.to_string());
     let all = AccessFs::from_all(abi);
     let read = AccessFs::from_read(abi);
-    let dev = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev | AccessFs::ReadDir;
+    let dev = AccessFs::ReadFile
+        | AccessFs::WriteFile
+        | AccessFs::Truncate
+        | AccessFs::IoctlDev
+        | AccessFs::ReadDir;
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(all)
@@ -126,8 +133,13 @@ pub fn apply_landlock(spec: &LandlockSpec, kernel_abi: i32) -> Result<Enforcemen
         // A rule on a file (a bound binary, a --ro file) may only carry
         // file rights; directory rights there would make the kernel refuse
         // the rule and the crate report the ruleset as partial.
-        let access = if path.is_dir() { access } else { access & AccessFs::from_file(abi) };
-        let fd = PathFd::new(path).map_err(|e| ConfineError::Landlock(format!("{}: {e}", path.display())))?;
+        let access = if path.is_dir() {
+            access
+        } else {
+            access & AccessFs::from_file(abi)
+        };
+        let fd = PathFd::new(path)
+            .map_err(|e| ConfineError::Landlock(format!("{}: {e}", path.display())))?;
         created = created.add_rule(PathBeneath::new(fd, access)).map_err(ll)?;
     }
     // The command's own stdin/stdout/stderr may be host files (a redirect
@@ -153,14 +165,18 @@ fn stdio_reopen_rights(abi: ABI) -> Vec<(PathFd, landlock::BitFlags<AccessFs>)> 
     use nix::sys::stat::{fstat, SFlag};
     let mut out = Vec::new();
     for fd in 0..3 {
-        let Some(b) = sys::borrow_stdio(fd) else { continue };
+        let Some(b) = sys::borrow_stdio(fd) else {
+            continue;
+        };
         let Ok(st) = fstat(b) else { continue };
         let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
         let is_dev = kind == SFlag::S_IFCHR || kind == SFlag::S_IFBLK;
         if kind != SFlag::S_IFREG && !is_dev {
             continue;
         }
-        let Ok(flags) = fcntl(b, FcntlArg::F_GETFL) else { continue };
+        let Ok(flags) = fcntl(b, FcntlArg::F_GETFL) else {
+            continue;
+        };
         let mode = OFlag::from_bits_truncate(flags) & OFlag::O_ACCMODE;
         let mut access = landlock::BitFlags::<AccessFs>::empty();
         if mode == OFlag::O_RDONLY || mode == OFlag::O_RDWR {
@@ -243,21 +259,43 @@ pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, Con
     // Terminal injection: TIOCSTI pushes bytes into the host terminal's input,
     // TIOCLINUX can read/paste the console selection.
     let ioctl_cmd = |cmd: u64| -> Result<SeccompRule, ConfineError> {
-        SeccompRule::new(vec![SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, cmd).map_err(sc)?]).map_err(sc)
+        SeccompRule::new(vec![SeccompCondition::new(
+            1,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            cmd,
+        )
+        .map_err(sc)?])
+        .map_err(sc)
     };
-    rules.insert(libc::SYS_ioctl, vec![ioctl_cmd(libc::TIOCSTI)?, ioctl_cmd(libc::TIOCLINUX)?]);
+    rules.insert(
+        libc::SYS_ioctl,
+        vec![ioctl_cmd(libc::TIOCSTI)?, ioctl_cmd(libc::TIOCLINUX)?],
+    );
     if let Some(families) = &spec.socket_families {
         // One rule whose conditions are ANDed: the family is none of the allowed.
         let conditions = families
             .iter()
-            .map(|f| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f as u64).map_err(sc))
+            .map(|f| {
+                SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f as u64)
+                    .map_err(sc)
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        rules.insert(libc::SYS_socket, vec![SeccompRule::new(conditions).map_err(sc)?]);
+        rules.insert(
+            libc::SYS_socket,
+            vec![SeccompRule::new(conditions).map_err(sc)?],
+        );
     }
     // A tool's net class narrows further: families it may not open at all.
     for f in &spec.denied_families {
-        let rule = SeccompRule::new(vec![SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *f as u64).map_err(sc)?])
-            .map_err(sc)?;
+        let rule = SeccompRule::new(vec![SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            *f as u64,
+        )
+        .map_err(sc)?])
+        .map_err(sc)?;
         rules.entry(libc::SYS_socket).or_default().push(rule);
     }
     if spec.deny_listen {
@@ -271,7 +309,13 @@ pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, Con
     let arch = TargetArch::x86_64;
     #[cfg(target_arch = "aarch64")]
     let arch = TargetArch::aarch64;
-    let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch).map_err(sc)?;
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(sc)?;
     seccompiler::BpfProgram::try_from(filter).map_err(sc)
 }
 

@@ -43,14 +43,22 @@ impl DenyReason {
     /// A phrase for the one-line stderr summary.
     pub fn phrase(self, level: Level) -> String {
         match self {
-            DenyReason::Protected => "protected path, an empty read-only stand-in; opt in with --ro/--rw PATH".into(),
+            DenyReason::Protected => {
+                "protected path, an empty read-only stand-in; opt in with --ro/--rw PATH".into()
+            }
             DenyReason::WriteProtected => "write-protected: it runs code later".into(),
             DenyReason::OutsideWritable => match level {
-                Level::ReadOnly => "read-only policy; use --policy workspace-write or --rw PATH".into(),
+                Level::ReadOnly => {
+                    "read-only policy; use --policy workspace-write or --rw PATH".into()
+                }
                 _ => "outside the workspace; add --rw PATH to grant it".into(),
             },
-            DenyReason::OutsideView => format!("not in the view at --policy {level}; add --ro PATH to show it"),
-            DenyReason::MoatState => "moat's own audit log and configuration are read-only to sandboxed commands".into(),
+            DenyReason::OutsideView => {
+                format!("not in the view at --policy {level}; add --ro PATH to show it")
+            }
+            DenyReason::MoatState => {
+                "moat's own audit log and configuration are read-only to sandboxed commands".into()
+            }
             DenyReason::ReadOnlyGrant => "granted read-only; grant it with --rw to write".into(),
         }
     }
@@ -58,7 +66,11 @@ impl DenyReason {
 
 /// Lexically absolute and normalized (`..` folded), relative to `cwd`.
 pub fn absolute(cwd: &Path, p: &str) -> PathBuf {
-    let raw = if p.starts_with('/') { PathBuf::from(p) } else { cwd.join(p) };
+    let raw = if p.starts_with('/') {
+        PathBuf::from(p)
+    } else {
+        cwd.join(p)
+    };
     let mut out = PathBuf::from("/");
     for c in raw.components() {
         match c {
@@ -82,7 +94,12 @@ fn covering<'a>(plan: &'a Plan, path: &Path) -> Option<&'a MountOp> {
 
 /// Explains a refusal of `path` with `errno` ("EROFS", "EACCES", "EPERM",
 /// "ENOENT"), or None when moat's policy did not cause it.
-pub fn explain(plan: &Plan, path: &str, errno: &str, host_exists: impl Fn(&Path) -> bool) -> Option<DenyReason> {
+pub fn explain(
+    plan: &Plan,
+    path: &str,
+    errno: &str,
+    host_exists: impl Fn(&Path) -> bool,
+) -> Option<DenyReason> {
     if !plan.sandboxed {
         return None;
     }
@@ -101,12 +118,16 @@ pub fn explain(plan: &Plan, path: &str, errno: &str, host_exists: impl Fn(&Path)
         "EROFS" | "EACCES" | "EPERM" => {
             let writable = plan.landlock.write.iter().any(|w| abs.starts_with(w));
             match op {
-                Some(MountOp::Bind { readonly: true, target, .. }) if plan.ro_grants.iter().any(|g| g == target) => {
-                    Some(DenyReason::ReadOnlyGrant)
-                }
-                Some(MountOp::Bind { readonly: true, target, .. }) if writable && *target != plan.cwd => {
-                    Some(DenyReason::WriteProtected)
-                }
+                Some(MountOp::Bind {
+                    readonly: true,
+                    target,
+                    ..
+                }) if plan.ro_grants.iter().any(|g| g == target) => Some(DenyReason::ReadOnlyGrant),
+                Some(MountOp::Bind {
+                    readonly: true,
+                    target,
+                    ..
+                }) if writable && *target != plan.cwd => Some(DenyReason::WriteProtected),
                 _ if !writable && errno != "EPERM" => Some(DenyReason::OutsideWritable),
                 _ => None,
             }

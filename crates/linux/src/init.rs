@@ -18,8 +18,14 @@ use crate::plan::Plan;
 use crate::sys;
 
 /// Signals the init waits for; blocked from before the clone so none is lost.
-pub const INIT_SIGNALS: &[libc::c_int] =
-    &[libc::SIGCHLD, libc::SIGTERM, libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGUSR1];
+pub const INIT_SIGNALS: &[libc::c_int] = &[
+    libc::SIGCHLD,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+];
 
 /// What the init needs, all prepared before the clone (no lookups after it).
 pub struct InitArgs<'a> {
@@ -76,9 +82,11 @@ fn setup(args: &InitArgs<'_>) -> Result<(), String> {
     let fd = args.report_fd;
     if plan.sandboxed {
         // The namespace dies if the supervisor dies (and so does everything in it).
-        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(|e| format!("set parent-death signal: {e}"))?;
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+            .map_err(|e| format!("set parent-death signal: {e}"))?;
     } else {
-        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGUSR1).map_err(|e| format!("set parent-death signal: {e}"))?;
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGUSR1)
+            .map_err(|e| format!("set parent-death signal: {e}"))?;
         nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("become subreaper: {e}"))?;
     }
     if let Some(o) = args.stdout_fd {
@@ -89,15 +97,23 @@ fn setup(args: &InitArgs<'_>) -> Result<(), String> {
     }
     // Inherited descriptors are a way around every path rule: close them all,
     // keeping only stdio and the report pipe (close-on-exec).
-    close_all_but(&[Some(fd), args.handoff_fd].into_iter().flatten().collect::<Vec<_>>())
-        .map_err(|e| format!("close inherited fds: {e}"))?;
+    close_all_but(
+        &[Some(fd), args.handoff_fd]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>(),
+    )
+    .map_err(|e| format!("close inherited fds: {e}"))?;
     if !plan.sandboxed {
         return Ok(());
     }
     sys::wipe_environ_block().map_err(|e| format!("clear the init's environment: {e}"))?;
-    fs::write("/proc/self/setgroups", "deny").map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
-    fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid)).map_err(|e| format!("write uid_map: {e}"))?;
-    fs::write("/proc/self/gid_map", format!("{0} {0} 1\n", plan.gid)).map_err(|e| format!("write gid_map: {e}"))?;
+    fs::write("/proc/self/setgroups", "deny")
+        .map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
+    fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid))
+        .map_err(|e| format!("write uid_map: {e}"))?;
+    fs::write("/proc/self/gid_map", format!("{0} {0} 1\n", plan.gid))
+        .map_err(|e| format!("write gid_map: {e}"))?;
     // After the id maps: a non-dumpable process's /proc files belong to root.
     sys::set_not_dumpable().map_err(|e| format!("set non-dumpable: {e}"))?;
     nix::unistd::sethostname("moat").map_err(|e| format!("set hostname: {e}"))?;
@@ -105,15 +121,18 @@ fn setup(args: &InitArgs<'_>) -> Result<(), String> {
         // First, so the supervisor can start serving while the view is built.
         crate::netns::create_and_send_listeners(hfd)?;
     }
-    let broker = mounts::build_root(&plan.mounts, plan.broker).map_err(|e| format!("build the sandbox view: {e}"))?;
+    let broker = mounts::build_root(&plan.mounts, plan.broker)
+        .map_err(|e| format!("build the sandbox view: {e}"))?;
     if let (Some(hfd), Some(listener)) = (args.handoff_fd, broker) {
         use std::os::fd::AsRawFd;
-        crate::netns::send_fds(hfd, b'B', &[listener.as_raw_fd()]).map_err(|e| format!("hand the broker socket to moat: {e}"))?;
+        crate::netns::send_fds(hfd, b'B', &[listener.as_raw_fd()])
+            .map_err(|e| format!("hand the broker socket to moat: {e}"))?;
     }
     if let Some(hfd) = args.handoff_fd {
         let _ = nix::unistd::close(hfd);
     }
-    nix::unistd::chdir(&plan.cwd).map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
+    nix::unistd::chdir(&plan.cwd)
+        .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
     Ok(())
 }
 
@@ -151,7 +170,14 @@ fn command(args: &InitArgs<'_>) -> ! {
         }
     }
     let _ = sys::close_range(3, u32::MAX, true);
-    report(fd, &format!("L {}{}\n", layers[0].code() as char, layers[1].code() as char));
+    report(
+        fd,
+        &format!(
+            "L {}{}\n",
+            layers[0].code() as char,
+            layers[1].code() as char
+        ),
+    );
     exec_search(args)
 }
 
@@ -189,7 +215,9 @@ fn exec_search(args: &InitArgs<'_>) -> ! {
     let mut saw_eacces = false;
     let mut last = libc::ENOENT;
     for c in &candidates {
-        let e = sys::execve(c, &argv, &envp).raw_os_error().unwrap_or(libc::ENOENT);
+        let e = sys::execve(c, &argv, &envp)
+            .raw_os_error()
+            .unwrap_or(libc::ENOENT);
         match e {
             libc::EACCES => saw_eacces = true,
             libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG => {}
@@ -199,7 +227,13 @@ fn exec_search(args: &InitArgs<'_>) -> ! {
             }
         }
     }
-    let errno = if last != libc::ENOENT { last } else if saw_eacces { libc::EACCES } else { libc::ENOENT };
+    let errno = if last != libc::ENOENT {
+        last
+    } else if saw_eacces {
+        libc::EACCES
+    } else {
+        libc::ENOENT
+    };
     report(fd, &format!("X {errno}\n"));
     sys::exit_now(if errno == libc::ENOENT { 127 } else { 126 });
 }
@@ -216,12 +250,18 @@ fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
     };
     let mut main_status: Option<(i32, i32)> = None;
     loop {
-        let Ok((sig, _)) = sys::sigwait(INIT_SIGNALS) else { continue };
+        let Ok((sig, _)) = sys::sigwait(INIT_SIGNALS) else {
+            continue;
+        };
         match sig {
             libc::SIGCHLD => loop {
                 match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
-                    Ok(WaitStatus::Exited(pid, code)) if pid == main_pid => main_status = Some((code, 0)),
-                    Ok(WaitStatus::Signaled(pid, s, _)) if pid == main_pid => main_status = Some((128 + s as i32, s as i32)),
+                    Ok(WaitStatus::Exited(pid, code)) if pid == main_pid => {
+                        main_status = Some((code, 0))
+                    }
+                    Ok(WaitStatus::Signaled(pid, s, _)) if pid == main_pid => {
+                        main_status = Some((128 + s as i32, s as i32))
+                    }
                     Ok(WaitStatus::StillAlive) | Err(_) => break,
                     Ok(_) => {}
                 }

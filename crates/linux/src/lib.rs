@@ -28,4 +28,6 @@ pub mod tree;
 pub use confine::Enforcement;
 pub use plan::{build as build_plan, Plan, PlanError};
 pub use probe::HostFacts;
-pub use run::{run, Layers, NoObserver, OutputMode, RunObserver, RunOptions, RunOutcome, RunStatus, Stream};
+pub use run::{
+    run, Layers, NoObserver, OutputMode, RunObserver, RunOptions, RunOutcome, RunStatus, Stream,
+};

@@ -30,7 +30,11 @@ pub struct MountError {
 }
 
 fn err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> MountError + 'a {
-    move |source| MountError { step, path: path.to_path_buf(), source }
+    move |source| MountError {
+        step,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 fn nix_err(e: nix::errno::Errno) -> io::Error {
@@ -40,12 +44,21 @@ fn nix_err(e: nix::errno::Errno) -> io::Error {
 /// Builds the whole view and leaves the process inside it, at `/`. With
 /// `broker`, also binds the nested-run socket at [`crate::netns::BROKER_SOCKET`]
 /// (before the root becomes read-only) and returns its listener.
-pub fn build_root(ops: &[MountOp], broker: bool) -> Result<Option<std::os::unix::net::UnixListener>, MountError> {
+pub fn build_root(
+    ops: &[MountOp],
+    broker: bool,
+) -> Result<Option<std::os::unix::net::UnixListener>, MountError> {
     // Our mount events must never propagate to the host (and host events
     // should not trickle into the sandbox mid-run).
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .map_err(nix_err)
-        .map_err(err("make mounts private", Path::new("/")))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(nix_err)
+    .map_err(err("make mounts private", Path::new("/")))?;
     let staging = Path::new(STAGING);
     mount(
         Some("tmpfs"),
@@ -57,16 +70,25 @@ pub fn build_root(ops: &[MountOp], broker: bool) -> Result<Option<std::os::unix:
     .map_err(nix_err)
     .map_err(err("mount root tmpfs", staging))?;
     let old = staging.join(OLD_ROOT.trim_start_matches('/'));
-    fs::DirBuilder::new().mode(0o700).create(&old).map_err(err("mkdir", &old))?;
-    nix::unistd::pivot_root(staging, &old).map_err(nix_err).map_err(err("pivot_root", staging))?;
-    nix::unistd::chdir("/").map_err(nix_err).map_err(err("chdir", Path::new("/")))?;
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&old)
+        .map_err(err("mkdir", &old))?;
+    nix::unistd::pivot_root(staging, &old)
+        .map_err(nix_err)
+        .map_err(err("pivot_root", staging))?;
+    nix::unistd::chdir("/")
+        .map_err(nix_err)
+        .map_err(err("chdir", Path::new("/")))?;
 
     // Empty stand-ins come from a tmpfs that is mounted nowhere.
-    let scratch = sys::detached_tmpfs(c"0555").map_err(err("create scratch tmpfs", Path::new("(detached)")))?;
+    let scratch = sys::detached_tmpfs(c"0555")
+        .map_err(err("create scratch tmpfs", Path::new("(detached)")))?;
     let empty_dir = Path::new("d");
     let empty_file = Path::new("f");
     make_scratch(&scratch).map_err(err("fill scratch tmpfs", Path::new("(detached)")))?;
-    sys::make_superblock_readonly(&scratch).map_err(err("make scratch tmpfs read-only", Path::new("(detached)")))?;
+    sys::make_superblock_readonly(&scratch)
+        .map_err(err("make scratch tmpfs read-only", Path::new("(detached)")))?;
 
     for op in ops {
         apply_op(op, &scratch, empty_dir, empty_file)?;
@@ -82,16 +104,26 @@ pub fn build_root(ops: &[MountOp], broker: bool) -> Result<Option<std::os::unix:
         None
     };
     let old = Path::new(OLD_ROOT);
-    umount2(old, MntFlags::MNT_DETACH).map_err(nix_err).map_err(err("detach old root", old))?;
+    umount2(old, MntFlags::MNT_DETACH)
+        .map_err(nix_err)
+        .map_err(err("detach old root", old))?;
     fs::remove_dir(old).map_err(err("rmdir", old))?;
     // Nothing may be created at the top level of the view.
-    sys::mount_setattr_path(Path::new("/"), MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
-        .map_err(err("make root read-only", Path::new("/")))?;
+    sys::mount_setattr_path(
+        Path::new("/"),
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+    )
+    .map_err(err("make root read-only", Path::new("/")))?;
     Ok(listener)
 }
 
 fn make_scratch(scratch: &OwnedFd) -> io::Result<()> {
-    nix::sys::stat::mkdirat(scratch, "d", nix::sys::stat::Mode::from_bits_truncate(0o555)).map_err(nix_err)?;
+    nix::sys::stat::mkdirat(
+        scratch,
+        "d",
+        nix::sys::stat::Mode::from_bits_truncate(0o555),
+    )
+    .map_err(nix_err)?;
     let fd = nix::fcntl::openat(
         scratch,
         "f",
@@ -107,24 +139,44 @@ fn host_path(p: &Path) -> PathBuf {
     Path::new(OLD_ROOT).join(p.strip_prefix("/").unwrap_or(p))
 }
 
-fn apply_op(op: &MountOp, scratch: &OwnedFd, empty_dir: &Path, empty_file: &Path) -> Result<(), MountError> {
+fn apply_op(
+    op: &MountOp,
+    scratch: &OwnedFd,
+    empty_dir: &Path,
+    empty_file: &Path,
+) -> Result<(), MountError> {
     match op {
         MountOp::Tmpfs { target, mode } => {
             ensure_mountpoint(target, Kind::Dir)?;
             let opts = format!("mode={mode:o}");
-            mount(Some("tmpfs"), target, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(opts.as_str()))
-                .map_err(nix_err)
-                .map_err(err("mount tmpfs", target))?;
+            mount(
+                Some("tmpfs"),
+                target,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(opts.as_str()),
+            )
+            .map_err(nix_err)
+            .map_err(err("mount tmpfs", target))?;
         }
-        MountOp::Bind { source, target, kind, recursive, readonly, device } => {
+        MountOp::Bind {
+            source,
+            target,
+            kind,
+            recursive,
+            readonly,
+            device,
+        } => {
             ensure_mountpoint(target, *kind)?;
             // Resolved again here without following any symlink: the plan's
             // sources are canonical, so a symlink now means a component was
             // swapped since the probe (by a concurrent run, or a nested
             // request racing its own check) — refuse instead of binding
             // wherever it points.
-            let handle = sys::open_path_nofollow(libc::AT_FDCWD, &host_path(source)).map_err(err("open bind source", source))?;
-            let tree = sys::open_tree_clone_fd(&handle, *recursive).map_err(err("clone mount", source))?;
+            let handle = sys::open_path_nofollow(libc::AT_FDCWD, &host_path(source))
+                .map_err(err("open bind source", source))?;
+            let tree =
+                sys::open_tree_clone_fd(&handle, *recursive).map_err(err("clone mount", source))?;
             let mut attrs = MOUNT_ATTR_NOSUID;
             if *device {
                 attrs |= MOUNT_ATTR_NOEXEC;
@@ -134,7 +186,8 @@ fn apply_op(op: &MountOp, scratch: &OwnedFd, empty_dir: &Path, empty_file: &Path
             if *readonly {
                 attrs |= MOUNT_ATTR_RDONLY;
             }
-            sys::mount_setattr_fd(&tree, attrs, *recursive).map_err(err("set mount attributes", source))?;
+            sys::mount_setattr_fd(&tree, attrs, *recursive)
+                .map_err(err("set mount attributes", source))?;
             sys::move_mount_to(&tree, target).map_err(err("bind", target))?;
         }
         MountOp::File { target, contents } => {
@@ -180,17 +233,31 @@ fn apply_op(op: &MountOp, scratch: &OwnedFd, empty_dir: &Path, empty_file: &Path
             .map_err(err("mount devpts", target))?;
         }
         MountOp::ReadOnlyAgain { target } => {
-            let tree = sys::open_tree_clone(None, target, true).map_err(err("clone mount", target))?;
-            sys::mount_setattr_fd(&tree, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, true)
-                .map_err(err("set mount attributes", target))?;
+            let tree =
+                sys::open_tree_clone(None, target, true).map_err(err("clone mount", target))?;
+            sys::mount_setattr_fd(
+                &tree,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                true,
+            )
+            .map_err(err("set mount attributes", target))?;
             sys::move_mount_to(&tree, target).map_err(err("remount read-only", target))?;
         }
         MountOp::StandIn { target, kind } => {
             // The target exists in the view (the plan only hides what it shows).
-            let src = if *kind == Kind::Dir { empty_dir } else { empty_file };
-            let tree = sys::open_tree_clone(Some(scratch.as_raw_fd()), src, false).map_err(err("clone stand-in", target))?;
-            sys::mount_setattr_fd(&tree, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, false)
-                .map_err(err("set mount attributes", target))?;
+            let src = if *kind == Kind::Dir {
+                empty_dir
+            } else {
+                empty_file
+            };
+            let tree = sys::open_tree_clone(Some(scratch.as_raw_fd()), src, false)
+                .map_err(err("clone stand-in", target))?;
+            sys::mount_setattr_fd(
+                &tree,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                false,
+            )
+            .map_err(err("set mount attributes", target))?;
             sys::move_mount_to(&tree, target).map_err(err("mount stand-in", target))?;
         }
     }
@@ -204,7 +271,12 @@ fn ensure_mountpoint(target: &Path, kind: Kind) -> Result<(), MountError> {
     // in the host binds, and a failed create costs no more than a stat.
     let create = |t: &Path| match kind {
         Kind::Dir => fs::DirBuilder::new().mode(0o755).create(t),
-        _ => fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(t).map(drop),
+        _ => fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(t)
+            .map(drop),
     };
     match create(target) {
         Ok(()) => Ok(()),
@@ -215,10 +287,18 @@ fn ensure_mountpoint(target: &Path, kind: Kind) -> Result<(), MountError> {
             }
             create(target).map_err(err("create mount point", target))
         }
-        Err(e) => Err(MountError { step: "create mount point", path: target.to_path_buf(), source: e }),
+        Err(e) => Err(MountError {
+            step: "create mount point",
+            path: target.to_path_buf(),
+            source: e,
+        }),
     }
 }
 
 fn mkdir_p(dir: &Path) -> Result<(), MountError> {
-    fs::DirBuilder::new().recursive(true).mode(0o755).create(dir).map_err(err("mkdir", dir))
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(err("mkdir", dir))
 }

@@ -21,14 +21,16 @@ pub const SOCKS_PROXY_ADDR: &str = "127.0.0.1:1080";
 /// In the init, inside the new network namespace: loopback up, listeners
 /// bound, both sent to the supervisor over `fd`.
 pub fn create_and_send_listeners(fd: RawFd) -> Result<(), String> {
-    sys::bring_loopback_up().map_err(|e| format!("bring up loopback in the sandbox's network namespace: {e}"))?;
+    sys::bring_loopback_up()
+        .map_err(|e| format!("bring up loopback in the sandbox's network namespace: {e}"))?;
     let bind = |a: &str| -> Result<TcpListener, String> {
         let addr: SocketAddr = a.parse().map_err(|e| format!("{a}: {e}"))?;
         TcpListener::bind(addr).map_err(|e| format!("listen on {a} inside the sandbox: {e}"))
     };
     let http = bind(HTTP_PROXY_ADDR)?;
     let socks = bind(SOCKS_PROXY_ADDR)?;
-    send_fds(fd, b'P', &[http.as_raw_fd(), socks.as_raw_fd()]).map_err(|e| format!("hand the proxy sockets to moat: {e}"))
+    send_fds(fd, b'P', &[http.as_raw_fd(), socks.as_raw_fd()])
+        .map_err(|e| format!("hand the proxy sockets to moat: {e}"))
     // Our copies close here; the supervisor's stay open.
 }
 
@@ -53,7 +55,13 @@ pub fn receive(sock: &UnixStream) -> Option<Handoff> {
     let mut byte = [0u8; 1];
     let mut iov = [IoSliceMut::new(&mut byte)];
     let mut space = nix::cmsg_space!([RawFd; 2]);
-    let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC).ok()?;
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .ok()?;
     let mut fds: Vec<OwnedFd> = Vec::new();
     for c in msg.cmsgs().ok()? {
         if let ControlMessageOwned::ScmRights(r) = c {
@@ -65,7 +73,9 @@ pub fn receive(sock: &UnixStream) -> Option<Handoff> {
     }
     let mut fds = fds.into_iter();
     match (byte[0], fds.next(), fds.next()) {
-        (b'P', Some(a), Some(b)) => Some(Handoff::Proxy(TcpListener::from(a), TcpListener::from(b))),
+        (b'P', Some(a), Some(b)) => {
+            Some(Handoff::Proxy(TcpListener::from(a), TcpListener::from(b)))
+        }
         (b'B', Some(a), None) => Some(Handoff::Broker(std::os::unix::net::UnixListener::from(a))),
         _ => None,
     }
@@ -83,7 +93,9 @@ fn owned(fd: RawFd) -> OwnedFd {
 pub fn proxy_env(moat_bin: &str) -> Vec<(String, String)> {
     let http = format!("http://{HTTP_PROXY_ADDR}");
     let socks = format!("socks5h://{SOCKS_PROXY_ADDR}");
-    let (host, port) = HTTP_PROXY_ADDR.split_once(':').unwrap_or(("127.0.0.1", "3128"));
+    let (host, port) = HTTP_PROXY_ADDR
+        .split_once(':')
+        .unwrap_or(("127.0.0.1", "3128"));
     let mut env = Vec::new();
     for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
         env.push((k.to_string(), http.clone()));
@@ -95,7 +107,10 @@ pub fn proxy_env(moat_bin: &str) -> Vec<(String, String)> {
         env.push((k.to_string(), String::new()));
     }
     env.push(("NODE_USE_ENV_PROXY".into(), "1".into()));
-    env.push(("GIT_SSH_COMMAND".into(), format!("ssh -o ProxyCommand='{moat_bin} proxy-connect %h %p'")));
+    env.push((
+        "GIT_SSH_COMMAND".into(),
+        format!("ssh -o ProxyCommand='{moat_bin} proxy-connect %h %p'"),
+    ));
     env.push((
         "JAVA_TOOL_OPTIONS".into(),
         format!(

@@ -15,7 +15,9 @@ pub const SANDBOX_HOME: &str = "/moat/home";
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Host top-level directories visible at workspace-contained: the system runtime.
-const SYSTEM_RUNTIME: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc"];
+const SYSTEM_RUNTIME: &[&str] = &[
+    "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc",
+];
 /// Host top-level entries never bound from the host: the sandbox builds its own.
 const BUILT_BY_MOAT: &[&str] = &["proc", "dev", "sys", "tmp", "run", "moat"];
 /// Device nodes bound from the host into the sandbox's /dev.
@@ -28,7 +30,14 @@ pub enum MountOp {
     /// A fresh tmpfs (mode in octal), e.g. /tmp, HOME, /dev.
     Tmpfs { target: PathBuf, mode: u32 },
     /// A host path bound at the same or another path.
-    Bind { source: PathBuf, target: PathBuf, kind: Kind, recursive: bool, readonly: bool, device: bool },
+    Bind {
+        source: PathBuf,
+        target: PathBuf,
+        kind: Kind,
+        recursive: bool,
+        readonly: bool,
+        device: bool,
+    },
     /// A symlink in the new root, e.g. /bin -> usr/bin.
     Symlink { target: PathBuf, points_to: PathBuf },
     /// A fresh procfs of the sandbox's own pid namespace.
@@ -172,7 +181,9 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
                 NetworkMode::Unmanaged => None,
             },
             denied_families: match policy.net_class {
-                Some(moat_policy::NetClass::NetDenied) => vec![libc::AF_INET, libc::AF_INET6, libc::AF_PACKET],
+                Some(moat_policy::NetClass::NetDenied) => {
+                    vec![libc::AF_INET, libc::AF_INET6, libc::AF_PACKET]
+                }
                 _ => Vec::new(),
             },
             deny_listen: policy.net_class == Some(moat_policy::NetClass::NetConnect),
@@ -184,7 +195,12 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         sweep: Vec::new(),
         sweep_prefixed: Vec::new(),
         moat_dirs: Vec::new(),
-        ro_grants: policy.paths.iter().filter(|g| g.access == Access::ReadOnly).map(|g| g.path.clone()).collect(),
+        ro_grants: policy
+            .paths
+            .iter()
+            .filter(|g| g.access == Access::ReadOnly)
+            .map(|g| g.path.clone())
+            .collect(),
         landlock_abi: host.landlock_abi,
     };
     if !sandboxed {
@@ -217,7 +233,10 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         }
         let target = Path::new("/").join(&e.name);
         match (&e.kind, &e.link) {
-            (Kind::Symlink, Some(link)) => base.push(MountOp::Symlink { target, points_to: link.clone() }),
+            (Kind::Symlink, Some(link)) => base.push(MountOp::Symlink {
+                target,
+                points_to: link.clone(),
+            }),
             (Kind::Symlink, None) => {}
             (kind, _) => base.push(host_bind(&target, *kind, true, true)),
         }
@@ -232,31 +251,71 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             device: false,
         });
     }
-    base.push(MountOp::Tmpfs { target: "/tmp".into(), mode: 0o1777 });
+    base.push(MountOp::Tmpfs {
+        target: "/tmp".into(),
+        mode: 0o1777,
+    });
     if whole_host {
         // An empty /run hides every host socket under it; at
         // workspace-contained /run is simply absent.
-        base.push(MountOp::Tmpfs { target: "/run".into(), mode: 0o755 });
+        base.push(MountOp::Tmpfs {
+            target: "/run".into(),
+            mode: 0o755,
+        });
     }
-    base.push(MountOp::Tmpfs { target: SANDBOX_HOME.into(), mode: 0o700 });
-    base.push(MountOp::Tmpfs { target: "/dev".into(), mode: 0o755 });
+    base.push(MountOp::Tmpfs {
+        target: SANDBOX_HOME.into(),
+        mode: 0o700,
+    });
+    base.push(MountOp::Tmpfs {
+        target: "/dev".into(),
+        mode: 0o755,
+    });
     for n in DEV_NODES {
         let p = Path::new("/dev").join(n);
-        base.push(MountOp::Bind { source: p.clone(), target: p, kind: Kind::File, recursive: false, readonly: false, device: true });
+        base.push(MountOp::Bind {
+            source: p.clone(),
+            target: p,
+            kind: Kind::File,
+            recursive: false,
+            readonly: false,
+            device: true,
+        });
     }
-    base.push(MountOp::Devpts { target: "/dev/pts".into() });
-    base.push(MountOp::Symlink { target: "/dev/ptmx".into(), points_to: "pts/ptmx".into() });
-    base.push(MountOp::Tmpfs { target: "/dev/shm".into(), mode: 0o1777 });
-    for (name, to) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
-        base.push(MountOp::Symlink { target: Path::new("/dev").join(name), points_to: to.into() });
+    base.push(MountOp::Devpts {
+        target: "/dev/pts".into(),
+    });
+    base.push(MountOp::Symlink {
+        target: "/dev/ptmx".into(),
+        points_to: "pts/ptmx".into(),
+    });
+    base.push(MountOp::Tmpfs {
+        target: "/dev/shm".into(),
+        mode: 0o1777,
+    });
+    for (name, to) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        base.push(MountOp::Symlink {
+            target: Path::new("/dev").join(name),
+            points_to: to.into(),
+        });
     }
-    base.push(MountOp::Proc { target: "/proc".into() });
+    base.push(MountOp::Proc {
+        target: "/proc".into(),
+    });
     for n in &host.proc_entries {
         let target = Path::new("/proc").join(n);
         if PROC_READ_ONLY.contains(&n.as_str()) {
             base.push(MountOp::ReadOnlyAgain { target });
         } else if PROC_MASKED.contains(&n.as_str()) {
-            base.push(MountOp::StandIn { target, kind: Kind::File });
+            base.push(MountOp::StandIn {
+                target,
+                kind: Kind::File,
+            });
         }
     }
     // moat's own binary, read-only at /moat/bin/moat: ssh's ProxyCommand in
@@ -274,14 +333,21 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         let mut env: std::collections::BTreeMap<String, String> = plan.env.drain(..).collect();
         let path = env.entry("PATH".into()).or_default();
         if !path.split(':').any(|d| d == "/moat/bin") {
-            path.push_str(if path.is_empty() { "/moat/bin" } else { ":/moat/bin" });
+            path.push_str(if path.is_empty() {
+                "/moat/bin"
+            } else {
+                ":/moat/bin"
+            });
         }
         // Profiled tools keep their own net class inside the session: their
         // names resolve first to moat shims, which add the tool's filter and
         // exec the real program.
         if !policy.shims.is_empty() {
             for s in &policy.shims {
-                base.push(MountOp::Symlink { target: Path::new(SANDBOX_SHIMS).join(&s.name), points_to: SANDBOX_MOAT_BIN.into() });
+                base.push(MountOp::Symlink {
+                    target: Path::new(SANDBOX_SHIMS).join(&s.name),
+                    points_to: SANDBOX_MOAT_BIN.into(),
+                });
             }
             base.push(MountOp::File {
                 target: SANDBOX_SHIM_TABLE.into(),
@@ -295,7 +361,9 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         if host.moat_exe.is_none() {
             return Err(PlanError::NoMoatBinary);
         }
-        plan.proxy = Some(ProxyPlan { moat_bin: SANDBOX_MOAT_BIN.into() });
+        plan.proxy = Some(ProxyPlan {
+            moat_bin: SANDBOX_MOAT_BIN.into(),
+        });
         let mut env: std::collections::BTreeMap<String, String> = plan.env.drain(..).collect();
         // An explicit --env wins (e.g. NO_PROXY for a server inside the
         // sandbox); a passed-through host proxy variable does not. Either
@@ -308,7 +376,10 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         plan.env = env.into_iter().collect();
     }
     if whole_host && host.var_run_is_dir {
-        base.push(MountOp::Tmpfs { target: "/var/run".into(), mode: 0o755 });
+        base.push(MountOp::Tmpfs {
+            target: "/var/run".into(),
+            mode: 0o755,
+        });
     }
     if policy.network.mode == NetworkMode::Unmanaged {
         // DNS on the host network: keep resolv.conf working when it points into /run.
@@ -351,7 +422,11 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     let writable_binds: Vec<PathBuf> = layered
         .iter()
         .filter_map(|op| match op {
-            MountOp::Bind { target, readonly: false, .. } => Some(target.clone()),
+            MountOp::Bind {
+                target,
+                readonly: false,
+                ..
+            } => Some(target.clone()),
             _ => None,
         })
         .collect();
@@ -362,7 +437,12 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         }
     }
     if ws_rw {
-        plan.sweep = host.workspace_missing.iter().filter(|p| !explicit(p)).cloned().collect();
+        plan.sweep = host
+            .workspace_missing
+            .iter()
+            .filter(|p| !explicit(p))
+            .cloned()
+            .collect();
         plan.sweep_prefixed = host.prefix_guards.clone();
     }
 
@@ -380,22 +460,45 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     // grant opts it in, so a command can neither read, lock nor change it.
     for (p, kind) in &host.moat_hidden {
         if visible(p, &all_ops) {
-            stand_ins.push(MountOp::StandIn { target: p.clone(), kind: *kind });
+            stand_ins.push(MountOp::StandIn {
+                target: p.clone(),
+                kind: *kind,
+            });
         }
         plan.moat_dirs.push(p.clone());
     }
-    let secrets = host.secrets.iter().chain(&host.workspace_protected).chain(&host.sockets);
+    let secrets = host
+        .secrets
+        .iter()
+        .chain(&host.workspace_protected)
+        .chain(&host.sockets);
     for (p, kind) in secrets {
         if opted_in(p) || !visible(p, &all_ops) {
             continue;
         }
-        let kind = if *kind == Kind::Dir { Kind::Dir } else { Kind::File };
-        stand_ins.push(MountOp::StandIn { target: p.clone(), kind });
+        let kind = if *kind == Kind::Dir {
+            Kind::Dir
+        } else {
+            Kind::File
+        };
+        stand_ins.push(MountOp::StandIn {
+            target: p.clone(),
+            kind,
+        });
     }
     // Directly visible sockets dirs (e.g. XDG_RUNTIME_DIR outside /run) are
     // covered above; drop duplicates that a parent stand-in already hides.
     stand_ins.sort_by(|a, b| a.target().cmp(b.target()));
-    stand_ins.dedup_by(|b, a| b.target().starts_with(a.target()) && matches!(a, MountOp::StandIn { kind: Kind::Dir, .. }));
+    stand_ins.dedup_by(|b, a| {
+        b.target().starts_with(a.target())
+            && matches!(
+                a,
+                MountOp::StandIn {
+                    kind: Kind::Dir,
+                    ..
+                }
+            )
+    });
     all_ops.extend(stand_ins);
     let pins = pins_for(&all_ops);
     all_ops.extend(pins);
@@ -420,19 +523,36 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     } else {
         ll.list_only.push("/".into());
         for op in &plan.mounts {
-            if let MountOp::Bind { target, device: false, .. } = op {
+            if let MountOp::Bind {
+                target,
+                device: false,
+                ..
+            } = op
+            {
                 ll.read.push(target.clone());
             }
         }
-        ll.read.extend(["/proc".into(), "/tmp".into(), SANDBOX_HOME.into()]);
+        ll.read
+            .extend(["/proc".into(), "/tmp".into(), SANDBOX_HOME.into()]);
     }
-    ll.write.extend(["/tmp".into(), SANDBOX_HOME.into(), "/dev/shm".into()]);
+    ll.write
+        .extend(["/tmp".into(), SANDBOX_HOME.into(), "/dev/shm".into()]);
     if ws_rw {
         ll.write.push(policy.workspace.clone());
     }
-    ll.write.extend(policy.paths.iter().filter(|g| g.access == Access::ReadWrite).map(|g| g.path.clone()));
     ll.write.extend(
-        policy.paths.iter().filter(|g| g.access == Access::ReadWrite).filter_map(|g| in_sandbox_home(policy, &g.path)),
+        policy
+            .paths
+            .iter()
+            .filter(|g| g.access == Access::ReadWrite)
+            .map(|g| g.path.clone()),
+    );
+    ll.write.extend(
+        policy
+            .paths
+            .iter()
+            .filter(|g| g.access == Access::ReadWrite)
+            .filter_map(|g| in_sandbox_home(policy, &g.path)),
     );
     ll.devices.push("/dev".into());
     ll.read.sort();
@@ -451,19 +571,32 @@ fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
     let writable: Vec<&Path> = ops
         .iter()
         .filter_map(|op| match op {
-            MountOp::Bind { target, readonly: false, device: false, kind: Kind::Dir, .. } => Some(target.as_path()),
+            MountOp::Bind {
+                target,
+                readonly: false,
+                device: false,
+                kind: Kind::Dir,
+                ..
+            } => Some(target.as_path()),
             _ => None,
         })
         .collect();
     let mut pins: Vec<PathBuf> = Vec::new();
     for op in ops {
-        let protected = matches!(op, MountOp::StandIn { .. } | MountOp::Bind { readonly: true, .. });
+        let protected = matches!(
+            op,
+            MountOp::StandIn { .. } | MountOp::Bind { readonly: true, .. }
+        );
         if !protected {
             continue;
         }
         let t = op.target();
         // The deepest writable bind strictly containing the target.
-        let Some(w) = writable.iter().filter(|w| t != **w && t.starts_with(w)).max_by_key(|w| w.components().count()) else {
+        let Some(w) = writable
+            .iter()
+            .filter(|w| t != **w && t.starts_with(w))
+            .max_by_key(|w| w.components().count())
+        else {
             continue;
         };
         let mut a = t.parent();
@@ -471,24 +604,36 @@ fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
             if dir == *w || !dir.starts_with(w) {
                 break;
             }
-            let already = ops.iter().any(|o| o.target() == dir && matches!(o, MountOp::Bind { .. }));
+            let already = ops
+                .iter()
+                .any(|o| o.target() == dir && matches!(o, MountOp::Bind { .. }));
             if !already && !pins.iter().any(|p| p == dir) {
                 pins.push(dir.to_path_buf());
             }
             a = dir.parent();
         }
     }
-    pins.into_iter().map(|p| host_bind(&p, Kind::Dir, true, false)).collect()
+    pins.into_iter()
+        .map(|p| host_bind(&p, Kind::Dir, true, false))
+        .collect()
 }
 
 /// Where a grant under the real home also appears under the sandbox HOME.
 fn in_sandbox_home(policy: &Policy, path: &Path) -> Option<PathBuf> {
     let rel = path.strip_prefix(&policy.home).ok()?;
-    (!rel.as_os_str().is_empty() && policy.home != Path::new("/")).then(|| Path::new(SANDBOX_HOME).join(rel))
+    (!rel.as_os_str().is_empty() && policy.home != Path::new("/"))
+        .then(|| Path::new(SANDBOX_HOME).join(rel))
 }
 
 fn host_bind(path: &Path, kind: Kind, recursive: bool, readonly: bool) -> MountOp {
-    MountOp::Bind { source: path.to_path_buf(), target: path.to_path_buf(), kind, recursive: recursive && kind == Kind::Dir, readonly, device: false }
+    MountOp::Bind {
+        source: path.to_path_buf(),
+        target: path.to_path_buf(),
+        kind,
+        recursive: recursive && kind == Kind::Dir,
+        readonly,
+        device: false,
+    }
 }
 
 /// Whether `path` shows host content in the view built by `ops`: the deepest
@@ -509,7 +654,12 @@ pub fn visible(path: &Path, ops: &[MountOp]) -> bool {
 
 /// The command's environment: a safe base, then `--pass-env`, then `--env`.
 fn command_env(policy: &Policy, host: &HostFacts) -> Vec<(String, String)> {
-    let host_get = |k: &str| host.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let host_get = |k: &str| {
+        host.env
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+    };
     let mut env: std::collections::BTreeMap<String, String> = Default::default();
     for (k, v) in &host.env {
         let base = SAFE_BASE_ENV.contains(&k.as_str()) || k.starts_with("LC_");
@@ -517,7 +667,8 @@ fn command_env(policy: &Policy, host: &HostFacts) -> Vec<(String, String)> {
             env.insert(k.clone(), v.clone());
         }
     }
-    env.entry("PATH".into()).or_insert_with(|| DEFAULT_PATH.into());
+    env.entry("PATH".into())
+        .or_insert_with(|| DEFAULT_PATH.into());
     if policy.level.is_sandboxed() {
         env.insert("HOME".into(), SANDBOX_HOME.into());
         env.insert("TMPDIR".into(), "/tmp".into());

@@ -112,7 +112,17 @@ pub const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"
 pub const PROC_MASKED: &[&str] = &["kcore", "keys", "timer_list", "sched_debug", "kallsyms"];
 
 /// Directory names never walked when looking for `.env` files.
-const WALK_SKIP: &[&str] = &["node_modules", ".git", "target", "vendor", ".venv", "venv", "__pycache__", "dist", "build"];
+const WALK_SKIP: &[&str] = &[
+    "node_modules",
+    ".git",
+    "target",
+    "vendor",
+    ".venv",
+    "venv",
+    "__pycache__",
+    "dist",
+    "build",
+];
 const WALK_MAX_DEPTH: usize = 3;
 const WALK_MAX_DIRS: usize = 2000;
 
@@ -148,7 +158,10 @@ fn passwd_home(uid: u32) -> Option<PathBuf> {
 /// Whether this process already runs under a seccomp filter.
 pub fn under_seccomp() -> bool {
     fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Seccomp:") && l.trim_end().ends_with('2')))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Seccomp:") && l.trim_end().ends_with('2'))
+        })
         .unwrap_or(false)
 }
 
@@ -213,7 +226,9 @@ impl HostFacts {
             return f;
         }
         f.landlock_abi = sys::landlock_abi();
-        f.moat_exe = std::env::current_exe().ok().and_then(|p| fs::canonicalize(p).ok());
+        f.moat_exe = std::env::current_exe()
+            .ok()
+            .and_then(|p| fs::canonicalize(p).ok());
         if f.landlock_abi < 1 {
             f.under_seccomp = under_seccomp();
         }
@@ -223,7 +238,9 @@ impl HostFacts {
         f.probe_workspace(policy);
         f.probe_moat_dirs();
         if let Ok(target) = fs::canonicalize("/etc/resolv.conf") {
-            if target.starts_with("/run") && lstat_kind(Path::new("/etc/resolv.conf")) == Some(Kind::Symlink) {
+            if target.starts_with("/run")
+                && lstat_kind(Path::new("/etc/resolv.conf")) == Some(Kind::Symlink)
+            {
                 f.resolv_conf_in_run = Some(target);
             }
         }
@@ -238,7 +255,13 @@ impl HostFacts {
 
     /// moat's config and state directories (XDG or under HOME), if present.
     fn probe_moat_dirs(&mut self) {
-        let get = |k: &str| self.env.iter().find(|(n, _)| n == k).map(|(_, v)| PathBuf::from(v)).filter(|p| p.is_absolute());
+        let get = |k: &str| {
+            self.env
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| PathBuf::from(v))
+                .filter(|p| p.is_absolute())
+        };
         let home = get("HOME");
         let config = get("XDG_CONFIG_HOME").or_else(|| home.as_ref().map(|h| h.join(".config")));
         let state = get("XDG_STATE_HOME").or_else(|| home.as_ref().map(|h| h.join(".local/state")));
@@ -254,9 +277,15 @@ impl HostFacts {
         if let Ok(rd) = fs::read_dir("/") {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                let Ok(meta) = e.path().symlink_metadata() else { continue };
+                let Ok(meta) = e.path().symlink_metadata() else {
+                    continue;
+                };
                 let kind = Kind::of(&meta);
-                let link = if kind == Kind::Symlink { fs::read_link(e.path()).ok() } else { None };
+                let link = if kind == Kind::Symlink {
+                    fs::read_link(e.path()).ok()
+                } else {
+                    None
+                };
                 self.root_entries.push(RootEntry { name, kind, link });
             }
         }
@@ -313,24 +342,38 @@ impl HostFacts {
     }
 
     fn probe_sockets(&mut self) {
-        let get = |k: &str| self.env.iter().find(|(n, _)| n == k).map(|(_, v)| PathBuf::from(v));
-        let wanted: Vec<PathBuf> = ["SSH_AUTH_SOCK", "XDG_RUNTIME_DIR", "GPG_AGENT_INFO", "DBUS_SESSION_BUS_ADDRESS"]
-            .iter()
-            .filter_map(|k| get(k))
-            .map(|p| {
-                // GPG_AGENT_INFO is path:pid:1, DBUS is unix:path=...
-                let s = p.to_string_lossy().into_owned();
-                let s = s.strip_prefix("unix:path=").unwrap_or(&s).to_string();
-                PathBuf::from(s.split([':', ',']).next().unwrap_or("").to_string())
-            })
-            .filter(|p| p.is_absolute())
-            .collect();
+        let get = |k: &str| {
+            self.env
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| PathBuf::from(v))
+        };
+        let wanted: Vec<PathBuf> = [
+            "SSH_AUTH_SOCK",
+            "XDG_RUNTIME_DIR",
+            "GPG_AGENT_INFO",
+            "DBUS_SESSION_BUS_ADDRESS",
+        ]
+        .iter()
+        .filter_map(|k| get(k))
+        .map(|p| {
+            // GPG_AGENT_INFO is path:pid:1, DBUS is unix:path=...
+            let s = p.to_string_lossy().into_owned();
+            let s = s.strip_prefix("unix:path=").unwrap_or(&s).to_string();
+            PathBuf::from(s.split([':', ',']).next().unwrap_or("").to_string())
+        })
+        .filter(|p| p.is_absolute())
+        .collect();
         for p in wanted {
             if let Some((c, k)) = resolve(&p) {
                 self.sockets.insert(c, k);
             }
         }
-        for p in ["/var/run/docker.sock", "/run/docker.sock", "/var/run/podman/podman.sock"] {
+        for p in [
+            "/var/run/docker.sock",
+            "/run/docker.sock",
+            "/var/run/podman/podman.sock",
+        ] {
             if let Some((c, k)) = resolve(Path::new(p)) {
                 self.sockets.insert(c, k);
             }
@@ -339,7 +382,12 @@ impl HostFacts {
 
     /// Records the write-protected entries under `root` (and the missing
     /// ones, by their first missing component); returns the root's names.
-    fn write_protected_at(&mut self, policy: &Policy, root: &Path, is_home: bool) -> BTreeMap<String, Kind> {
+    fn write_protected_at(
+        &mut self,
+        policy: &Policy,
+        root: &Path,
+        is_home: bool,
+    ) -> BTreeMap<String, Kind> {
         let mut present: BTreeMap<String, Kind> = BTreeMap::new();
         if let Ok(rd) = fs::read_dir(root) {
             for e in rd.flatten() {
@@ -351,14 +399,32 @@ impl HostFacts {
                 }
             }
         }
-        let mut names: Vec<String> =
-            policy.write_protected.iter().filter(|n| !n.contains('*')).map(|n| n.to_string()).collect();
-        names.extend(present.keys().filter(|n| *n != ".git" && !names.contains(n)).cloned().collect::<Vec<_>>());
-        for pattern in policy.write_protected.iter().filter_map(|n| n.strip_suffix('*')) {
+        let mut names: Vec<String> = policy
+            .write_protected
+            .iter()
+            .filter(|n| !n.contains('*'))
+            .map(|n| n.to_string())
+            .collect();
+        names.extend(
+            present
+                .keys()
+                .filter(|n| *n != ".git" && !names.contains(n))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
+        for pattern in policy
+            .write_protected
+            .iter()
+            .filter_map(|n| n.strip_suffix('*'))
+        {
             self.prefix_guards.push(PrefixGuard {
                 dir: root.to_path_buf(),
                 prefix: pattern.to_string(),
-                existing: present.keys().filter(|n| n.starts_with(pattern)).cloned().collect(),
+                existing: present
+                    .keys()
+                    .filter(|n| n.starts_with(pattern))
+                    .cloned()
+                    .collect(),
             });
         }
         for n in names {
@@ -374,7 +440,9 @@ impl HostFacts {
             // Missing protected paths (~/.ssh, ~/.aws…) are swept too: a
             // command must not plant ~/.ssh/authorized_keys or credentials
             // the host's tools would then use. Existing ones are stand-ins.
-            let missing_protected = PROTECTED_HOME_PATHS.iter().filter(|rel| lstat_kind(&root.join(rel)).is_none());
+            let missing_protected = PROTECTED_HOME_PATHS
+                .iter()
+                .filter(|rel| lstat_kind(&root.join(rel)).is_none());
             for rel in policy.write_protected_home.iter().chain(missing_protected) {
                 let p = root.join(rel);
                 match lstat_kind(&p) {
@@ -422,12 +490,18 @@ impl HostFacts {
                     if let Some((c, k)) = resolve(&path) {
                         self.workspace_protected.insert(c, k);
                     }
-                } else if ft.is_dir() && depth < WALK_MAX_DEPTH && !WALK_SKIP.contains(&name.as_str()) {
+                } else if ft.is_dir()
+                    && depth < WALK_MAX_DEPTH
+                    && !WALK_SKIP.contains(&name.as_str())
+                {
                     stack.push((path, depth + 1));
                 }
             }
         }
-        if !matches!(policy.level, Level::WorkspaceWrite | Level::WorkspaceContained) {
+        if !matches!(
+            policy.level,
+            Level::WorkspaceWrite | Level::WorkspaceContained
+        ) {
             return;
         }
         // Write-protected names apply at the workspace root and at every
@@ -455,7 +529,8 @@ impl HostFacts {
         let git = ws.join(".git");
         match git_kind {
             Some(Kind::Dir) => {
-                self.workspace_write_protected.insert(git.clone(), Kind::Dir);
+                self.workspace_write_protected
+                    .insert(git.clone(), Kind::Dir);
                 let mut gitdirs = vec![git.clone()];
                 if let Ok(rd) = fs::read_dir(git.join("modules")) {
                     gitdirs.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()));

@@ -167,7 +167,8 @@ impl Capture {
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io::Error::from_raw_os_error(e as i32))
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| io::Error::from_raw_os_error(e as i32))
 }
 
 fn clone_error(e: io::Error, plan: &Plan) -> String {
@@ -176,10 +177,14 @@ fn clone_error(e: io::Error, plan: &Plan) -> String {
         return format!("cannot start the command's reaper: {e}");
     }
     let limit = std::fs::read_to_string("/proc/sys/user/max_user_namespaces").unwrap_or_default();
-    let userns_sysctl = std::fs::read_to_string("/proc/sys/kernel/unprivileged_userns_clone").unwrap_or_default();
-    let apparmor = std::fs::read_to_string("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").unwrap_or_default();
+    let userns_sysctl =
+        std::fs::read_to_string("/proc/sys/kernel/unprivileged_userns_clone").unwrap_or_default();
+    let apparmor =
+        std::fs::read_to_string("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+            .unwrap_or_default();
     let fix = if limit.trim() == "0" {
-        "user.max_user_namespaces is 0; raise it: sysctl -w user.max_user_namespaces=15000".to_string()
+        "user.max_user_namespaces is 0; raise it: sysctl -w user.max_user_namespaces=15000"
+            .to_string()
     } else if userns_sysctl.trim() == "0" {
         "unprivileged user namespaces are disabled; enable them: sysctl -w kernel.unprivileged_userns_clone=1".to_string()
     } else if apparmor.trim() == "1" {
@@ -189,9 +194,13 @@ fn clone_error(e: io::Error, plan: &Plan) -> String {
     } else if code == libc::EPERM {
         "the kernel refused (EPERM); inside a container, run it with --security-opt seccomp=unconfined --security-opt apparmor=unconfined or --privileged".to_string()
     } else {
-        "check that the kernel has user, mount, pid, ipc, uts and net namespaces enabled".to_string()
+        "check that the kernel has user, mount, pid, ipc, uts and net namespaces enabled"
+            .to_string()
     };
-    format!("cannot create the sandbox namespaces (user, mount, pid, ipc, uts{}): {e}. Fix: {fix}", if plan.new_netns { ", net" } else { "" })
+    format!(
+        "cannot create the sandbox namespaces (user, mount, pid, ipc, uts{}): {e}. Fix: {fix}",
+        if plan.new_netns { ", net" } else { "" }
+    )
 }
 
 /// Runs the command under `plan`. Errors here are moat's own failures before
@@ -208,7 +217,11 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
         stdout_truncated: false,
         stderr_truncated: false,
         duration: Duration::ZERO,
-        layers: Layers { namespaces: Enforcement::None, landlock: Enforcement::None, seccomp: Enforcement::None },
+        layers: Layers {
+            namespaces: Enforcement::None,
+            landlock: Enforcement::None,
+            seccomp: Enforcement::None,
+        },
         error: None,
         swept: Vec::new(),
         stderr_tail: Vec::new(),
@@ -228,7 +241,12 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
         crate::tree::kill_descendants_until_gone();
     }
     out.duration = start.elapsed();
-    let mut created: Vec<PathBuf> = plan.sweep.iter().filter(|p| p.symlink_metadata().is_ok()).cloned().collect();
+    let mut created: Vec<PathBuf> = plan
+        .sweep
+        .iter()
+        .filter(|p| p.symlink_metadata().is_ok())
+        .cloned()
+        .collect();
     created.extend(crate::sweep::new_prefixed(&plan.sweep_prefixed));
     if !created.is_empty() {
         out.swept = crate::sweep::sweep(&created, &opts.tag);
@@ -239,7 +257,10 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
 fn cstrings(items: impl IntoIterator<Item = Vec<u8>>) -> Result<Vec<CString>, String> {
     items
         .into_iter()
-        .map(|b| CString::new(b).map_err(|_| "an argument or environment value contains a NUL byte".to_string()))
+        .map(|b| {
+            CString::new(b)
+                .map_err(|_| "an argument or environment value contains a NUL byte".to_string())
+        })
         .collect()
 }
 
@@ -254,9 +275,16 @@ fn launch(
         return Err("no command given; put it after --".into());
     }
     let argv = cstrings(opts.argv.iter().map(|a| a.as_bytes().to_vec()))?;
-    let envp = cstrings(plan.env.iter().map(|(k, v)| format!("{k}={v}").into_bytes()))?;
+    let envp = cstrings(
+        plan.env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}").into_bytes()),
+    )?;
     let seccomp = if plan.sandboxed {
-        Some(confine::seccomp_filter(&plan.seccomp).map_err(|e| format!("build the seccomp filter: {e}"))?)
+        Some(
+            confine::seccomp_filter(&plan.seccomp)
+                .map_err(|e| format!("build the seccomp filter: {e}"))?,
+        )
     } else {
         None
     };
@@ -267,7 +295,9 @@ fn launch(
     let wanted: &[(Stream, usize, Option<i32>)] = match opts.output {
         OutputMode::Passthrough if stderr_is_tty => &[],
         OutputMode::Passthrough => &[(Stream::Stderr, 0, Some(2))],
-        OutputMode::Capture { limit } => &[(Stream::Stdout, limit, None), (Stream::Stderr, limit, None)],
+        OutputMode::Capture { limit } => {
+            &[(Stream::Stdout, limit, None), (Stream::Stderr, limit, None)]
+        }
         OutputMode::Stream => &[(Stream::Stdout, 0, None), (Stream::Stderr, 0, None)],
     };
     for (stream, limit, relay) in wanted.iter().copied() {
@@ -291,14 +321,16 @@ fn launch(
     // The init hands sockets it creates inside the sandbox (the proxy's
     // listeners, the broker's) back over this pair.
     let (handoff_rx, handoff_tx) = if plan.sandboxed {
-        let (a, b) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("create a socket pair: {e}"))?;
+        let (a, b) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| format!("create a socket pair: {e}"))?;
         (Some(a), Some(b))
     } else {
         (None, None)
     };
     // Block the signals we read through a signalfd (and the init waits for)
     // before the clone, so none arrives in a window without a handler.
-    let old_mask = sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS).map_err(|e| format!("block signals: {e}"))?;
+    let old_mask = sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS)
+        .map_err(|e| format!("block signals: {e}"))?;
     let mut ns_flags = 0;
     if plan.sandboxed {
         ns_flags = libc::CLONE_NEWUSER
@@ -335,7 +367,9 @@ fn launch(
     if plan.sandboxed {
         out.layers.namespaces = Enforcement::Full;
     }
-    let result = supervise(child, plan, opts, out, captures, report_r, handoff_rx, start, observer);
+    let result = supervise(
+        child, plan, opts, out, captures, report_r, handoff_rx, start, observer,
+    );
     sys::restore_sigmask(&old_mask);
     result
 }
@@ -356,7 +390,12 @@ fn supervise(
     let mut broker: Option<std::os::unix::net::UnixListener> = None;
     let pidfd = sys::pidfd_open(child.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
     let mut mask = SigSet::empty();
-    for s in [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGINT, Signal::SIGQUIT] {
+    for s in [
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+    ] {
         mask.add(s);
     }
     let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
@@ -375,7 +414,8 @@ fn supervise(
         let timeout = match deadline {
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
-                PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1).unwrap_or(PollTimeout::MAX)
+                PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1)
+                    .unwrap_or(PollTimeout::MAX)
             }
             None => PollTimeout::NONE,
         };
@@ -402,17 +442,26 @@ fn supervise(
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(format!("poll: {e}")),
         }
-        let ready = |i: usize| fds.get(i).and_then(|f| f.revents()).map(|r| !r.is_empty()).unwrap_or(false);
+        let ready = |i: usize| {
+            fds.get(i)
+                .and_then(|f| f.revents())
+                .map(|r| !r.is_empty())
+                .unwrap_or(false)
+        };
         let pid_ready = ready(0);
         let sig_ready = ready(1);
         let report_ready = report_open && ready(2);
         let handoff_ready = handoff.is_some() && ready(handoff_index);
         let broker_ready = broker.is_some() && ready(broker_index);
-        let cap_ready: Vec<bool> = (0..captures.iter().filter(|c| c.open).count()).map(|i| ready(cap_index + i)).collect();
+        let cap_ready: Vec<bool> = (0..captures.iter().filter(|c| c.open).count())
+            .map(|i| ready(cap_index + i))
+            .collect();
         drop(fds);
         if handoff_ready {
             match handoff.as_ref().and_then(crate::netns::receive) {
-                Some(crate::netns::Handoff::Proxy(http, socks)) => observer.proxy_listeners(http, socks),
+                Some(crate::netns::Handoff::Proxy(http, socks)) => {
+                    observer.proxy_listeners(http, socks)
+                }
                 Some(crate::netns::Handoff::Broker(l)) => {
                     let _ = l.set_nonblocking(true);
                     broker = Some(l);
@@ -428,7 +477,11 @@ fn supervise(
         }
         if report_ready {
             report_open = read_report(&report_r, &mut report_buf);
-            if !started_seen && report_buf.split(|b| *b == b'\n').any(|l| l.starts_with(b"L ")) {
+            if !started_seen
+                && report_buf
+                    .split(|b| *b == b'\n')
+                    .any(|l| l.starts_with(b"L "))
+            {
                 started_seen = true;
                 observer.started(command_host_pid(child));
             }
@@ -529,7 +582,10 @@ fn supervise(
 fn set_nonblocking(fd: &OwnedFd) {
     use nix::fcntl::{fcntl, FcntlArg, OFlag};
     if let Ok(flags) = fcntl(fd, FcntlArg::F_GETFL) {
-        let _ = fcntl(fd, FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK));
+        let _ = fcntl(
+            fd,
+            FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK),
+        );
     }
 }
 
@@ -565,7 +621,12 @@ fn read_report(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
 }
 
 /// Turns the init's report lines and exit status into the outcome.
-fn interpret(report: &[u8], init_status: WaitStatus, plan: &Plan, out: &mut RunOutcome) -> Result<(), String> {
+fn interpret(
+    report: &[u8],
+    init_status: WaitStatus,
+    plan: &Plan,
+    out: &mut RunOutcome,
+) -> Result<(), String> {
     let text = String::from_utf8_lossy(report);
     let mut final_status: Option<(i32, i32)> = None;
     for line in text.lines() {
@@ -581,7 +642,11 @@ fn interpret(report: &[u8], init_status: WaitStatus, plan: &Plan, out: &mut RunO
                 let errno: i32 = rest.trim().parse().unwrap_or(libc::ENOENT);
                 out.status = RunStatus::FailedToStart;
                 out.exit_code = if errno == libc::ENOENT { 127 } else { 126 };
-                let what = if errno == libc::ENOENT { "command not found" } else { "command not executable" };
+                let what = if errno == libc::ENOENT {
+                    "command not found"
+                } else {
+                    "command not executable"
+                };
                 out.error = Some(format!("{what}: {}", io::Error::from_raw_os_error(errno)));
                 if !plan.sandboxed || errno != libc::ENOENT {
                     return Ok(());
@@ -594,7 +659,9 @@ fn interpret(report: &[u8], init_status: WaitStatus, plan: &Plan, out: &mut RunO
                 return Ok(());
             }
             "S" => {
-                let mut parts = rest.split_whitespace().map(|s| s.parse::<i32>().unwrap_or(0));
+                let mut parts = rest
+                    .split_whitespace()
+                    .map(|s| s.parse::<i32>().unwrap_or(0));
                 final_status = Some((parts.next().unwrap_or(0), parts.next().unwrap_or(0)));
             }
             _ => {}

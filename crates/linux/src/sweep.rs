@@ -13,7 +13,10 @@ pub fn sweep(paths: &[PathBuf], tag: &str) -> Vec<(PathBuf, PathBuf)> {
         if p.symlink_metadata().is_err() {
             continue;
         }
-        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let dest = p.with_file_name(format!("{name}.moat-quarantine-{tag}"));
         match std::fs::rename(p, &dest) {
             Ok(()) => moved.push((p.clone(), dest)),
@@ -33,7 +36,9 @@ pub fn sweep(paths: &[PathBuf], tag: &str) -> Vec<(PathBuf, PathBuf)> {
 pub fn new_prefixed(guards: &[crate::probe::PrefixGuard]) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for g in guards {
-        let Ok(rd) = std::fs::read_dir(&g.dir) else { continue };
+        let Ok(rd) = std::fs::read_dir(&g.dir) else {
+            continue;
+        };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with(&g.prefix) && !g.existing.contains(&name) {

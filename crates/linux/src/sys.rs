@@ -9,7 +9,8 @@ use std::path::Path;
 
 fn cstr(path: &Path) -> io::Result<CString> {
     use std::os::unix::ffi::OsStrExt;
-    CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
@@ -103,7 +104,13 @@ pub fn open_path_nofollow(dirfd: RawFd, path: &Path) -> io::Result<OwnedFd> {
     // SAFETY: `p` and `how` are valid for the call and `how`'s size is
     // passed; the kernel returns a new fd that we own.
     let fd = check(unsafe {
-        libc::syscall(libc::SYS_openat2, dirfd, p.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>())
+        libc::syscall(
+            libc::SYS_openat2,
+            dirfd,
+            p.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
     })?;
     // SAFETY: fresh fd from the kernel.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
@@ -117,7 +124,9 @@ pub fn open_tree_clone_fd(fd: &OwnedFd, recursive: bool) -> io::Result<OwnedFd> 
         flags |= libc::AT_RECURSIVE as libc::c_uint;
     }
     // SAFETY: valid C string; the kernel returns a new fd that we own.
-    let t = check(unsafe { libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), empty.as_ptr(), flags) })?;
+    let t = check(unsafe {
+        libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), empty.as_ptr(), flags)
+    })?;
     // SAFETY: fresh fd from the kernel.
     Ok(unsafe { OwnedFd::from_raw_fd(t as RawFd) })
 }
@@ -128,7 +137,12 @@ pub fn mount_setattr_fd(fd: &OwnedFd, attr_set: u64, recursive: bool) -> io::Res
     if recursive {
         flags |= libc::AT_RECURSIVE as libc::c_uint;
     }
-    let attr = MountAttr { attr_set, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
     let empty = c"";
     // SAFETY: `attr` is a properly laid out struct mount_attr that lives across
     // the call and its size is passed; `empty` is a valid C string.
@@ -148,7 +162,12 @@ pub fn mount_setattr_fd(fd: &OwnedFd, attr_set: u64, recursive: bool) -> io::Res
 /// mount_setattr on an attached path (used to make the new root read-only).
 pub fn mount_setattr_path(path: &Path, attr_set: u64) -> io::Result<()> {
     let p = cstr(path)?;
-    let attr = MountAttr { attr_set, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
     // SAFETY: as in `mount_setattr_fd`; `p` outlives the call.
     check(unsafe {
         libc::syscall(
@@ -197,14 +216,35 @@ pub fn detached_tmpfs(mode: &CStr) -> io::Result<OwnedFd> {
     let key = c"mode";
     // SAFETY: key/value are valid C strings living across the call.
     check(unsafe {
-        libc::syscall(libc::SYS_fsconfig, fsfd.as_raw_fd(), FSCONFIG_SET_STRING, key.as_ptr(), mode.as_ptr(), 0)
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fsfd.as_raw_fd(),
+            FSCONFIG_SET_STRING,
+            key.as_ptr(),
+            mode.as_ptr(),
+            0,
+        )
     })?;
     // SAFETY: no pointer arguments are dereferenced for CMD_CREATE.
     check(unsafe {
-        libc::syscall(libc::SYS_fsconfig, fsfd.as_raw_fd(), FSCONFIG_CMD_CREATE, 0usize, 0usize, 0)
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fsfd.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            0usize,
+            0usize,
+            0,
+        )
     })?;
     // SAFETY: fsmount takes only integers; the returned fd is new and ours.
-    let mfd = check(unsafe { libc::syscall(libc::SYS_fsmount, fsfd.as_raw_fd(), FSMOUNT_CLOEXEC, 0 as libc::c_uint) })?;
+    let mfd = check(unsafe {
+        libc::syscall(
+            libc::SYS_fsmount,
+            fsfd.as_raw_fd(),
+            FSMOUNT_CLOEXEC,
+            0 as libc::c_uint,
+        )
+    })?;
     // SAFETY: fresh fd from the kernel.
     Ok(unsafe { OwnedFd::from_raw_fd(mfd as RawFd) })
 }
@@ -221,21 +261,48 @@ pub fn make_superblock_readonly(mount_fd: &OwnedFd) -> io::Result<()> {
     let empty = c"";
     // SAFETY: valid C string; returns a new fs-context fd that we own.
     let fc = check(unsafe {
-        libc::syscall(libc::SYS_fspick, mount_fd.as_raw_fd(), empty.as_ptr(), FSPICK_CLOEXEC | FSPICK_EMPTY_PATH)
+        libc::syscall(
+            libc::SYS_fspick,
+            mount_fd.as_raw_fd(),
+            empty.as_ptr(),
+            FSPICK_CLOEXEC | FSPICK_EMPTY_PATH,
+        )
     })?;
     // SAFETY: fresh fd from the kernel.
     let fc = unsafe { OwnedFd::from_raw_fd(fc as RawFd) };
     let ro = c"ro";
     // SAFETY: key is a valid C string; SET_FLAG takes no value.
-    check(unsafe { libc::syscall(libc::SYS_fsconfig, fc.as_raw_fd(), FSCONFIG_SET_FLAG, ro.as_ptr(), 0usize, 0) })?;
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fc.as_raw_fd(),
+            FSCONFIG_SET_FLAG,
+            ro.as_ptr(),
+            0usize,
+            0,
+        )
+    })?;
     // SAFETY: no pointer arguments are dereferenced for CMD_RECONFIGURE.
-    check(unsafe { libc::syscall(libc::SYS_fsconfig, fc.as_raw_fd(), FSCONFIG_CMD_RECONFIGURE, 0usize, 0usize, 0) })?;
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fc.as_raw_fd(),
+            FSCONFIG_CMD_RECONFIGURE,
+            0usize,
+            0usize,
+            0,
+        )
+    })?;
     Ok(())
 }
 
 /// close_range(first, last, flags).
 pub fn close_range(first: u32, last: u32, cloexec: bool) -> io::Result<()> {
-    let flags: libc::c_uint = if cloexec { libc::CLOSE_RANGE_CLOEXEC } else { 0 };
+    let flags: libc::c_uint = if cloexec {
+        libc::CLOSE_RANGE_CLOEXEC
+    } else {
+        0
+    };
     if first > last {
         return Ok(());
     }
@@ -257,7 +324,12 @@ pub fn landlock_abi() -> i32 {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
     // SAFETY: with the VERSION flag the kernel ignores the (NULL, 0) attr.
     let ret = unsafe {
-        libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, LANDLOCK_CREATE_RULESET_VERSION)
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
     };
     if ret < 0 {
         0
@@ -270,7 +342,15 @@ pub fn landlock_abi() -> i32 {
 /// bounding set, so not even an exec of a uid-0 binary gains one back.
 pub fn drop_all_capabilities() -> io::Result<()> {
     // SAFETY: integer-only prctls.
-    check(unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) } as libc::c_long)?;
+    check(unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    } as libc::c_long)?;
     let last = last_cap();
     for cap in 0..=last {
         // SAFETY: integer-only prctl; EINVAL for caps unknown to the kernel is
@@ -289,8 +369,15 @@ pub fn drop_all_capabilities() -> io::Result<()> {
         permitted: u32,
         inheritable: u32,
     }
-    let header = CapHeader { version: 0x2008_0522, pid: 0 }; // _LINUX_CAPABILITY_VERSION_3
-    let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    let header = CapHeader {
+        version: 0x2008_0522,
+        pid: 0,
+    }; // _LINUX_CAPABILITY_VERSION_3
+    let data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
     // SAFETY: header and two data structs as capset(2) v3 requires, alive across the call.
     check(unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) })?;
     Ok(())
@@ -404,7 +491,11 @@ pub fn ignore_signal(sig: libc::c_int) {
 
 /// execve that returns only on failure. Arrays are NULL-terminated pointer
 /// lists into `CString`s prepared by the caller before fork.
-pub fn execve(path: &CStr, argv: &[*const libc::c_char], envp: &[*const libc::c_char]) -> io::Error {
+pub fn execve(
+    path: &CStr,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+) -> io::Error {
     // SAFETY: argv/envp are NULL-terminated arrays of pointers to valid C
     // strings owned by the caller for the duration of the call.
     unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
@@ -485,11 +576,11 @@ pub fn install_syscall_abi_guard() -> io::Result<()> {
     const X32_BIT: u32 = 0x4000_0000;
     let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
     let prog = vec![
-        ins(BPF_LD_W_ABS, 0, 0, 4),                      // arch
-        ins(BPF_JEQ_K, 1, 0, ARCH),                      // native arch?
-        ins(BPF_RET_K, 0, 0, RET_KILL_PROCESS),          // foreign ABI: kill
-        ins(BPF_LD_W_ABS, 0, 0, 0),                      // syscall nr
-        ins(BPF_JGE_K, 0, 1, X32_BIT),                   // x32 numbering?
+        ins(BPF_LD_W_ABS, 0, 0, 4),             // arch
+        ins(BPF_JEQ_K, 1, 0, ARCH),             // native arch?
+        ins(BPF_RET_K, 0, 0, RET_KILL_PROCESS), // foreign ABI: kill
+        ins(BPF_LD_W_ABS, 0, 0, 0),             // syscall nr
+        ins(BPF_JGE_K, 0, 1, X32_BIT),          // x32 numbering?
         ins(BPF_RET_K, 0, 0, RET_ERRNO | libc::EPERM as u32),
         ins(BPF_JEQ_K, 0, 1, libc::SYS_clone3 as u32),
         ins(BPF_RET_K, 0, 0, RET_ERRNO | libc::ENOSYS as u32),

@@ -28,11 +28,25 @@ fn parent_map() -> BTreeMap<libc::pid_t, Vec<libc::pid_t>> {
     let mut children: BTreeMap<libc::pid_t, Vec<libc::pid_t>> = BTreeMap::new();
     if let Ok(rd) = fs::read_dir("/proc") {
         for e in rd.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<libc::pid_t>().ok()) else { continue };
-            let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+            let Some(pid) = e
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<libc::pid_t>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
             // The command name may hold spaces and ')': parse after the last ')'.
-            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
-            if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|s| s.parse::<libc::pid_t>().ok()) {
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
+            if let Some(ppid) = rest
+                .split_whitespace()
+                .nth(1)
+                .and_then(|s| s.parse::<libc::pid_t>().ok())
+            {
                 children.entry(ppid).or_default().push(pid);
             }
         }
@@ -49,7 +63,11 @@ pub fn descendants() -> BTreeSet<libc::pid_t> {
     while let Some(p) = stack.pop() {
         let kids = match (&fallback, children_of(p)) {
             (None, Some(k)) => k,
-            _ => fallback.get_or_insert_with(parent_map).get(&p).cloned().unwrap_or_default(),
+            _ => fallback
+                .get_or_insert_with(parent_map)
+                .get(&p)
+                .cloned()
+                .unwrap_or_default(),
         };
         for c in kids {
             if out.insert(c) {

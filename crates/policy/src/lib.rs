@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub use duration::{parse_duration, DurationError};
-pub use nested::{Bounds, Widening};
 pub use env::{is_secret_env_name, SAFE_BASE_ENV};
+pub use nested::{Bounds, Widening};
 pub use protected::{
     is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
     WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_HOME_PATHS, WRITE_PROTECTED_WORKSPACE_NAMES,
@@ -79,7 +79,10 @@ impl Level {
 
     /// Whether the workspace is writable at this level.
     pub fn workspace_writable(self) -> bool {
-        matches!(self, Level::WorkspaceWrite | Level::WorkspaceContained | Level::DangerFullAccess)
+        matches!(
+            self,
+            Level::WorkspaceWrite | Level::WorkspaceContained | Level::DangerFullAccess
+        )
     }
 }
 
@@ -102,7 +105,11 @@ pub enum NetworkMode {
 }
 
 impl NetworkMode {
-    pub const ALL: [NetworkMode; 3] = [NetworkMode::Unmanaged, NetworkMode::Disabled, NetworkMode::Proxy];
+    pub const ALL: [NetworkMode; 3] = [
+        NetworkMode::Unmanaged,
+        NetworkMode::Disabled,
+        NetworkMode::Proxy,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -139,7 +146,12 @@ pub enum NetClass {
 }
 
 impl NetClass {
-    pub const ALL: [NetClass; 4] = [NetClass::NetDenied, NetClass::NetConnect, NetClass::NetListen, NetClass::Unconfined];
+    pub const ALL: [NetClass; 4] = [
+        NetClass::NetDenied,
+        NetClass::NetConnect,
+        NetClass::NetListen,
+        NetClass::Unconfined,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -170,7 +182,9 @@ pub struct ShimSpec {
 impl ShimSpec {
     /// The class for a call whose first argument is `argv1`.
     pub fn class_for(&self, argv1: Option<&str>) -> Option<NetClass> {
-        argv1.and_then(|a| self.subcommands.get(a).copied()).or(self.net_class)
+        argv1
+            .and_then(|a| self.subcommands.get(a).copied())
+            .or(self.net_class)
     }
 }
 
@@ -292,7 +306,11 @@ pub enum PolicyError {
     #[error("refusing {0} as the workspace: it would expose the whole host or a kernel filesystem; pass --cwd DIR with a project directory")]
     WorkspaceTooBroad(PathBuf),
     #[error("{first} {path} and {second} {path} claim the same path with different access; drop one of them")]
-    Conflict { path: PathBuf, first: &'static str, second: &'static str },
+    Conflict {
+        path: PathBuf,
+        first: &'static str,
+        second: &'static str,
+    },
     #[error("{flag} {path} conflicts with the workspace, which is {workspace_access} at --policy {level}; {hint}")]
     WorkspaceConflict {
         flag: &'static str,
@@ -302,10 +320,19 @@ pub enum PolicyError {
         hint: &'static str,
     },
     #[error("{flag} {path} lies inside the protected path {protected}, which stays an empty read-only stand-in; opt the whole path in with --ro {protected} (or --rw) if this tool really needs it")]
-    InsideProtected { flag: &'static str, path: PathBuf, protected: PathBuf },
+    InsideProtected {
+        flag: &'static str,
+        path: PathBuf,
+        protected: PathBuf,
+    },
     #[error("the workspace {workspace} lies inside the protected path {protected}, which every sandboxed level hides; pick another --cwd, or opt the path in with --ro {protected} (or --rw) if this run really needs it")]
-    WorkspaceProtected { workspace: PathBuf, protected: PathBuf },
-    #[error("invalid environment variable name {0:?}: names are non-empty and contain no '=' or NUL")]
+    WorkspaceProtected {
+        workspace: PathBuf,
+        protected: PathBuf,
+    },
+    #[error(
+        "invalid environment variable name {0:?}: names are non-empty and contain no '=' or NUL"
+    )]
     BadEnvName(String),
     #[error("invalid value for {0}: it contains a NUL byte")]
     BadEnvValue(String),
@@ -316,13 +343,19 @@ impl Policy {
     pub fn resolve(req: PolicyRequest) -> Result<Policy, PolicyError> {
         let level = req.level.unwrap_or(Level::ReadOnly);
         let network = match (level, req.network) {
-            (Level::DangerFullAccess, None | Some(NetworkMode::Unmanaged)) => NetworkMode::Unmanaged,
+            (Level::DangerFullAccess, None | Some(NetworkMode::Unmanaged)) => {
+                NetworkMode::Unmanaged
+            }
             (Level::DangerFullAccess, Some(m)) => return Err(PolicyError::DangerNetwork(m)),
             (_, None) => NetworkMode::Disabled,
             (_, Some(m)) => m,
         };
 
-        for p in [&req.workspace, &req.home].into_iter().chain(&req.ro).chain(&req.rw) {
+        for p in [&req.workspace, &req.home]
+            .into_iter()
+            .chain(&req.ro)
+            .chain(&req.rw)
+        {
             if !p.is_absolute() {
                 return Err(PolicyError::RelativePath(p.clone()));
             }
@@ -381,12 +414,15 @@ impl Policy {
             },
             protected_home_paths: PROTECTED_HOME_PATHS.to_vec(),
             protected_opt_in,
-            write_protected: if level == Level::WorkspaceWrite || level == Level::WorkspaceContained {
+            write_protected: if level == Level::WorkspaceWrite || level == Level::WorkspaceContained
+            {
                 WRITE_PROTECTED_WORKSPACE_NAMES.to_vec()
             } else {
                 Vec::new()
             },
-            write_protected_home: if level == Level::WorkspaceWrite || level == Level::WorkspaceContained {
+            write_protected_home: if level == Level::WorkspaceWrite
+                || level == Level::WorkspaceContained
+            {
                 WRITE_PROTECTED_HOME_PATHS.to_vec()
             } else {
                 Vec::new()
@@ -442,10 +478,17 @@ fn network_policy(mode: NetworkMode, req: &PolicyRequest) -> Result<NetworkPolic
     }
     let rules = net::NetRules::from_args(&req.allow_domains, &req.deny_domains)?;
     let upstream = match &req.upstream_proxy {
-        Some(u) => Some(upstream_display(u).ok_or_else(|| PolicyError::BadUpstream(redact_userinfo(u)))?),
+        Some(u) => {
+            Some(upstream_display(u).ok_or_else(|| PolicyError::BadUpstream(redact_userinfo(u)))?)
+        }
         None => None,
     };
-    Ok(NetworkPolicy { mode, rules, upstream, upstream_url: req.upstream_proxy.clone() })
+    Ok(NetworkPolicy {
+        mode,
+        rules,
+        upstream,
+        upstream_url: req.upstream_proxy.clone(),
+    })
 }
 
 /// `http://[user:pass@]host:port[/]` → `http://host:port` (lowercased host).
@@ -482,8 +525,7 @@ fn check_env_name(k: &str) -> Result<(), PolicyError> {
 }
 
 fn workspace_too_broad(ws: &Path) -> bool {
-    ws == Path::new("/")
-        || ["/proc", "/sys", "/dev"].iter().any(|k| ws.starts_with(k))
+    ws == Path::new("/") || ["/proc", "/sys", "/dev"].iter().any(|k| ws.starts_with(k))
 }
 
 /// Merges `--ro`/`--rw` into one sorted list, refusing same-path conflicts
@@ -507,12 +549,20 @@ fn merge_grants(req: &PolicyRequest, level: Level) -> Result<Vec<PathGrant>, Pol
             continue;
         }
         if level.is_sandboxed() && *path == req.workspace {
-            let ws_access = if level.workspace_writable() { Access::ReadWrite } else { Access::ReadOnly };
+            let ws_access = if level.workspace_writable() {
+                Access::ReadWrite
+            } else {
+                Access::ReadOnly
+            };
             if access != ws_access {
                 return Err(PolicyError::WorkspaceConflict {
                     flag: access.flag(),
                     path: path.clone(),
-                    workspace_access: if ws_access == Access::ReadWrite { "writable" } else { "read-only" },
+                    workspace_access: if ws_access == Access::ReadWrite {
+                        "writable"
+                    } else {
+                        "read-only"
+                    },
                     level,
                     hint: if ws_access == Access::ReadOnly {
                         "use --policy workspace-write to write the workspace"
@@ -525,15 +575,25 @@ fn merge_grants(req: &PolicyRequest, level: Level) -> Result<Vec<PathGrant>, Pol
         }
         by_path.insert(path.clone(), access);
     }
-    Ok(by_path.into_iter().map(|(path, access)| PathGrant { path, access }).collect())
+    Ok(by_path
+        .into_iter()
+        .map(|(path, access)| PathGrant { path, access })
+        .collect())
 }
 
 /// Refuses a workspace that is, or lies inside, a protected path not opted in.
-fn check_workspace_not_protected(ws: &Path, home: &Path, opted: &[PathBuf]) -> Result<(), PolicyError> {
+fn check_workspace_not_protected(
+    ws: &Path,
+    home: &Path,
+    opted: &[PathBuf],
+) -> Result<(), PolicyError> {
     for rel in PROTECTED_HOME_PATHS {
         let p = home.join(rel);
         if ws.starts_with(&p) && !opted.contains(&p) {
-            return Err(PolicyError::WorkspaceProtected { workspace: ws.to_path_buf(), protected: p });
+            return Err(PolicyError::WorkspaceProtected {
+                workspace: ws.to_path_buf(),
+                protected: p,
+            });
         }
     }
     Ok(())
@@ -542,9 +602,15 @@ fn check_workspace_not_protected(ws: &Path, home: &Path, opted: &[PathBuf]) -> R
 /// Returns the protected paths that are opted in (named exactly), and refuses
 /// grants strictly inside a protected path that is not.
 fn check_protected(paths: &[PathGrant], home: &Path) -> Result<Vec<PathBuf>, PolicyError> {
-    let protected: Vec<PathBuf> = PROTECTED_HOME_PATHS.iter().map(|rel| home.join(rel)).collect();
-    let opted: Vec<PathBuf> =
-        protected.iter().filter(|p| paths.iter().any(|g| &g.path == *p)).cloned().collect();
+    let protected: Vec<PathBuf> = PROTECTED_HOME_PATHS
+        .iter()
+        .map(|rel| home.join(rel))
+        .collect();
+    let opted: Vec<PathBuf> = protected
+        .iter()
+        .filter(|p| paths.iter().any(|g| &g.path == *p))
+        .cloned()
+        .collect();
     for g in paths {
         for p in &protected {
             if g.path != *p && g.path.starts_with(p) && !opted.contains(p) {
@@ -559,6 +625,6 @@ fn check_protected(paths: &[PathGrant], home: &Path) -> Result<Vec<PathBuf>, Pol
     Ok(opted)
 }
 
+pub mod net;
 #[cfg(test)]
 mod tests;
-pub mod net;

@@ -30,7 +30,9 @@ pub struct Bounds {
 const SANDBOX_BUILT: &[&str] = &["/tmp", "/run", "/var/run", "/proc", "/dev", "/sys", "/moat"];
 
 /// Host directories a workspace-contained view shows besides its grants.
-const CONTAINED_RUNTIME: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"];
+const CONTAINED_RUNTIME: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+];
 
 /// Why a nested request was refused: the grant, and what the outer run allows.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -41,7 +43,10 @@ pub struct Widening {
 }
 
 fn widening(grant: impl Into<String>, why: impl Into<String>) -> Widening {
-    Widening { grant: grant.into(), why: why.into() }
+    Widening {
+        grant: grant.into(),
+        why: why.into(),
+    }
 }
 
 fn network_rank(m: NetworkMode) -> u8 {
@@ -58,7 +63,8 @@ impl Bounds {
         if !self.level.is_sandboxed() {
             return true;
         }
-        let granted = path.starts_with(&self.workspace) || self.paths.iter().any(|g| path.starts_with(&g.path));
+        let granted = path.starts_with(&self.workspace)
+            || self.paths.iter().any(|g| path.starts_with(&g.path));
         granted || !SANDBOX_BUILT.iter().any(|d| path.starts_with(d))
     }
 
@@ -86,7 +92,10 @@ impl Bounds {
             return false;
         }
         (self.level.workspace_writable() && path.starts_with(&self.workspace))
-            || self.paths.iter().any(|g| g.access == Access::ReadWrite && path.starts_with(&g.path))
+            || self
+                .paths
+                .iter()
+                .any(|g| g.access == Access::ReadWrite && path.starts_with(&g.path))
     }
 
     /// Protected paths (not opted in) that the outer view shows as stand-ins.
@@ -109,7 +118,13 @@ impl Policy {
             paths: self.paths.clone(),
             protected_opt_in: self.protected_opt_in.clone(),
             network: self.network.mode,
-            allow: self.network.rules.allow.iter().map(|p| p.as_str().to_string()).collect(),
+            allow: self
+                .network
+                .rules
+                .allow
+                .iter()
+                .map(|p| p.as_str().to_string())
+                .collect(),
         }
     }
 
@@ -119,22 +134,40 @@ impl Policy {
             return Ok(());
         }
         if self.level == Level::DangerFullAccess {
-            return Err(widening("--policy danger-full-access", format!("the outer run is {}", outer.level)));
+            return Err(widening(
+                "--policy danger-full-access",
+                format!("the outer run is {}", outer.level),
+            ));
         }
         let whole_host = |l: Level| matches!(l, Level::ReadOnly | Level::WorkspaceWrite);
         if whole_host(self.level) && !whole_host(outer.level) {
             return Err(widening(
                 format!("--policy {}", self.level),
-                format!("it reads the whole host and the outer run is {}", outer.level),
+                format!(
+                    "it reads the whole host and the outer run is {}",
+                    outer.level
+                ),
             ));
         }
-        let mut reads: Vec<(String, PathBuf)> = vec![("the workspace".into(), self.workspace.clone())];
+        let mut reads: Vec<(String, PathBuf)> =
+            vec![("the workspace".into(), self.workspace.clone())];
         let mut writes: Vec<(String, PathBuf)> = Vec::new();
         if self.level.workspace_writable() {
-            writes.push((format!("the workspace {} at --policy {}", self.workspace.display(), self.level), self.workspace.clone()));
+            writes.push((
+                format!(
+                    "the workspace {} at --policy {}",
+                    self.workspace.display(),
+                    self.level
+                ),
+                self.workspace.clone(),
+            ));
         }
         for g in &self.paths {
-            let flag = if g.access == Access::ReadWrite { "--rw" } else { "--ro" };
+            let flag = if g.access == Access::ReadWrite {
+                "--rw"
+            } else {
+                "--ro"
+            };
             reads.push((format!("{flag} {}", g.path.display()), g.path.clone()));
             if g.access == Access::ReadWrite {
                 writes.push((format!("--rw {}", g.path.display()), g.path.clone()));
@@ -142,28 +175,47 @@ impl Policy {
         }
         for (grant, p) in &reads {
             if !outer.can_read(p) {
-                return Err(widening(grant.clone(), format!("the outer run cannot read {}", p.display())));
+                return Err(widening(
+                    grant.clone(),
+                    format!("the outer run cannot read {}", p.display()),
+                ));
             }
         }
         for (grant, p) in &writes {
             if !outer.can_write(p) {
-                return Err(widening(grant.clone(), format!("the outer run cannot write {}", p.display())));
+                return Err(widening(
+                    grant.clone(),
+                    format!("the outer run cannot write {}", p.display()),
+                ));
             }
         }
         for o in &self.protected_opt_in {
             if !outer.protected_opt_in.contains(o) {
-                return Err(widening(format!("opting in {}", o.display()), "the outer run keeps it protected"));
+                return Err(widening(
+                    format!("opting in {}", o.display()),
+                    "the outer run keeps it protected",
+                ));
             }
         }
         let (im, om) = (self.network.mode, outer.network);
         if network_rank(im) > network_rank(om) {
-            return Err(widening(format!("--network {im}"), format!("the outer run has --network {om}")));
+            return Err(widening(
+                format!("--network {im}"),
+                format!("the outer run has --network {om}"),
+            ));
         }
         if im == NetworkMode::Proxy && om == NetworkMode::Proxy {
-            let outer_allow: Vec<DomainPattern> = outer.allow.iter().filter_map(|a| DomainPattern::parse(a).ok()).collect();
+            let outer_allow: Vec<DomainPattern> = outer
+                .allow
+                .iter()
+                .filter_map(|a| DomainPattern::parse(a).ok())
+                .collect();
             for p in &self.network.rules.allow {
                 if !outer_allow.iter().any(|o| covers(o, p)) {
-                    return Err(widening(format!("--allow-domain {}", p.as_str()), "the outer allow list does not include it"));
+                    return Err(widening(
+                        format!("--allow-domain {}", p.as_str()),
+                        "the outer allow list does not include it",
+                    ));
                 }
             }
         }
@@ -206,7 +258,7 @@ fn split(p: &str) -> (&str, Option<&str>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{PolicyRequest, Policy};
+    use crate::{Policy, PolicyRequest};
 
     fn pol(level: Level, f: impl FnOnce(&mut PolicyRequest)) -> Policy {
         let mut r = PolicyRequest {
@@ -222,39 +274,77 @@ mod tests {
     #[test]
     fn same_or_narrower_fits() {
         let outer = pol(Level::WorkspaceWrite, |_| {});
-        assert!(pol(Level::WorkspaceWrite, |_| {}).within(&outer.bounds()).is_ok());
+        assert!(pol(Level::WorkspaceWrite, |_| {})
+            .within(&outer.bounds())
+            .is_ok());
         assert!(pol(Level::ReadOnly, |_| {}).within(&outer.bounds()).is_ok());
-        assert!(pol(Level::WorkspaceContained, |_| {}).within(&outer.bounds()).is_ok());
-        assert!(pol(Level::WorkspaceContained, |r| r.workspace = "/home/u/proj/sub".into()).within(&outer.bounds()).is_ok());
+        assert!(pol(Level::WorkspaceContained, |_| {})
+            .within(&outer.bounds())
+            .is_ok());
+        assert!(pol(Level::WorkspaceContained, |r| r.workspace =
+            "/home/u/proj/sub".into())
+        .within(&outer.bounds())
+        .is_ok());
     }
 
     #[test]
     fn widenings_are_named() {
         let outer = pol(Level::ReadOnly, |_| {});
-        let e = pol(Level::WorkspaceWrite, |_| {}).within(&outer.bounds()).unwrap_err();
+        let e = pol(Level::WorkspaceWrite, |_| {})
+            .within(&outer.bounds())
+            .unwrap_err();
         assert!(e.grant.contains("workspace"), "{e}");
         let outer = pol(Level::WorkspaceContained, |_| {});
-        assert!(pol(Level::ReadOnly, |_| {}).within(&outer.bounds()).unwrap_err().grant.contains("read-only"));
-        let e = pol(Level::WorkspaceContained, |r| r.ro = vec!["/opt".into()]).within(&outer.bounds()).unwrap_err();
+        assert!(pol(Level::ReadOnly, |_| {})
+            .within(&outer.bounds())
+            .unwrap_err()
+            .grant
+            .contains("read-only"));
+        let e = pol(Level::WorkspaceContained, |r| r.ro = vec!["/opt".into()])
+            .within(&outer.bounds())
+            .unwrap_err();
         assert_eq!(e.grant, "--ro /opt");
         let outer = pol(Level::WorkspaceWrite, |_| {});
-        let e = pol(Level::WorkspaceWrite, |r| r.rw = vec!["/etc".into()]).within(&outer.bounds()).unwrap_err();
+        let e = pol(Level::WorkspaceWrite, |r| r.rw = vec!["/etc".into()])
+            .within(&outer.bounds())
+            .unwrap_err();
         assert_eq!(e.grant, "--rw /etc");
-        assert!(pol(Level::DangerFullAccess, |_| {}).within(&outer.bounds()).is_err());
-        let e = pol(Level::WorkspaceWrite, |r| r.ro = vec!["/home/u/.ssh".into()]).within(&outer.bounds()).unwrap_err();
+        assert!(pol(Level::DangerFullAccess, |_| {})
+            .within(&outer.bounds())
+            .is_err());
+        let e = pol(Level::WorkspaceWrite, |r| {
+            r.ro = vec!["/home/u/.ssh".into()]
+        })
+        .within(&outer.bounds())
+        .unwrap_err();
         assert!(e.grant.contains(".ssh"), "{e}");
     }
 
     #[test]
     fn directories_the_sandbox_builds_are_not_host_content() {
         let outer = pol(Level::ReadOnly, |_| {});
-        for p in ["/tmp", "/run", "/run/postgresql", "/var/run", "/proc", "/dev", "/sys/fs", "/moat"] {
-            let e = pol(Level::ReadOnly, |r| r.ro = vec![p.into()]).within(&outer.bounds()).unwrap_err();
+        for p in [
+            "/tmp",
+            "/run",
+            "/run/postgresql",
+            "/var/run",
+            "/proc",
+            "/dev",
+            "/sys/fs",
+            "/moat",
+        ] {
+            let e = pol(Level::ReadOnly, |r| r.ro = vec![p.into()])
+                .within(&outer.bounds())
+                .unwrap_err();
             assert_eq!(e.grant, format!("--ro {p}"));
         }
         // …unless the outer workspace is there.
         let outer = pol(Level::WorkspaceWrite, |r| r.workspace = "/tmp/proj".into());
-        assert!(pol(Level::WorkspaceWrite, |r| r.workspace = "/tmp/proj".into()).within(&outer.bounds()).is_ok());
+        assert!(
+            pol(Level::WorkspaceWrite, |r| r.workspace = "/tmp/proj".into())
+                .within(&outer.bounds())
+                .is_ok()
+        );
     }
 
     #[test]
@@ -268,7 +358,12 @@ mod tests {
             r.allow_domains = vec!["api.example.com:443".into(), "pypi.org:443".into()];
         });
         assert!(ok.within(&outer.bounds()).is_ok());
-        assert!(pol(Level::WorkspaceWrite, |_| {}).within(&outer.bounds()).is_ok(), "disabled is narrower");
+        assert!(
+            pol(Level::WorkspaceWrite, |_| {})
+                .within(&outer.bounds())
+                .is_ok(),
+            "disabled is narrower"
+        );
         let e = pol(Level::WorkspaceWrite, |r| {
             r.network = Some(NetworkMode::Proxy);
             r.allow_domains = vec!["evil.org".into()];
@@ -276,7 +371,11 @@ mod tests {
         .within(&outer.bounds())
         .unwrap_err();
         assert_eq!(e.grant, "--allow-domain evil.org");
-        let e = pol(Level::WorkspaceWrite, |r| r.network = Some(NetworkMode::Unmanaged)).within(&outer.bounds()).unwrap_err();
+        let e = pol(Level::WorkspaceWrite, |r| {
+            r.network = Some(NetworkMode::Unmanaged)
+        })
+        .within(&outer.bounds())
+        .unwrap_err();
         assert!(e.grant.contains("unmanaged"));
         let e = pol(Level::WorkspaceWrite, |r| {
             r.network = Some(NetworkMode::Proxy);

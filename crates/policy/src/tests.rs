@@ -20,9 +20,15 @@ fn defaults_are_read_only_and_disabled() {
 fn danger_defaults_to_host_network_and_refuses_disabled() {
     let mut r = req();
     r.level = Some(Level::DangerFullAccess);
-    assert_eq!(Policy::resolve(r.clone()).unwrap().network.mode, NetworkMode::Unmanaged);
+    assert_eq!(
+        Policy::resolve(r.clone()).unwrap().network.mode,
+        NetworkMode::Unmanaged
+    );
     r.network = Some(NetworkMode::Disabled);
-    assert_eq!(Policy::resolve(r).unwrap_err(), PolicyError::DangerNetwork(NetworkMode::Disabled));
+    assert_eq!(
+        Policy::resolve(r).unwrap_err(),
+        PolicyError::DangerNetwork(NetworkMode::Disabled)
+    );
 }
 
 #[test]
@@ -34,22 +40,37 @@ fn proxy_rules_are_validated_and_canonical() {
     r.upstream_proxy = Some("http://user:hunter2@Proxy.Corp:3128".into());
     let p = Policy::resolve(r.clone()).unwrap();
     let json = p.canonical_json();
-    assert!(json.contains("example.com:443") && json.contains("registry.npmjs.org:443"), "{json}");
+    assert!(
+        json.contains("example.com:443") && json.contains("registry.npmjs.org:443"),
+        "{json}"
+    );
     assert!(json.contains("http://proxy.corp:3128"));
-    assert!(!json.contains("hunter2"), "credentials never reach the canonical policy");
+    assert!(
+        !json.contains("hunter2"),
+        "credentials never reach the canonical policy"
+    );
     r.allow_domains = vec!["*".into()];
-    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::Pattern(_)));
+    assert!(matches!(
+        Policy::resolve(r).unwrap_err(),
+        PolicyError::Pattern(_)
+    ));
 }
 
 #[test]
 fn proxy_flags_need_proxy_mode() {
     let mut r = req();
     r.allow_domains = vec!["example.com".into()];
-    assert_eq!(Policy::resolve(r).unwrap_err(), PolicyError::NeedsProxyMode("--allow-domain"));
+    assert_eq!(
+        Policy::resolve(r).unwrap_err(),
+        PolicyError::NeedsProxyMode("--allow-domain")
+    );
     let mut r = req();
     r.network = Some(NetworkMode::Proxy);
     r.upstream_proxy = Some("socks5://x:1".into());
-    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::BadUpstream(_)));
+    assert!(matches!(
+        Policy::resolve(r).unwrap_err(),
+        PolicyError::BadUpstream(_)
+    ));
 }
 
 #[test]
@@ -59,7 +80,10 @@ fn same_path_with_two_modes_is_a_conflict_naming_both() {
     r.rw = vec!["/data".into()];
     let e = Policy::resolve(r).unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("--ro /data") && msg.contains("--rw /data"), "{msg}");
+    assert!(
+        msg.contains("--ro /data") && msg.contains("--rw /data"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -75,18 +99,27 @@ fn same_path_same_mode_is_deduplicated() {
 fn rw_workspace_at_read_only_level_is_a_conflict() {
     let mut r = req();
     r.rw = vec!["/home/u/proj".into()];
-    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::WorkspaceConflict { .. }));
+    assert!(matches!(
+        Policy::resolve(r).unwrap_err(),
+        PolicyError::WorkspaceConflict { .. }
+    ));
     let mut r = req();
     r.level = Some(Level::WorkspaceWrite);
     r.ro = vec!["/home/u/proj".into()];
-    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::WorkspaceConflict { .. }));
+    assert!(matches!(
+        Policy::resolve(r).unwrap_err(),
+        PolicyError::WorkspaceConflict { .. }
+    ));
 }
 
 #[test]
 fn grant_inside_protected_path_needs_opt_in() {
     let mut r = req();
     r.rw = vec!["/home/u/.ssh/known_hosts".into()];
-    assert!(matches!(Policy::resolve(r.clone()).unwrap_err(), PolicyError::InsideProtected { .. }));
+    assert!(matches!(
+        Policy::resolve(r.clone()).unwrap_err(),
+        PolicyError::InsideProtected { .. }
+    ));
     r.ro = vec!["/home/u/.ssh".into()];
     let p = Policy::resolve(r).unwrap();
     assert_eq!(p.protected_opt_in, vec![PathBuf::from("/home/u/.ssh")]);
@@ -99,19 +132,31 @@ fn broad_workspaces_are_refused() {
     for ws in ["/", "/proc/self", "/sys", "/dev"] {
         let mut r = req();
         r.workspace = ws.into();
-        assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::WorkspaceTooBroad(_)), "{ws}");
+        assert!(
+            matches!(
+                Policy::resolve(r).unwrap_err(),
+                PolicyError::WorkspaceTooBroad(_)
+            ),
+            "{ws}"
+        );
     }
     let mut r = req();
     r.workspace = "/".into();
     r.level = Some(Level::DangerFullAccess);
-    assert!(Policy::resolve(r).is_ok(), "danger-full-access confines nothing, so / is fine");
+    assert!(
+        Policy::resolve(r).is_ok(),
+        "danger-full-access confines nothing, so / is fine"
+    );
 }
 
 #[test]
 fn relative_paths_are_refused() {
     let mut r = req();
     r.ro = vec!["data".into()];
-    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::RelativePath(_)));
+    assert!(matches!(
+        Policy::resolve(r).unwrap_err(),
+        PolicyError::RelativePath(_)
+    ));
 }
 
 #[test]
@@ -127,7 +172,11 @@ fn hash_is_stable_and_sensitive() {
     r.ro = vec!["/b".into(), "/a".into()];
     let mut r2 = req();
     r2.ro = vec!["/a".into(), "/b".into()];
-    assert_eq!(Policy::resolve(r).unwrap().hash(), Policy::resolve(r2).unwrap().hash(), "order-independent");
+    assert_eq!(
+        Policy::resolve(r).unwrap().hash(),
+        Policy::resolve(r2).unwrap().hash(),
+        "order-independent"
+    );
 }
 
 #[test]
@@ -138,11 +187,12 @@ fn canonical_json_has_sorted_keys_and_no_env_values() {
     let json = p.canonical_json();
     assert!(!json.contains("s3cr3t-value"));
     assert!(json.contains("API_TOKEN"));
-    let keys: Vec<String> = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&json)
-        .unwrap()
-        .keys()
-        .cloned()
-        .collect();
+    let keys: Vec<String> =
+        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&json)
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
     let mut sorted = keys.clone();
     sorted.sort();
     assert_eq!(keys, sorted);
@@ -153,10 +203,16 @@ fn canonical_json_has_sorted_keys_and_no_env_values() {
 fn env_names_are_validated() {
     let mut r = req();
     r.env = vec![("A=B".into(), "x".into())];
-    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::BadEnvName(_)));
+    assert!(matches!(
+        Policy::resolve(r).unwrap_err(),
+        PolicyError::BadEnvName(_)
+    ));
     let mut r = req();
     r.pass_env = vec!["".into()];
-    assert!(matches!(Policy::resolve(r).unwrap_err(), PolicyError::BadEnvName(_)));
+    assert!(matches!(
+        Policy::resolve(r).unwrap_err(),
+        PolicyError::BadEnvName(_)
+    ));
 }
 
 #[test]
@@ -173,7 +229,16 @@ fn durations() {
 
 #[test]
 fn secret_env_names() {
-    for n in ["SECRET_TOKEN", "GITHUB_TOKEN", "AWS_REGION", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "DB_PASSWORD", "x_secret", "SESSION_COOKIE"] {
+    for n in [
+        "SECRET_TOKEN",
+        "GITHUB_TOKEN",
+        "AWS_REGION",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+        "DB_PASSWORD",
+        "x_secret",
+        "SESSION_COOKIE",
+    ] {
         assert!(is_secret_env_name(n), "{n}");
     }
     for n in ["PATH", "HOME", "LANG", "TERM", "CARGO_HOME", "KEYBOARD"] {
@@ -196,9 +261,15 @@ fn protected_names() {
 fn workspace_inside_protected_path_is_refused_unless_opted_in() {
     let mut r = req();
     r.workspace = "/home/u/.ssh".into();
-    assert!(matches!(Policy::resolve(r.clone()).unwrap_err(), PolicyError::WorkspaceProtected { .. }));
+    assert!(matches!(
+        Policy::resolve(r.clone()).unwrap_err(),
+        PolicyError::WorkspaceProtected { .. }
+    ));
     r.workspace = "/home/u/.aws/sub".into();
-    assert!(matches!(Policy::resolve(r.clone()).unwrap_err(), PolicyError::WorkspaceProtected { .. }));
+    assert!(matches!(
+        Policy::resolve(r.clone()).unwrap_err(),
+        PolicyError::WorkspaceProtected { .. }
+    ));
     r.ro = vec!["/home/u/.aws".into()];
     assert!(Policy::resolve(r).is_ok());
 }

@@ -414,7 +414,11 @@ fn missing_profile_paths_are_skipped_missing_flag_paths_are_errors() {
         built.request.rw,
         [PathBuf::from("/home/me/.cargo/registry")]
     );
-    assert_eq!(built.skipped_missing.len(), 3, "~/.cargo/git, ~/.rustup and ~/.cargo/bin are missing");
+    assert_eq!(
+        built.skipped_missing.len(),
+        3,
+        "~/.cargo/git, ~/.rustup and ~/.cargo/bin are missing"
+    );
     assert_eq!(built.request.allow_domains.len(), 3);
     moat_policy::Policy::resolve(built.request).unwrap();
 

@@ -8,7 +8,11 @@ use super::*;
 use crate::probe::{HostFacts, Kind, RootEntry};
 
 fn entry(name: &str, kind: Kind, link: Option<&str>) -> RootEntry {
-    RootEntry { name: name.into(), kind, link: link.map(PathBuf::from) }
+    RootEntry {
+        name: name.into(),
+        kind,
+        link: link.map(PathBuf::from),
+    }
 }
 
 fn host() -> HostFacts {
@@ -36,11 +40,18 @@ fn host() -> HostFacts {
         ]
         .into_iter()
         .collect(),
-        home_protected: [(PathBuf::from("/home/u/.ssh"), PathBuf::from("/home/u/.ssh"))].into_iter().collect(),
-        sockets: [(PathBuf::from("/run/user/1000"), Kind::Dir), (PathBuf::from("/var/tmp/agent.sock"), Kind::File)]
+        home_protected: [(PathBuf::from("/home/u/.ssh"), PathBuf::from("/home/u/.ssh"))]
             .into_iter()
             .collect(),
-        workspace_protected: [(PathBuf::from("/home/u/proj/.env"), Kind::File)].into_iter().collect(),
+        sockets: [
+            (PathBuf::from("/run/user/1000"), Kind::Dir),
+            (PathBuf::from("/var/tmp/agent.sock"), Kind::File),
+        ]
+        .into_iter()
+        .collect(),
+        workspace_protected: [(PathBuf::from("/home/u/proj/.env"), Kind::File)]
+            .into_iter()
+            .collect(),
         workspace_write_protected: [
             (PathBuf::from("/home/u/proj/.git"), Kind::Dir),
             (PathBuf::from("/home/u/proj/.git/hooks"), Kind::Dir),
@@ -48,7 +59,10 @@ fn host() -> HostFacts {
         ]
         .into_iter()
         .collect(),
-        workspace_missing: vec![PathBuf::from("/home/u/proj/.git/config"), PathBuf::from("/home/u/proj/.bashrc")],
+        workspace_missing: vec![
+            PathBuf::from("/home/u/proj/.git/config"),
+            PathBuf::from("/home/u/proj/.bashrc"),
+        ],
         proc_entries: vec!["sys".into(), "kcore".into()],
         env: vec![
             ("PATH".into(), "/usr/bin:/bin".into()),
@@ -78,7 +92,9 @@ fn targets(plan: &Plan) -> Vec<String> {
             let kind = match op {
                 MountOp::Tmpfs { .. } => "tmpfs",
                 MountOp::Bind { readonly: true, .. } => "ro",
-                MountOp::Bind { readonly: false, .. } => "rw",
+                MountOp::Bind {
+                    readonly: false, ..
+                } => "rw",
                 MountOp::Symlink { .. } => "link",
                 MountOp::Proc { .. } => "proc",
                 MountOp::Devpts { .. } => "devpts",
@@ -96,19 +112,52 @@ fn workspace_write_golden() {
     let plan = build(&policy(Level::WorkspaceWrite, None), &host()).unwrap();
     let t = targets(&plan);
     let expected = [
-        "link /bin", "ro /etc", "ro /home", "ro /root", "ro /usr", "ro /var", "ro /sys",
-        "tmpfs /tmp", "tmpfs /run", "tmpfs /moat/home", "tmpfs /dev",
-        "rw /dev/null", "rw /dev/zero", "rw /dev/full", "rw /dev/random", "rw /dev/urandom", "rw /dev/tty",
-        "devpts /dev/pts", "link /dev/ptmx", "tmpfs /dev/shm",
-        "link /dev/fd", "link /dev/stdin", "link /dev/stdout", "link /dev/stderr",
-        "proc /proc", "ro-again /proc/sys", "stand-in /proc/kcore",
-        "stand-in /etc/shadow", "stand-in /root/.ssh",
-        "rw /home/u/proj", "stand-in /home/u/.aws", "stand-in /home/u/.ssh", "stand-in /var/tmp/agent.sock",
-        "rw /home/u/proj/.git", "ro /home/u/proj/.vscode", "stand-in /home/u/proj/.env",
+        "link /bin",
+        "ro /etc",
+        "ro /home",
+        "ro /root",
+        "ro /usr",
+        "ro /var",
+        "ro /sys",
+        "tmpfs /tmp",
+        "tmpfs /run",
+        "tmpfs /moat/home",
+        "tmpfs /dev",
+        "rw /dev/null",
+        "rw /dev/zero",
+        "rw /dev/full",
+        "rw /dev/random",
+        "rw /dev/urandom",
+        "rw /dev/tty",
+        "devpts /dev/pts",
+        "link /dev/ptmx",
+        "tmpfs /dev/shm",
+        "link /dev/fd",
+        "link /dev/stdin",
+        "link /dev/stdout",
+        "link /dev/stderr",
+        "proc /proc",
+        "ro-again /proc/sys",
+        "stand-in /proc/kcore",
+        "stand-in /etc/shadow",
+        "stand-in /root/.ssh",
+        "rw /home/u/proj",
+        "stand-in /home/u/.aws",
+        "stand-in /home/u/.ssh",
+        "stand-in /var/tmp/agent.sock",
+        "rw /home/u/proj/.git",
+        "ro /home/u/proj/.vscode",
+        "stand-in /home/u/proj/.env",
         "ro /home/u/proj/.git/hooks",
     ];
     assert_eq!(t, expected, "{t:#?}");
-    assert_eq!(plan.sweep, vec![PathBuf::from("/home/u/proj/.git/config"), PathBuf::from("/home/u/proj/.bashrc")]);
+    assert_eq!(
+        plan.sweep,
+        vec![
+            PathBuf::from("/home/u/proj/.git/config"),
+            PathBuf::from("/home/u/proj/.bashrc")
+        ]
+    );
     assert!(plan.new_netns);
     assert_eq!(plan.seccomp.socket_families, Some(vec![libc::AF_UNIX]));
     assert_eq!(plan.landlock.read, vec![PathBuf::from("/")]);
@@ -120,7 +169,10 @@ fn workspace_write_golden() {
 fn sockets_outside_hidden_dirs_get_stand_ins() {
     let plan = build(&policy(Level::ReadOnly, None), &host()).unwrap();
     let t = targets(&plan);
-    assert!(t.contains(&"stand-in /var/tmp/agent.sock".to_string()), "{t:#?}");
+    assert!(
+        t.contains(&"stand-in /var/tmp/agent.sock".to_string()),
+        "{t:#?}"
+    );
     // /run is moat's own empty tmpfs: nothing under it needs a stand-in.
     assert!(!t.iter().any(|s| s.contains("/run/user")), "{t:#?}");
 }
@@ -137,11 +189,29 @@ fn read_only_workspace_is_read_only_and_nothing_is_swept() {
 fn contained_shows_only_the_runtime_and_workspace() {
     let plan = build(&policy(Level::WorkspaceContained, None), &host()).unwrap();
     let t = targets(&plan);
-    for absent in ["ro /home", "ro /root", "ro /var", "ro /sys", "tmpfs /run", "stand-in /home/u/.ssh", "stand-in /root/.ssh"] {
+    for absent in [
+        "ro /home",
+        "ro /root",
+        "ro /var",
+        "ro /sys",
+        "tmpfs /run",
+        "stand-in /home/u/.ssh",
+        "stand-in /root/.ssh",
+    ] {
         assert!(!t.contains(&absent.to_string()), "{absent} in {t:#?}");
     }
-    for present in ["ro /etc", "ro /usr", "link /bin", "rw /home/u/proj", "stand-in /etc/shadow", "stand-in /home/u/proj/.env"] {
-        assert!(t.contains(&present.to_string()), "{present} missing from {t:#?}");
+    for present in [
+        "ro /etc",
+        "ro /usr",
+        "link /bin",
+        "rw /home/u/proj",
+        "stand-in /etc/shadow",
+        "stand-in /home/u/proj/.env",
+    ] {
+        assert!(
+            t.contains(&present.to_string()),
+            "{present} missing from {t:#?}"
+        );
     }
     assert!(plan.landlock.read.contains(&PathBuf::from("/usr")));
     assert!(!plan.landlock.read.contains(&PathBuf::from("/")));
@@ -171,7 +241,9 @@ fn parents_are_mounted_before_children() {
     for (i, a) in plan.mounts.iter().enumerate() {
         for b in &plan.mounts[..i] {
             assert!(
-                !(b.target() != a.target() && b.target().starts_with(a.target()) && !matches!(a, MountOp::Symlink { .. })),
+                !(b.target() != a.target()
+                    && b.target().starts_with(a.target())
+                    && !matches!(a, MountOp::Symlink { .. })),
                 "{} is mounted after its child {}",
                 a.target().display(),
                 b.target().display()
@@ -210,9 +282,15 @@ fn environment_is_a_safe_base() {
 fn kernel_without_landlock_or_scoping_is_refused() {
     let mut h = host();
     h.landlock_abi = 0;
-    assert_eq!(build(&policy(Level::ReadOnly, None), &h).unwrap_err(), PlanError::NoLandlock(Level::ReadOnly));
+    assert_eq!(
+        build(&policy(Level::ReadOnly, None), &h).unwrap_err(),
+        PlanError::NoLandlock(Level::ReadOnly)
+    );
     h.landlock_abi = 5;
-    assert!(build(&policy(Level::ReadOnly, None), &h).is_ok(), "disabled network isolates abstract sockets by netns");
+    assert!(
+        build(&policy(Level::ReadOnly, None), &h).is_ok(),
+        "disabled network isolates abstract sockets by netns"
+    );
     assert_eq!(
         build(&policy(Level::ReadOnly, Some(NetworkMode::Unmanaged)), &h).unwrap_err(),
         PlanError::NoAbstractScoping(5)
@@ -230,7 +308,10 @@ fn missing_grant_is_an_error() {
         ..Default::default()
     })
     .unwrap();
-    assert_eq!(build(&p, &host()).unwrap_err(), PlanError::MissingGrant("/data".into()));
+    assert_eq!(
+        build(&p, &host()).unwrap_err(),
+        PlanError::MissingGrant("/data".into())
+    );
 }
 
 #[test]
@@ -246,16 +327,26 @@ fn directories_above_protected_mounts_in_writable_binds_are_pinned() {
     .unwrap();
     let mut h = host();
     h.secrets.insert("/home/u/.config/gh".into(), Kind::Dir);
-    h.moat_hidden.insert("/home/u/.local/state/moat".into(), Kind::Dir);
+    h.moat_hidden
+        .insert("/home/u/.local/state/moat".into(), Kind::Dir);
     let t = targets(&build(&p, &h).unwrap());
-    for pin in ["rw /home/u/.config", "rw /home/u/.local", "rw /home/u/.local/state"] {
+    for pin in [
+        "rw /home/u/.config",
+        "rw /home/u/.local",
+        "rw /home/u/.local/state",
+    ] {
         assert!(t.contains(&pin.to_string()), "{pin} missing from {t:#?}");
     }
     let pos = |s: &str| t.iter().position(|x| x == s).unwrap();
     assert!(pos("rw /home/u/.config") < pos("stand-in /home/u/.config/gh"));
     assert!(pos("rw /home/u/.local/state") < pos("stand-in /home/u/.local/state/moat"));
     // Nothing is pinned at the read-only level: nothing there is writable.
-    let ro = Policy::resolve(PolicyRequest { workspace: "/home/u".into(), home: "/home/u".into(), ..Default::default() }).unwrap();
+    let ro = Policy::resolve(PolicyRequest {
+        workspace: "/home/u".into(),
+        home: "/home/u".into(),
+        ..Default::default()
+    })
+    .unwrap();
     let t = targets(&build(&ro, &h).unwrap());
     assert!(!t.contains(&"rw /home/u/.config".to_string()), "{t:#?}");
 }
