@@ -255,6 +255,24 @@ fn explain_policy_defaults_are_canonical() {
         a.dump(),
         b.dump()
     );
+    // The hash is of the policy, not a constant: another level, another
+    // network mode and an extra path each change it.
+    let c = run(fx.moat(["explain-policy", "--policy", "workspace-write"]));
+    let d = run(fx.moat(["explain-policy", "--network", "unmanaged"]));
+    let e = run(fx.moat(["explain-policy", "--ro", fx.outside.to_str().unwrap()]));
+    let mut hashes = vec![a.json()["policy_hash"].to_string()];
+    for o in [&c, &d, &e] {
+        o.expect_code(0);
+        hashes.push(o.json()["policy_hash"].to_string());
+    }
+    let mut uniq = hashes.clone();
+    uniq.sort();
+    uniq.dedup();
+    assert_eq!(
+        uniq.len(),
+        hashes.len(),
+        "different policies share a hash: {hashes:?}"
+    );
 }
 
 #[test]
@@ -332,7 +350,7 @@ fn conflicting_ro_rw_same_target_is_refused() {
         out.dump()
     );
     assert!(
-        out.stderr.contains("--ro") || out.stderr.contains("ro"),
+        out.stderr.contains("--ro") && out.stderr.contains("--rw"),
         "{}",
         out.dump()
     );
