@@ -1084,7 +1084,8 @@ fn many_parallel_requests_through_one_proxy() {
     let srv = HttpServer::fixed(&body);
     let n = 40;
     let script = format!(
-        "for i in $(seq {n}); do {CURL} -sS --max-time 30 http://127.0.0.1:{p}/p$i -o /tmp/o$i & done; wait; cat /tmp/o* | grep -o {body} | wc -l",
+        "{CURL} -sS --max-time 10 --noproxy '*' http://127.0.0.1:{p}/direct >/dev/null 2>&1 && echo DIRECT-OK || echo DIRECT-BLOCKED; \
+         for i in $(seq {n}); do {CURL} -sS --max-time 30 http://127.0.0.1:{p}/p$i -o /tmp/o$i & done; wait; cat /tmp/o* | grep -o {body} | wc -l",
         p = srv.port
     );
     let out = run(fx.sh(
@@ -1098,9 +1099,12 @@ fn many_parallel_requests_through_one_proxy() {
         &script,
     ));
     out.expect_code(0);
+    // The requests went through the proxy: a direct one (the same host and
+    // port, bypassing the proxy) was blocked and never reached the server.
+    out.expect_stdout_has("DIRECT-BLOCKED");
     assert_eq!(
-        out.stdout.trim(),
-        n.to_string(),
+        out.stdout.lines().last().map(str::trim),
+        Some(n.to_string().as_str()),
         "not every parallel request got the body\n{}",
         out.dump()
     );
