@@ -72,7 +72,7 @@ fn danger_full_access_tree_dies_even_if_the_reaper_is_killed() {
         ),
     ));
     assert!(
-        out.stdout.contains("ORPHAN-STARTED") && exists(&started),
+        exists(&started),
         "control: the marker process never started\n{}",
         out.dump()
     );
@@ -81,6 +81,11 @@ fn danger_full_access_tree_dies_even_if_the_reaper_is_killed() {
     assert!(
         left.is_empty(),
         "a process outlived moat: pids {left:?}\n{}",
+        out.dump()
+    );
+    assert!(
+        out.pipes_closed && out.stdout.contains("ORPHAN-STARTED"),
+        "control: the script saw the marker start (and nothing holds its pipes)\n{}",
         out.dump()
     );
 }
