@@ -358,6 +358,8 @@ fn host_abstract_socket_unreachable_with_network_disabled() {
         let (h, _) = l.finish();
         // The probe ran and connect() failed: the netns has its own
         // abstract namespace, so the name is not there (ECONNREFUSED).
+        // EPERM would mean only Landlock's scope stopped it, i.e. the
+        // network namespace is missing: a lost layer, so a failure.
         expect_probe_errno(&out, &[at.as_str()], libc::ECONNREFUSED);
         assert_eq!(
             h,
