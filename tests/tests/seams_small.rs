@@ -370,3 +370,32 @@ print("PROBE open_tree_attr", "OK" if r >= 0 else "ERRNO %d" % ctypes.get_errno(
         expect_probe_errno(&out, &["open_tree_attr"], libc::EPERM);
     }
 }
+
+// ------------------------------------ 3. non-UTF-8 paths in the policy hash
+
+#[test]
+fn explain_policy_hashes_non_utf8_workspaces_apart_contract() {
+    use std::os::unix::ffi::OsStringExt;
+    let fx = Fixture::new();
+    let mut hashes = Vec::new();
+    for byte in [0xffu8, 0xfe] {
+        let mut name = b"ws-".to_vec();
+        name.push(byte);
+        let dir = fx.root.join(std::ffi::OsString::from_vec(name));
+        fs::create_dir(&dir).expect("mkdir");
+        let mut cmd = fx.moat(["explain-policy", "--cwd"]);
+        cmd.arg(&dir);
+        let out = run(cmd);
+        out.expect_code(0);
+        let j = out.json();
+        let hash = j["policy_hash"].as_str().unwrap_or_default().to_string();
+        assert!(hash.starts_with("sha256:"), "{}", out.dump());
+        assert!(
+            !out.stdout.contains("\"policy\": null"),
+            "canonical policy is null\n{}",
+            out.dump()
+        );
+        hashes.push(hash);
+    }
+    assert_ne!(hashes[0], hashes[1], "two workspaces, one policy hash");
+}
