@@ -346,7 +346,20 @@ impl HostFacts {
         let shown = |p: &Path| may_be_visible(policy, p);
         let homes = host_homes(self.uid, &policy.home, shown);
         for home in &homes {
+            // Most homes (service accounts) hold none of these: one lstat of
+            // a missing first component (`.config`) rules out every path
+            // under it, keeping the launch path short.
+            let mut missing: Vec<&str> = Vec::new();
             for rel in PROTECTED_HOME_PATHS {
+                if let Some((first, _)) = rel.split_once('/') {
+                    if missing.contains(&first) {
+                        continue;
+                    }
+                    if lstat_kind(&home.join(first)).is_none() {
+                        missing.push(first);
+                        continue;
+                    }
+                }
                 let p = home.join(rel);
                 if let Some((c, k)) = resolve(&p) {
                     if home == &policy.home {
