@@ -246,6 +246,35 @@ fn audit_log_symlink_is_not_followed() {
     ));
     expect_refused_not_run(&out, &marker, "symlinked log");
     assert_eq!(read(&target).as_deref(), Some("victim\n"), "target changed");
+
+    if euid() == 0 {
+        // A directory symlink another user planted in a sticky, shared
+        // directory (`/tmp/logs -> /etc/cron.d`): root must not create its
+        // log where the link points.
+        let shared = fx.root.join("shared");
+        fs::create_dir(&shared).expect("mkdir");
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).expect("chmod");
+        let victim_dir = fx.root.join("rootdir");
+        fs::create_dir(&victim_dir).expect("mkdir");
+        let planted = shared.join("logs");
+        symlink(&victim_dir, &planted).expect("symlink");
+        let _ = Command::new("chown")
+            .args(["-h", "moat-ci:moat-ci"])
+            .arg(&planted)
+            .status();
+        let log = planted.join("audit.jsonl");
+        let out = run(fx.sh(
+            "workspace-write",
+            &["--audit-log", &log.to_string_lossy()],
+            &marker_script(&marker),
+        ));
+        expect_refused_not_run(&out, &marker, "log under a planted directory symlink");
+        assert!(
+            !exists(victim_dir.join("audit.jsonl")),
+            "root created its log through another user's symlink\n{}",
+            out.dump()
+        );
+    }
 }
 
 #[test]

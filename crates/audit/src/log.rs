@@ -117,14 +117,16 @@ impl AuditLog {
             }
             None => PathBuf::from("."),
         };
-        let parent = std::fs::canonicalize(&parent).map_err(io)?;
+        let parent = if parent.is_absolute() {
+            parent
+        } else {
+            std::env::current_dir().map_err(io)?.join(parent)
+        };
         let uid = nix::unistd::geteuid().as_raw();
-        for dir in parent.ancestors() {
-            let meta = std::fs::metadata(dir).map_err(io)?;
-            if let Some(reason) = unsafe_dir(&meta, uid) {
-                return Err(unsafe_log(format!("{}: {reason}", dir.display())));
-            }
-        }
+        let parent = resolve_checked(&parent, uid).map_err(|e| match e {
+            Checked::Io(source) => io(source),
+            Checked::Unsafe(reason) => unsafe_log(reason),
+        })?;
         let dir = File::open(&parent).map_err(io)?;
         // The directory actually opened passes too (it was not swapped).
         if let Some(reason) = unsafe_dir(&dir.metadata().map_err(io)?, uid) {
@@ -138,7 +140,7 @@ impl AuditLog {
             | OFlag::O_CLOEXEC;
         // Look before opening: opening a device or FIFO can have effects.
         match nix::sys::stat::fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(st) if st.st_mode & libc_s_ifmt() != libc_s_ifreg() => {
+            Ok(st) if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG => {
                 return Err(unsafe_log(not_regular(st.st_mode)));
             }
             Ok(_) | Err(Errno::ENOENT) => {}
@@ -271,16 +273,81 @@ fn unsafe_dir(meta: &std::fs::Metadata, uid: u32) -> Option<String> {
     None
 }
 
-fn libc_s_ifmt() -> u32 {
-    0o170000
+enum Checked {
+    Io(std::io::Error),
+    Unsafe(String),
 }
 
-fn libc_s_ifreg() -> u32 {
-    0o100000
+/// Most symlinks followed while resolving the log's directory (as the
+/// kernel's own limit).
+const MAX_SYMLINKS: usize = 40;
+
+/// Resolves the absolute directory `dir` like realpath(3), checking every
+/// step: each directory passed through must pass [`unsafe_dir`], and each
+/// symlink followed must belong to `uid` or root — a symlink another user
+/// planted (`/tmp/logs -> /etc/cron.d`) is refused, not followed.
+fn resolve_checked(dir: &Path, uid: u32) -> Result<PathBuf, Checked> {
+    use std::ffi::OsString;
+    use std::path::Component;
+    let push_all = |todo: &mut Vec<OsString>, p: &Path| {
+        for c in p.components().rev() {
+            match c {
+                Component::Normal(n) => todo.push(n.to_os_string()),
+                Component::ParentDir => todo.push("..".into()),
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            }
+        }
+    };
+    let check = |path: &Path, meta: &std::fs::Metadata| match unsafe_dir(meta, uid) {
+        Some(reason) => Err(Checked::Unsafe(format!("{}: {reason}", path.display()))),
+        None => Ok(()),
+    };
+    let mut cur = PathBuf::from("/");
+    check(&cur, &std::fs::metadata(&cur).map_err(Checked::Io)?)?;
+    let mut todo = Vec::new();
+    push_all(&mut todo, dir);
+    let mut hops = 0;
+    while let Some(name) = todo.pop() {
+        if name == ".." {
+            cur.pop();
+            continue;
+        }
+        let next = cur.join(&name);
+        let meta = std::fs::symlink_metadata(&next).map_err(Checked::Io)?;
+        if meta.file_type().is_symlink() {
+            if meta.uid() != uid && meta.uid() != 0 {
+                return Err(Checked::Unsafe(format!(
+                    "{}: a symlink of uid {}, neither of uid {uid} who runs moat nor of root; moat does not follow it",
+                    next.display(),
+                    meta.uid()
+                )));
+            }
+            hops += 1;
+            if hops > MAX_SYMLINKS {
+                return Err(Checked::Io(std::io::Error::from_raw_os_error(
+                    Errno::ELOOP as i32,
+                )));
+            }
+            let target = std::fs::read_link(&next).map_err(Checked::Io)?;
+            if target.is_absolute() {
+                cur = PathBuf::from("/");
+            }
+            push_all(&mut todo, &target);
+            continue;
+        }
+        if !meta.is_dir() {
+            return Err(Checked::Io(std::io::Error::from_raw_os_error(
+                Errno::ENOTDIR as i32,
+            )));
+        }
+        check(&next, &meta)?;
+        cur = next;
+    }
+    Ok(cur)
 }
 
 fn not_regular(mode: u32) -> String {
-    let kind = match mode & libc_s_ifmt() {
+    let kind = match mode & nix::libc::S_IFMT {
         0o020000 => "a character device",
         0o060000 => "a block device",
         0o010000 => "a FIFO",
