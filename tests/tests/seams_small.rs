@@ -9,8 +9,19 @@ use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{RwLock, RwLockReadGuard};
 
 use moat_conformance::*;
+
+/// The passwd test adds and removes a home while it runs; a run probing
+/// the host at that moment sees it vanish between probe and mount and
+/// (rightly) refuses. Tests in this file hold this lock shared; that one
+/// holds it exclusively.
+static HOST_HOMES: RwLock<()> = RwLock::new(());
+
+fn shared_host() -> RwLockReadGuard<'static, ()> {
+    HOST_HOMES.read().unwrap_or_else(|e| e.into_inner())
+}
 
 // ------------------------------------------------- 1. homes from passwd
 
@@ -50,6 +61,7 @@ impl Drop for TempUser {
 
 #[test]
 fn passwd_home_outside_slash_home_is_protected() {
+    let _hosts = HOST_HOMES.write().unwrap_or_else(|e| e.into_inner());
     if euid() != 0 {
         // An unprivileged user cannot add a passwd entry; the unprivileged
         // path through the same code is the fixture's own HOME (every test).
@@ -113,6 +125,7 @@ fn expect_refused_not_run(out: &Out, marker: &Path, what: &str) {
 
 #[test]
 fn audit_log_dev_full_refuses_the_run() {
+    let _hosts = shared_host();
     let fx = Fixture::new();
     let marker = fx.w(&unique("ran"));
     for log in ["/dev/full", "/dev/null"] {
@@ -128,6 +141,7 @@ fn audit_log_dev_full_refuses_the_run() {
 
 #[test]
 fn audit_log_on_a_full_disk_refuses_the_run() {
+    let _hosts = shared_host();
     if euid() != 0 {
         // /dev/full (above) is the unprivileged form of the same failure.
         skip("needs root to mount a tiny tmpfs");
@@ -171,6 +185,7 @@ fn audit_log_on_a_full_disk_refuses_the_run() {
 
 #[test]
 fn audit_log_without_final_newline_refuses_the_run() {
+    let _hosts = shared_host();
     let fx = Fixture::new();
     let log = fx.root.join("state/audit.jsonl");
     // One good run first, then cut the trailing newline.
@@ -201,6 +216,7 @@ fn audit_log_without_final_newline_refuses_the_run() {
 
 #[test]
 fn audit_log_in_a_directory_others_can_write_is_refused() {
+    let _hosts = shared_host();
     let fx = Fixture::new();
     // World-writable without the sticky bit: anyone could plant the log
     // file (or a symlink) there.
@@ -218,10 +234,32 @@ fn audit_log_in_a_directory_others_can_write_is_refused() {
     ));
     expect_refused_not_run(&out, &marker, "world-writable log directory");
     assert_eq!(read(&target).as_deref(), Some("victim\n"), "target changed");
+
+    if euid() == 0 {
+        // Group-writable by a group other users are in (`users`).
+        let shared = fx.root.join("shared-group");
+        fs::create_dir(&shared).expect("mkdir");
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o775)).expect("chmod");
+        let grouped = Command::new("chgrp")
+            .arg("users")
+            .arg(&shared)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if grouped {
+            let out = run(fx.sh(
+                "workspace-write",
+                &["--audit-log", &shared.join("audit.jsonl").to_string_lossy()],
+                &marker_script(&marker),
+            ));
+            expect_refused_not_run(&out, &marker, "log directory writable by group users");
+        }
+    }
 }
 
 #[test]
 fn audit_log_symlink_is_not_followed() {
+    let _hosts = shared_host();
     let fx = Fixture::new();
     let dir = fx.root.join("logs");
     fs::create_dir(&dir).expect("mkdir");
@@ -279,6 +317,7 @@ fn audit_log_symlink_is_not_followed() {
 
 #[test]
 fn repeated_socks_refusals_are_aggregated_in_the_log() {
+    let _hosts = shared_host();
     let fx = Fixture::new();
     let log = fx.root.join("state/audit.jsonl");
     let n = 400;
@@ -345,6 +384,7 @@ print("MARK-socks refused", refused)
 
 #[test]
 fn supervisor_argv_is_not_readable_inside() {
+    let _hosts = shared_host();
     let fx = Fixture::new();
     let secret = unique("ARGVSECRET");
     // The probe gets the secret reversed, so its own argv does not hold it.
@@ -384,6 +424,7 @@ print("MARK-cmdline read", read, "pid1-bytes", len(one), "leaks", leaks)
 
 #[test]
 fn open_tree_attr_is_refused_by_the_floor() {
+    let _hosts = shared_host();
     // open_tree_attr(2) (467, Linux 6.15) clones a mount tree with new
     // attributes. With invalid arguments the kernel answers EINVAL/EBADF;
     // the floor answers EPERM before the kernel looks at them.
@@ -404,6 +445,7 @@ print("PROBE open_tree_attr", "OK" if r >= 0 else "ERRNO %d" % ctypes.get_errno(
 
 #[test]
 fn explain_policy_hashes_non_utf8_workspaces_apart_contract() {
+    let _hosts = shared_host();
     use std::os::unix::ffi::OsStringExt;
     let fx = Fixture::new();
     let mut hashes = Vec::new();
@@ -427,4 +469,25 @@ fn explain_policy_hashes_non_utf8_workspaces_apart_contract() {
         hashes.push(hash);
     }
     assert_ne!(hashes[0], hashes[1], "two workspaces, one policy hash");
+}
+
+#[test]
+fn audit_log_in_a_group_writable_private_group_directory_positive_control() {
+    let _hosts = shared_host();
+    // With the user-private-group umask (002), ~/.local is 0775 and its
+    // group holds only its owner: that is not someone else's directory.
+    let fx = Fixture::new();
+    let dir = fx.root.join("ug");
+    fs::create_dir(&dir).expect("mkdir");
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o775)).expect("chmod");
+    let marker = fx.w(&unique("ran"));
+    let log = dir.join("audit.jsonl");
+    let out = run(fx.sh(
+        "workspace-write",
+        &["--audit-log", &log.to_string_lossy()],
+        &marker_script(&marker),
+    ));
+    out.expect_code(0);
+    assert!(exists(&marker), "{}", out.dump());
+    assert!(read(&log).is_some_and(|t| t.contains("policy.resolved")));
 }

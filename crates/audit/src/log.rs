@@ -165,7 +165,7 @@ impl AuditLog {
                 meta.uid()
             )));
         }
-        if meta.mode() & 0o022 != 0 {
+        if others_may_write(&meta, uid) {
             return Err(unsafe_log(format!(
                 "is writable by group or others (mode {:o}); chmod 600 it",
                 meta.mode() & 0o7777
@@ -264,13 +264,55 @@ fn unsafe_dir(meta: &std::fs::Metadata, uid: u32) -> Option<String> {
         ));
     }
     let sticky = meta.mode() & 0o1000 != 0;
-    if meta.mode() & 0o022 != 0 && !sticky {
+    if others_may_write(meta, uid) && !sticky {
         return Some(format!(
-            "is writable by group or others without the sticky bit (mode {:o}); chmod go-w it or keep the log elsewhere",
+            "is writable by others, or by a group shared with other users, without the sticky bit (mode {:o}); chmod go-w it or keep the log elsewhere",
             meta.mode() & 0o7777
         ));
     }
     None
+}
+
+/// Whether anyone but `uid` (and root) may write `meta`'s object: it is
+/// world-writable, or group-writable by a group that is not `uid`'s private
+/// group (as Debian's ssh allows: with the user-private-group umask 002,
+/// `~/.local` is 0775 and only its owner is in its group).
+fn others_may_write(meta: &std::fs::Metadata, uid: u32) -> bool {
+    meta.mode() & 0o002 != 0 || (meta.mode() & 0o020 != 0 && !group_is_private(meta.gid(), uid))
+}
+
+/// `gid` is the primary group of `uid` alone and lists no other member.
+fn group_is_private(gid: u32, uid: u32) -> bool {
+    let (Ok(passwd), Ok(group)) = (
+        std::fs::read_to_string("/etc/passwd"),
+        std::fs::read_to_string("/etc/group"),
+    ) else {
+        return false;
+    };
+    let mut name = None;
+    for line in passwd.lines() {
+        let f: Vec<&str> = line.split(':').collect();
+        let (Some(u), Some(g)) = (
+            f.get(2).and_then(|v| v.parse::<u32>().ok()),
+            f.get(3).and_then(|v| v.parse::<u32>().ok()),
+        ) else {
+            continue;
+        };
+        if u == uid {
+            name = f.first().copied();
+        }
+        if g == gid && u != uid {
+            return false; // another account's primary group
+        }
+    }
+    let Some(name) = name else { return false };
+    group.lines().any(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        f.get(2).and_then(|v| v.parse::<u32>().ok()) == Some(gid)
+            && f.first() == Some(&name)
+            && f.get(3)
+                .is_none_or(|m| m.split(',').all(|m| m.is_empty() || m == name))
+    })
 }
 
 enum Checked {
