@@ -78,9 +78,7 @@ impl Session {
             }
         }
     }
-}
 
-impl Session {
     /// Records `events` and fails when they are not on record: what comes
     /// before the launch must be, or the run does not happen.
     fn record_required(&mut self, events: &[Value]) -> Result<(), String> {
