@@ -300,7 +300,7 @@ fn audit_log_symlink_is_not_followed() {
             .args(["-h", "moat-ci:moat-ci"])
             .arg(&planted)
             .status();
-        let log = planted.join("audit.jsonl");
+        let log = planted.join("sub/audit.jsonl");
         let out = run(fx.sh(
             "workspace-write",
             &["--audit-log", &log.to_string_lossy()],
@@ -308,8 +308,8 @@ fn audit_log_symlink_is_not_followed() {
         ));
         expect_refused_not_run(&out, &marker, "log under a planted directory symlink");
         assert!(
-            !exists(victim_dir.join("audit.jsonl")),
-            "root created its log through another user's symlink\n{}",
+            !exists(victim_dir.join("sub")),
+            "root created its log directory through another user's symlink\n{}",
             out.dump()
         );
     }

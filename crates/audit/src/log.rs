@@ -106,15 +106,10 @@ impl AuditLog {
         let name = path
             .file_name()
             .ok_or_else(|| unsafe_log("names no file".into()))?;
+        // Missing directories are created (0700) by the checked walk below,
+        // one step at a time, never through a symlink it refused.
         let parent = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            Some(parent) => {
-                DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(parent)
-                    .map_err(io)?;
-                parent.to_path_buf()
-            }
+            Some(parent) => parent.to_path_buf(),
             None => PathBuf::from("."),
         };
         let parent = if parent.is_absolute() {
@@ -324,8 +319,8 @@ enum Checked {
 /// kernel's own limit).
 const MAX_SYMLINKS: usize = 40;
 
-/// Resolves the absolute directory `dir` like realpath(3), checking every
-/// step: each directory passed through must pass [`unsafe_dir`], and each
+/// Resolves the absolute directory `dir` like realpath(3), creating missing
+/// directories (0700) on the way, and checking every step: each directory passed through must pass [`unsafe_dir`], and each
 /// symlink followed must belong to `uid` or root — a symlink another user
 /// planted (`/tmp/logs -> /etc/cron.d`) is refused, not followed.
 fn resolve_checked(dir: &Path, uid: u32) -> Result<PathBuf, Checked> {
@@ -355,7 +350,18 @@ fn resolve_checked(dir: &Path, uid: u32) -> Result<PathBuf, Checked> {
             continue;
         }
         let next = cur.join(&name);
-        let meta = std::fs::symlink_metadata(&next).map_err(Checked::Io)?;
+        let meta = match std::fs::symlink_metadata(&next) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // Create it here, in a directory already checked.
+                match DirBuilder::new().mode(0o700).create(&next) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(Checked::Io(e)),
+                }
+                std::fs::symlink_metadata(&next).map_err(Checked::Io)?
+            }
+            other => other.map_err(Checked::Io)?,
+        };
         if meta.file_type().is_symlink() {
             if meta.uid() != uid && meta.uid() != 0 {
                 return Err(Checked::Unsafe(format!(
