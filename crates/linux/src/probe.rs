@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::sys;
 
 /// What kind of filesystem object a path is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Dir,
@@ -87,6 +87,9 @@ pub struct HostFacts {
     /// moat's configuration (profiles, config): read-only wherever a
     /// writable part of the view contains it.
     pub moat_readonly: Vec<PathBuf>,
+    /// moat's config/state directories that do not exist and could not be
+    /// created (the plan refuses if the command could create them).
+    pub moat_missing: Vec<PathBuf>,
     /// moat's own binary (canonical), probed in proxy mode.
     pub moat_exe: Option<PathBuf>,
     /// moat itself already runs under a seccomp filter (probed only when
@@ -265,11 +268,26 @@ impl HostFacts {
         let home = get("HOME");
         let config = get("XDG_CONFIG_HOME").or_else(|| home.as_ref().map(|h| h.join(".config")));
         let state = get("XDG_STATE_HOME").or_else(|| home.as_ref().map(|h| h.join(".local/state")));
-        if let Some(c) = config.and_then(|d| fs::canonicalize(d.join("moat")).ok()) {
-            self.moat_readonly.push(c);
+        // Both always exist before a run (created if missing, 0700): a
+        // directory that does not exist cannot be bound read-only or hidden,
+        // and a command that could create it could plant a config or trust
+        // store the next run would obey.
+        let ensure = |d: PathBuf| -> Result<PathBuf, PathBuf> {
+            use std::os::unix::fs::DirBuilderExt;
+            let _ = fs::DirBuilder::new().recursive(true).mode(0o700).create(&d);
+            fs::canonicalize(&d).map_err(|_| d)
+        };
+        match config.map(|d| ensure(d.join("moat"))) {
+            Some(Ok(c)) => self.moat_readonly.push(c),
+            Some(Err(d)) => self.moat_missing.push(d),
+            None => {}
         }
-        if let Some(s) = state.and_then(|d| fs::canonicalize(d.join("moat")).ok()) {
-            self.moat_hidden.insert(s, Kind::Dir);
+        match state.map(|d| ensure(d.join("moat"))) {
+            Some(Ok(s)) => {
+                self.moat_hidden.insert(s, Kind::Dir);
+            }
+            Some(Err(d)) => self.moat_missing.push(d),
+            None => {}
         }
     }
 

@@ -661,3 +661,17 @@ pub fn borrow_stdio(fd: RawFd) -> Option<std::os::fd::BorrowedFd<'static>> {
     // command's setup closes them), so a 'static borrow is sound.
     Some(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
 }
+
+/// Takes ownership of fd `fd`, which the parent process left open for us and
+/// named (a nested run's pipe from the broker). Fails if it is not open.
+pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    if fd < 3 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: fcntl(F_GETFD) only queries the descriptor table.
+    check(unsafe { libc::fcntl(fd, libc::F_GETFD) } as libc::c_long)?;
+    // SAFETY: the fd is open (checked above) and was handed to this process
+    // by its parent for this single use; the caller reads the number once
+    // at startup, so nothing else in the process owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}

@@ -1,0 +1,1 @@
+//! Unit tests of the view: mirrored stand-ins and the nested-run check.
