@@ -340,8 +340,8 @@ pub fn run_resolved(
                     &sink,
                 );
             }
-            if let Err(e) = moat_linux::view::inherit_policy(&h.outer, &mut policy, None) {
-                return refuse(mode, &id, &session_id, Some(&policy), &e.to_string(), &sink);
+            if let Err(e) = crate::nested::inherit_policy(&h, &mut policy) {
+                return refuse(mode, &id, &session_id, Some(&policy), &e, &sink);
             }
             Some(h)
         }

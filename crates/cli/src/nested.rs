@@ -326,6 +326,9 @@ pub struct Handoff {
     pub outer: View,
     /// `--pass-env` values from the caller's environment.
     pub pass_env: Vec<(String, String)>,
+    /// The outer run's upstream proxy as given (credentials included): a
+    /// nested run in proxy mode uses it and cannot choose another.
+    pub upstream_url: Option<String>,
 }
 
 /// Serialises spawning a nested run: the handoff pipe's read end is
@@ -439,10 +442,12 @@ fn run_nested(
             .iter()
             .filter_map(|n| Some((n.clone(), get(n)?)))
             .collect(),
+        upstream_url: outer.policy.network.upstream_url.clone(),
     };
     let handoff = serde_json::to_vec(&json!({
         "outer": serde_json::to_value(&handoff.outer).map_err(|e| format!("nested run: {e}"))?,
         "pass_env": handoff.pass_env,
+        "upstream_url": handoff.upstream_url,
     }))
     .map_err(|e| format!("nested run: {e}"))?;
     for (k, a) in injected.into_iter().enumerate() {
@@ -540,7 +545,12 @@ pub fn read_handoff() -> Option<Result<Handoff, String>> {
             .map_err(|e| format!("unreadable outer view: {e}"))?;
         let pass_env: Vec<(String, String)> = serde_json::from_value(v["pass_env"].clone())
             .map_err(|e| format!("unreadable handoff: {e}"))?;
-        Ok(Handoff { outer, pass_env })
+        let upstream_url = v["upstream_url"].as_str().map(String::from);
+        Ok(Handoff {
+            outer,
+            pass_env,
+            upstream_url,
+        })
     })();
     Some(res.map_err(|e| format!("nested run refused: {e}")))
 }
@@ -553,4 +563,14 @@ pub fn apply_handoff(h: &Handoff, facts: &mut moat_linux::HostFacts) {
         facts.env.retain(|(n, _)| n != k);
         facts.env.push((k.clone(), v.clone()));
     }
+}
+
+/// Narrows a nested run's policy to what the outer run allows (see
+/// [`moat_linux::view::inherit_policy`]) and gives it the outer upstream proxy.
+pub fn inherit_policy(h: &Handoff, policy: &mut Policy) -> Result<(), String> {
+    moat_linux::view::inherit_policy(&h.outer, policy, None).map_err(|e| e.to_string())?;
+    if policy.network.mode == moat_policy::NetworkMode::Proxy {
+        policy.network.upstream_url = h.upstream_url.clone();
+    }
+    Ok(())
 }

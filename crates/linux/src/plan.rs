@@ -460,20 +460,22 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
 /// protected mount is therefore bound over itself (read-write), which makes
 /// it a mount point: rename and rmdir of a mount point fail with EBUSY.
 fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
-    let writable: Vec<&Path> = ops
+    // (target, host source) of every writable directory bind.
+    let writable: Vec<(&Path, &Path)> = ops
         .iter()
         .filter_map(|op| match op {
             MountOp::Bind {
+                source,
                 target,
                 readonly: false,
                 device: false,
                 kind: Kind::Dir,
                 ..
-            } => Some(target.as_path()),
+            } => Some((target.as_path(), source.as_path())),
             _ => None,
         })
         .collect();
-    let mut pins: Vec<PathBuf> = Vec::new();
+    let mut pins: Vec<(PathBuf, PathBuf)> = Vec::new();
     for op in ops {
         let protected = matches!(
             op,
@@ -484,10 +486,10 @@ fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
         }
         let t = op.target();
         // The deepest writable bind strictly containing the target.
-        let Some(w) = writable
+        let Some((w, source)) = writable
             .iter()
-            .filter(|w| t != **w && t.starts_with(w))
-            .max_by_key(|w| w.components().count())
+            .filter(|(w, _)| t != *w && t.starts_with(w))
+            .max_by_key(|(w, _)| w.components().count())
         else {
             continue;
         };
@@ -499,14 +501,27 @@ fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
             let already = ops
                 .iter()
                 .any(|o| o.target() == dir && matches!(o, MountOp::Bind { .. }));
-            if !already && !pins.iter().any(|p| p == dir) {
-                pins.push(dir.to_path_buf());
+            if !already && !pins.iter().any(|(p, _)| p == dir) {
+                // A pin under a mirrored grant binds the host directory the
+                // mirror shows there.
+                let host = match dir.strip_prefix(w) {
+                    Ok(rel) => source.join(rel),
+                    Err(_) => dir.to_path_buf(),
+                };
+                pins.push((dir.to_path_buf(), host));
             }
             a = dir.parent();
         }
     }
     pins.into_iter()
-        .map(|p| host_bind(&p, Kind::Dir, true, false))
+        .map(|(target, source)| MountOp::Bind {
+            source,
+            target,
+            kind: Kind::Dir,
+            recursive: true,
+            readonly: false,
+            device: false,
+        })
         .collect()
 }
 
