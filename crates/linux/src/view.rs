@@ -617,8 +617,9 @@ pub fn check_nested(outer: &View, inner_policy: &Policy, inner: &View) -> Result
     for g in &inner_policy.paths {
         for x in outer.guarded() {
             let Some(h) = &x.host else { continue };
-            if x.why == Why::GitDir && !(h.starts_with(&g.path) && h != &g.path) {
-                // `.git` itself is writable; only what it protects matters.
+            if x.why == Why::GitDir {
+                // `.git` itself is writable (pinned); what it protects has
+                // entries of its own.
                 continue;
             }
             if h == &g.path || h.starts_with(&g.path) || g.path.starts_with(h) {
