@@ -35,9 +35,6 @@ const MAX_CONNECTIONS: usize = 16;
 /// How long a connection may take to send its request.
 const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Directories that exist only inside a sandbox (the host's are different).
-const SANDBOX_PRIVATE: &[&str] = &["/tmp", "/moat", "/proc", "/dev", "/run", "/sys"];
-
 /// True inside a moat sandbox: the broker socket exists in the view and
 /// this process already runs under a seccomp filter. Neither can be faked
 /// from inside (the view's root is read-only and mounts are forbidden), and
@@ -362,9 +359,14 @@ fn run_nested(
         })
         .unwrap_or_default();
     let cwd = PathBuf::from(req["cwd"].as_str().unwrap_or("/"));
-    if let Some(p) = SANDBOX_PRIVATE.iter().find(|p| cwd.starts_with(p)) {
+    let Some(outer_view) = &outer.view else {
+        return Err("nested run refused: the outer run has no view to check it against".into());
+    };
+    // The caller's directory must be host content at its own path in the
+    // outer view: the sandbox's own /tmp, HOME, /run… do not exist on the host.
+    if !outer_view.shows_host_at_own_path(&cwd) {
         return Err(format!(
-            "nested run refused: {} is inside {p}, which is private to the outer sandbox; run it from a directory of the workspace",
+            "nested run refused: {} is private to the outer sandbox (not a host directory of its view); run it from a directory of the workspace",
             cwd.display()
         ));
     }
@@ -381,9 +383,6 @@ fn run_nested(
     if exec_args.no_audit || exec_args.audit_log.is_some() {
         return Err("nested run refused: --no-audit/--audit-log; nested runs are recorded in the outer run's audit log".into());
     }
-    let Some(outer_view) = &outer.view else {
-        return Err("nested run refused: the outer run has no view to check it against".into());
-    };
     let mut outer_view = outer_view.clone();
     outer_view.net_class = match (outer_view.net_class, caller_class) {
         (Some(a), Some(b)) => Some(a.min(b)),

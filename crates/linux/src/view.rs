@@ -289,7 +289,10 @@ pub fn compute(policy: &Policy, host: &HostFacts) -> View {
         if explicit(p) {
             continue;
         }
-        let git_dir = *p == ws.join(".git") && *kind == Kind::Dir;
+        // (Only where the workspace is writable: a nested read-only run
+        // inherits the outer `.git` entry, and there it stays read-only.)
+        let git_dir =
+            *p == ws.join(".git") && *kind == Kind::Dir && policy.level.workspace_writable();
         let (mode, why) = if git_dir {
             (Mode::Write, Why::GitDir)
         } else {
@@ -423,6 +426,11 @@ impl View {
     /// The entry deciding host path `path` at its own place in the view.
     pub fn host_mode(&self, path: &Path) -> Option<&Entry> {
         deepest(self.entries.iter().filter(|x| !x.relocated), path)
+    }
+
+    /// Whether host path `path` shows host content at its own place.
+    pub fn shows_host_at_own_path(&self, path: &Path) -> bool {
+        self.host_mode(path).is_some_and(|x| x.mode.shows_host())
     }
 
     /// Whether `path` shows host content.

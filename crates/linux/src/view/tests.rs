@@ -266,3 +266,13 @@ fn the_view_round_trips_through_json() {
     let back: View = serde_json::from_str(&serde_json::to_string(&v).unwrap()).unwrap();
     assert_eq!(back, v);
 }
+
+/// A nested read-only run over the outer workspace inherits the outer
+/// `.git` entry; it must stay read-only there (the outer pins it writable).
+#[test]
+fn an_inherited_git_dir_is_read_only_in_a_read_only_inner_run() {
+    let outer = pol(Level::WorkspaceWrite, |_| {});
+    let v = nested(&outer, pol(Level::ReadOnly, |_| {})).unwrap();
+    let git = v.mode_at(Path::new("/home/u/proj/.git/objects")).unwrap();
+    assert_ne!(git.mode, Mode::Write, "{git:?}");
+}
