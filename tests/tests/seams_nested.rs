@@ -125,10 +125,28 @@ fn nested_root_cannot_grant_etc_shadow_or_another_users_ssh() {
         );
     }
     let fx = Fixture::new();
-    let other = PathBuf::from("/home").join(unique("other"));
-    let _rm = RmOnDrop(other.clone());
+    // Another user's existing home (a directory that disappears while other
+    // tests run as root would make their runs fail to mount its stand-in):
+    // only our key file comes and goes.
+    let Some(other) = std::fs::read_dir("/home").ok().and_then(|d| {
+        d.flatten()
+            .map(|e| e.path())
+            .find(|p| p.is_dir() && !p.starts_with(&fx.root))
+    }) else {
+        return skip("no other home under /home to protect");
+    };
+    let ssh = other.join(".ssh");
+    if !exists(&ssh) {
+        use std::os::unix::fs::MetadataExt;
+        let owner = std::fs::metadata(&other).unwrap();
+        std::fs::create_dir(&ssh).unwrap();
+        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&ssh, Some(owner.uid()), Some(owner.gid())).unwrap();
+    }
     let key = unique("OTHERKEY");
-    write(other.join(".ssh/id_ed25519"), &key);
+    let key_file = ssh.join(unique("id_test"));
+    let _rm = RmOnDrop(key_file.clone());
+    write(&key_file, &key);
     let shadow = std::fs::read_to_string("/etc/shadow").unwrap_or_default();
     let root_line = shadow
         .lines()
@@ -137,8 +155,9 @@ fn nested_root_cannot_grant_etc_shadow_or_another_users_ssh() {
         .to_string();
     let script = format!(
         "echo outer-marker; /moat/bin/moat exec --ro /etc/shadow -- cat /etc/shadow; echo rc=$?; \
-         /moat/bin/moat exec --ro {o}/.ssh -- cat {o}/.ssh/id_ed25519; echo rc2=$?",
-        o = other.display()
+         /moat/bin/moat exec --ro {o}/.ssh -- cat {k}; echo rc2=$?",
+        o = other.display(),
+        k = key_file.display()
     );
     let out = run(fx.sh("read-only", &["--no-audit"], &script));
     assert!(out.stdout.contains("outer-marker"), "{}", out.dump());
@@ -519,4 +538,47 @@ fn moat_dirs_inside_a_writable_workspace_cannot_be_planted() {
         .map(|m| m.permissions().mode() & 0o777)
         .unwrap_or(0);
     assert_eq!(mode, 0o700, "{}", out.dump());
+}
+
+/// `--rw ~/.config` opts in `~/.config`, not the paths in it that the host
+/// runs later or takes credentials from: `~/.config/systemd` stays
+/// read-only and a new `~/.config/autostart` does not survive the run,
+/// through the host path and through the mirror under /moat/home alike.
+#[test]
+fn a_writable_home_grant_keeps_its_code_running_children() {
+    let fx = Fixture::new();
+    let unit = fx.home.join(".config/systemd/user/a.service");
+    write(&unit, "[Service]\nExecStart=/bin/true\n");
+    let evil = unique("EVIL");
+    let cfg = fx.home.join(".config");
+    let script = format!(
+        "echo marker-ran; echo ok > {c}/other.txt; echo ExecStart={evil} >> {c}/systemd/user/a.service; echo ExecStart={evil} >> \"$HOME/.config/systemd/user/a.service\"; \
+         mkdir -p \"$HOME/.config/autostart\" && echo 'Exec={evil}' > \"$HOME/.config/autostart/x.desktop\"; echo 'Exec={evil}' > {c}/autostart/y.desktop; true",
+        c = cfg.display()
+    );
+    let out = run(fx.sh(
+        "read-only",
+        &["--no-audit", "--rw", &cfg.display().to_string()],
+        &script,
+    ));
+    assert!(out.stdout.contains("marker-ran"), "{}", out.dump());
+    assert_eq!(
+        read(cfg.join("other.txt")).as_deref(),
+        Some("ok\n"),
+        "control: the grant is writable\n{}",
+        out.dump()
+    );
+    assert_eq!(
+        read(&unit).as_deref(),
+        Some("[Service]\nExecStart=/bin/true\n"),
+        "{}",
+        out.dump()
+    );
+    for f in ["x.desktop", "y.desktop"] {
+        assert!(
+            !exists(cfg.join("autostart").join(f)),
+            "~/.config/autostart/{f} survived the run\n{}",
+            out.dump()
+        );
+    }
 }

@@ -239,6 +239,7 @@ impl HostFacts {
         f.probe_secrets(policy);
         f.probe_sockets();
         f.probe_workspace(policy);
+        f.probe_write_protected_in_grants(policy);
         f.probe_moat_dirs();
         if let Ok(target) = fs::canonicalize("/etc/resolv.conf") {
             if target.starts_with("/run")
@@ -394,6 +395,56 @@ impl HostFacts {
         ] {
             if let Some((c, k)) = resolve(Path::new(p)) {
                 self.sockets.insert(c, k);
+            }
+        }
+    }
+
+    /// Write-protected and protected home paths strictly beneath a writable
+    /// grant (`--rw ~/.config` must not let the command plant
+    /// `~/.config/autostart/…` or `~/.config/gh/hosts.yml` for the host to
+    /// use later): existing ones are read-only, missing ones swept (by their
+    /// first missing component beneath the grant). A grant of the path
+    /// itself, or inside it, opts it in.
+    fn probe_write_protected_in_grants(&mut self, policy: &Policy) {
+        use moat_policy::Access;
+        let home = &policy.home;
+        for g in policy
+            .paths
+            .iter()
+            .filter(|g| g.access == Access::ReadWrite)
+        {
+            // The full list at every level: a `--rw` grant is a writable
+            // part even when the workspace is not.
+            let rels = moat_policy::WRITE_PROTECTED_HOME_PATHS
+                .iter()
+                .map(|r| (*r, true))
+                .chain(PROTECTED_HOME_PATHS.iter().map(|r| (*r, false)));
+            for (rel, write_protected) in rels {
+                let p = home.join(rel);
+                if p == g.path || !p.starts_with(&g.path) {
+                    continue;
+                }
+                match lstat_kind(&p) {
+                    Some(k) if write_protected => {
+                        self.workspace_write_protected.insert(p, k);
+                    }
+                    // An existing protected path is a secret: a stand-in.
+                    Some(_) => {}
+                    None => {
+                        let mut cur = g.path.clone();
+                        if let Ok(below) = p.strip_prefix(&g.path) {
+                            for c in below.components() {
+                                cur.push(c);
+                                if lstat_kind(&cur).is_none() {
+                                    break;
+                                }
+                            }
+                        }
+                        if !self.workspace_missing.contains(&cur) {
+                            self.workspace_missing.push(cur);
+                        }
+                    }
+                }
             }
         }
     }

@@ -317,14 +317,15 @@ pub fn compute(policy: &Policy, host: &HostFacts) -> View {
             }
         }
     }
-    if policy.level.workspace_writable() {
-        v.swept = host
-            .workspace_missing
-            .iter()
-            .filter(|p| !explicit(p))
-            .cloned()
-            .collect();
-    }
+    // Missing write-protected paths the command could create: beneath a
+    // writable part of the view (the workspace, a `--rw` grant).
+    v.swept = host
+        .workspace_missing
+        .iter()
+        .filter(|p| !explicit(p))
+        .filter(|p| v.host_mode(p).is_some_and(|x| x.mode == Mode::Write))
+        .cloned()
+        .collect();
 
     // 4. Stand-ins for secrets wherever the view shows them, at every place
     // the host path appears (its own path and under the sandbox HOME).
