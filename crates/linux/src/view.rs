@@ -38,7 +38,8 @@ pub enum Mode {
     Hidden,
     /// Host content kept read-only inside a writable part (runs code later).
     WriteProtected,
-    /// moat's own (a private tmpfs, /proc, /dev…): no host content.
+    /// moat's own (a private tmpfs, /proc, /dev…) or the kernel's (/sys,
+    /// read-only at the whole-host levels): no host files a grant could reach.
     Built,
 }
 
