@@ -3,6 +3,7 @@
 
 mod audit_cmd;
 mod exec;
+mod export_cmd;
 mod nested;
 mod tools;
 
@@ -73,6 +74,9 @@ pub(crate) enum Command {
     },
     /// Forget the trust given to the project's .moat.toml
     Untrust { dir: Option<PathBuf> },
+    /// Translate the policy for another target: an OCI bundle, Kubernetes manifests, a macOS Seatbelt profile
+    #[command(subcommand)]
+    Export(export_cmd::ExportCommand),
     /// Used inside a proxy sandbox as ssh's ProxyCommand: connect HOST PORT through moat's SOCKS5 endpoint
     #[command(hide = true)]
     ProxyConnect { host: String, port: u16 },
@@ -172,6 +176,7 @@ fn main() -> ExitCode {
         Command::Shim(cmd) => tools::shim(cmd),
         Command::Trust { dir, list } => tools::trust(dir, list, false),
         Command::Untrust { dir } => tools::trust(dir, false, true),
+        Command::Export(cmd) => export_cmd::run(cmd),
         Command::Capabilities => {
             let report = moat_linux::capabilities::report(std::env::vars().collect());
             print_json(&report);
