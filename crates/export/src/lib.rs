@@ -44,3 +44,6 @@ pub enum ExportError {
     #[error("the bundle directory {0} already has a config.json; remove it or choose another --bundle DIR")]
     Exists(std::path::PathBuf),
 }
+
+#[cfg(test)]
+mod tests;
