@@ -168,6 +168,19 @@ fn run_inner(cmd: ExportCommand) -> Result<()> {
     }
 }
 
+/// What the other targets can enforce here and how they differ (for
+/// `moat capabilities`): Seatbelt's probe, and the exports' own notes.
+pub(crate) fn backends() -> serde_json::Value {
+    let seatbelt = Seatbelt {
+        home: PathBuf::new(),
+        tmp: PathBuf::new(),
+    };
+    serde_json::json!({
+        "seatbelt": seatbelt.probe(),
+        "oci": {"landlock": moat_export::LANDLOCK_NOTE, "network_proxy": "not exported (exit 125); use moat export k8s"},
+    })
+}
+
 /// The caller's open-file limit, which `moat exec` passes on unchanged.
 fn nofile_limit() -> moat_export::oci::Rlimit {
     let (soft, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)

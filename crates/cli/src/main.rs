@@ -178,7 +178,8 @@ fn main() -> ExitCode {
         Command::Untrust { dir } => tools::trust(dir, false, true),
         Command::Export(cmd) => export_cmd::run(cmd),
         Command::Capabilities => {
-            let report = moat_linux::capabilities::report(std::env::vars().collect());
+            let mut report = moat_linux::capabilities::report(std::env::vars().collect());
+            report["other_backends"] = export_cmd::backends();
             print_json(&report);
             ExitCode::SUCCESS
         }

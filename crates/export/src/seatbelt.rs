@@ -87,7 +87,10 @@ fn write_protected(policy: &Policy, view: &View) -> (Vec<PathBuf>, Vec<String>) 
         let ws = &view.workspace;
         let explicit = |p: &Path| policy.paths.iter().any(|g| g.path == p);
         // (Prefix names such as `.moat*` are the regex below.)
-        for n in WRITE_PROTECTED_WORKSPACE_NAMES.iter().filter(|n| !n.contains('*')) {
+        for n in WRITE_PROTECTED_WORKSPACE_NAMES
+            .iter()
+            .filter(|n| !n.contains('*'))
+        {
             let p = ws.join(n);
             if !explicit(&p) {
                 paths.push(p);

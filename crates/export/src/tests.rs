@@ -99,8 +99,12 @@ fn golden(name: &str, actual: &str) {
         std::fs::write(&path, actual).expect("write golden");
         return;
     }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|_| panic!("missing golden {}; run with MOAT_UPDATE_GOLDEN=1", path.display()));
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!(
+            "missing golden {}; run with MOAT_UPDATE_GOLDEN=1",
+            path.display()
+        )
+    });
     assert!(
         expected == actual,
         "{} differs from the golden file; if intended, rerun with MOAT_UPDATE_GOLDEN=1\n--- actual ---\n{actual}",
@@ -131,21 +135,30 @@ fn seatbelt_profile_denies_stand_ins_and_protects_names() {
     let p = policy(Level::WorkspaceWrite, NetworkMode::Disabled);
     let sb = crate::seatbelt::profile(&p, &moat_linux::view::compute(&p, &host()));
     assert!(sb.contains("(deny default)"));
-    let deny = sb.split("(deny file-read* file-write*").nth(1).unwrap_or_default();
+    let deny = sb
+        .split("(deny file-read* file-write*")
+        .nth(1)
+        .unwrap_or_default();
     assert!(deny.contains("(subpath \"/home/u/.ssh\")"), "{sb}");
     assert!(sb.contains("(subpath \"/home/u/proj/.env\")"));
     // Missing today, write-protected all the same (by path rule).
     assert!(sb.contains("(require-not (subpath \"/home/u/proj/.bashrc\"))"));
     assert!(sb.contains("(require-not (subpath \"/home/u/proj/.git/config\"))"));
     assert!(sb.contains("(require-not (regex #\"^/home/u/proj/\\.moat\"))"));
-    assert!(!sb.contains("(allow network"), "disabled network allows nothing: {sb}");
+    assert!(
+        !sb.contains("(allow network"),
+        "disabled network allows nothing: {sb}"
+    );
     let px = policy(Level::WorkspaceWrite, NetworkMode::Proxy);
     let sb = crate::seatbelt::profile(&px, &moat_linux::view::compute(&px, &host()));
     assert!(sb.contains("(remote ip \"localhost:3128\")"));
     assert!(!sb.contains("(allow network*)"));
     let ro = policy(Level::ReadOnly, NetworkMode::Disabled);
     let sb = crate::seatbelt::profile(&ro, &moat_linux::view::compute(&ro, &host()));
-    assert!(!sb.contains("(subpath \"/home/u/proj\")\n"), "read-only: no workspace write rule: {sb}");
+    assert!(
+        !sb.contains("(subpath \"/home/u/proj\")\n"),
+        "read-only: no workspace write rule: {sb}"
+    );
 }
 
 #[test]
@@ -154,7 +167,11 @@ fn k8s_manifests_golden() {
         for net in NetworkMode::ALL {
             let p = policy(level, net);
             let pl = plan(&p);
-            let cmd = vec!["/bin/sh".to_string(), "-c".to_string(), "make test".to_string()];
+            let cmd = vec![
+                "/bin/sh".to_string(),
+                "-c".to_string(),
+                "make test".to_string(),
+            ];
             for kind in [crate::k8s::Kind::Pod, crate::k8s::Kind::SandboxTemplate] {
                 let docs = crate::k8s::manifests(&crate::k8s::K8sInput {
                     policy: &p,
@@ -169,8 +186,15 @@ fn k8s_manifests_golden() {
                     let ann = &d["metadata"]["annotations"];
                     assert_eq!(ann[crate::ANNOTATION_HASH], p.hash().as_str(), "{d}");
                 }
-                let k = if kind == crate::k8s::Kind::Pod { "pod" } else { "sandbox-template" };
-                golden(&format!("k8s-{k}-{level}-{net}.yaml"), &crate::k8s::to_yaml(&docs));
+                let k = if kind == crate::k8s::Kind::Pod {
+                    "pod"
+                } else {
+                    "sandbox-template"
+                };
+                golden(
+                    &format!("k8s-{k}-{level}-{net}.yaml"),
+                    &crate::k8s::to_yaml(&docs),
+                );
             }
         }
     }
@@ -187,10 +211,17 @@ fn oci_config_golden() {
                 policy: &p,
                 plan: &pl,
                 command: &cmd,
-                rlimits: &[crate::oci::Rlimit { name: "RLIMIT_NOFILE", soft: 1024, hard: 4096 }],
+                rlimits: &[crate::oci::Rlimit {
+                    name: "RLIMIT_NOFILE",
+                    soft: 1024,
+                    hard: 4096,
+                }],
             })
             .expect("bundle");
-            assert_eq!(b.config["annotations"][crate::ANNOTATION_HASH], p.hash().as_str());
+            assert_eq!(
+                b.config["annotations"][crate::ANNOTATION_HASH],
+                p.hash().as_str()
+            );
             let text = serde_json::to_string_pretty(&b.config).expect("json") + "\n";
             golden(&format!("oci-{level}-{net}.json"), &text);
         }
@@ -213,7 +244,9 @@ fn oci_seccomp_carries_the_abi_guard() {
     let s = crate::oci::seccomp(&plan(&p).seccomp);
     assert_eq!(s["architectures"].as_array().map(Vec::len), Some(1));
     let rules = s["syscalls"].as_array().cloned().unwrap_or_default();
-    assert!(rules.iter().any(|r| r["names"] == serde_json::json!(["clone3"]) && r["errnoRet"] == 38));
+    assert!(rules
+        .iter()
+        .any(|r| r["names"] == serde_json::json!(["clone3"]) && r["errnoRet"] == 38));
     let bits = moat_linux::sys::NEW_NAMESPACE_FLAGS.count_ones() as usize;
     let masked = rules
         .iter()
@@ -221,5 +254,7 @@ fn oci_seccomp_carries_the_abi_guard() {
         .count();
     assert_eq!(masked, 2 * bits);
     let user = libc::CLONE_NEWUSER as u64;
-    assert!(rules.iter().any(|r| r["names"] == serde_json::json!(["unshare"]) && r["args"][0]["value"] == user));
+    assert!(rules
+        .iter()
+        .any(|r| r["names"] == serde_json::json!(["unshare"]) && r["args"][0]["value"] == user));
 }
