@@ -345,3 +345,90 @@ fn capabilities_state_the_other_backends_differences_contract() {
         .as_str()
         .is_some_and(|s| s.contains("#1241")));
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn proxy_get(proxy: u16, target: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", proxy)).expect("connect to proxy-serve");
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(20)));
+    let host = target
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let _ = write!(
+        s,
+        "GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    );
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// The Kubernetes proxy pod's command: `moat export proxy-serve` carries
+/// what the allow list names and refuses the rest (the other server sees
+/// no connection), logging each decision as NDJSON.
+#[test]
+fn proxy_serve_enforces_the_allow_list() {
+    use std::io::BufRead;
+    let fx = Fixture::new();
+    let body = unique("PROXYBODY");
+    let ok = HttpServer::fixed(&body);
+    let other = HttpServer::fixed("must not be reached");
+    let (http, socks) = (free_port(), free_port());
+    let mut cmd = fx.moat([
+        "export".to_string(),
+        "proxy-serve".into(),
+        "--network".into(),
+        "proxy".into(),
+        "--allow-domain".into(),
+        format!("localhost:{}", ok.port),
+        "--http".into(),
+        format!("127.0.0.1:{http}"),
+        "--socks".into(),
+        format!("127.0.0.1:{socks}"),
+    ]);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("start proxy-serve");
+    // It says so on stderr once both listeners are bound.
+    let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    let _ = err.read_line(&mut line);
+    if !line.contains("moat proxy-serve:") {
+        let _ = child.kill();
+        panic!("proxy-serve did not start: {line}");
+    }
+    let allowed = proxy_get(http, &format!("http://localhost:{}/a", ok.port));
+    let denied = proxy_get(http, &format!("http://localhost:{}/b", other.port));
+    let _ = child.kill();
+    let out = child.wait_with_output().expect("proxy-serve output");
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        allowed.contains(&body),
+        "allowed request not carried: {allowed}\n{log}"
+    );
+    assert!(!denied.contains("must not be reached"), "{denied}");
+    assert!(denied.starts_with("HTTP/1.1 403"), "{denied}");
+    assert_eq!(
+        other.settled_connections(),
+        0,
+        "the denied server was reached"
+    );
+    let decisions: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        decisions
+            .iter()
+            .any(|d| d["decision"] == "deny" && d["port"] == other.port),
+        "{log}"
+    );
+}
