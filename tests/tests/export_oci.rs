@@ -86,6 +86,7 @@ cat {h}/.ssh/id_rsa {h}/.aws/credentials {h}/.netrc {h}/.config/gh/hosts.yml .en
 echo x > {ow} 2>/dev/null || echo MARK-outside-refused
 if echo x > {ww} 2>/dev/null; then echo MARK-ws-written; else echo MARK-ws-refused; fi
 {py} -c 'import socket; socket.create_connection(("127.0.0.1", {port}), timeout=3); print("MARK-connected")' 2>/dev/null || echo MARK-net-refused
+if unshare -U true 2>/dev/null; then echo MARK-new-namespace; else echo MARK-unshare-refused; fi
 (exec -a {bg} sleep 1000 &)
 echo MARK-bg-started"#,
         o = fx.outside.display(),
@@ -106,6 +107,8 @@ echo MARK-bg-started"#,
         .expect_stdout_has("MARK-outside-refused")
         .expect_stdout_has("MARK-net-refused")
         .expect_stdout_has("MARK-bg-started")
+        // The seccomp floor's ABI guard: no new namespaces from inside.
+        .expect_stdout_has("MARK-unshare-refused")
         .expect_absent(&fx.ssh_secret, "ssh key / gh token")
         .expect_absent(&fx.aws_secret, "aws credentials")
         .expect_absent(&fx.netrc_secret, ".netrc")
