@@ -536,22 +536,6 @@ fn host_bind(path: &Path, kind: Kind, recursive: bool, readonly: bool) -> MountO
     }
 }
 
-/// Whether `path` shows host content in the view built by `ops`: the deepest
-/// op covering it is a host bind (not a tmpfs, stand-in or moat's own mount).
-pub fn visible(path: &Path, ops: &[MountOp]) -> bool {
-    let mut best: Option<(usize, &MountOp)> = None;
-    for op in ops {
-        let t = op.target();
-        if path.starts_with(t) {
-            let depth = t.components().count();
-            if best.map(|(d, _)| depth >= d).unwrap_or(true) {
-                best = Some((depth, op));
-            }
-        }
-    }
-    matches!(best, Some((_, MountOp::Bind { device: false, .. })))
-}
-
 /// The command's environment: a safe base, then `--pass-env`, then `--env`.
 fn command_env(policy: &Policy, host: &HostFacts) -> Vec<(String, String)> {
     let host_get = |k: &str| {
