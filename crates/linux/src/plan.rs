@@ -1,6 +1,8 @@
-//! Turns (Policy, HostFacts) into a Plan: the ordered list of mounts, the
-//! Landlock rules, the seccomp spec and the command's environment. Pure: no
-//! I/O, so golden tests can assert exactly what a level builds.
+//! Turns (Policy, HostFacts) into a Plan: the run's [`View`] (what the
+//! sandbox sees, computed once in `view`) translated to the ordered list of
+//! mounts and the Landlock rules, plus the seccomp spec (its floor as data)
+//! and the command's environment. Pure: no I/O, so golden tests can assert
+//! exactly what a level builds.
 
 use std::path::{Path, PathBuf};
 
