@@ -53,7 +53,8 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print the resolved policy as canonical JSON, with its sha256 hash
+    /// Print the resolved policy as canonical JSON, with its sha256 hash and
+    /// the view it gives on this host (every path with its mode)
     ExplainPolicy(PolicyArgs),
     /// Read and verify the audit log
     Audit(audit_cmd::AuditArgs),

@@ -303,17 +303,45 @@ impl Drop for Slot {
 const MAX_NESTED: usize = 8;
 
 /// The net class of the process at the other end of `conn`, from the
-/// seccomp filters stacked on it.
+/// seccomp filters stacked on it. With a pidfd (Linux >= 6.5) the answer is
+/// checked to still be about the caller (its pid cannot have been reused).
 fn caller_net_class(conn: &UnixStream) -> Result<Option<moat_policy::NetClass>, String> {
-    let cred = nix::sys::socket::getsockopt(conn, nix::sys::socket::sockopt::PeerCredentials)
-        .map_err(|e| format!("cannot identify the caller: {e}"))?;
-    let status = std::fs::read_to_string(format!("/proc/{}/status", cred.pid()))
-        .map_err(|e| format!("cannot read the caller's status: {e}"))?;
-    let filters = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Seccomp_filters:"))
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .ok_or("cannot read the caller's seccomp filters (needs Linux >= 5.9)")?;
+    use std::os::fd::AsFd;
+    let filters_of = |pid: i32| -> Result<u32, String> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .map_err(|e| format!("cannot read the caller's status: {e}"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp_filters:"))
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .ok_or_else(|| {
+                "cannot read the caller's seccomp filters (needs Linux >= 5.9)".to_string()
+            })
+    };
+    let filters = match moat_linux::sys::peer_pidfd(conn.as_fd()) {
+        Ok(pidfd) => {
+            let pid_of = || -> Option<i32> {
+                let info =
+                    std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()))
+                        .ok()?;
+                info.lines()
+                    .find_map(|l| l.strip_prefix("Pid:"))
+                    .and_then(|v| v.trim().parse().ok())
+            };
+            let pid = pid_of().filter(|p| *p > 0).ok_or("the caller is gone")?;
+            let filters = filters_of(pid)?;
+            if pid_of() != Some(pid) {
+                return Err("the caller is gone".into());
+            }
+            filters
+        }
+        Err(_) => {
+            let cred =
+                nix::sys::socket::getsockopt(conn, nix::sys::socket::sockopt::PeerCredentials)
+                    .map_err(|e| format!("cannot identify the caller: {e}"))?;
+            filters_of(cred.pid())?
+        }
+    };
     Ok(moat_linux::confine::net_class_of_filters(filters))
 }
 

@@ -1,6 +1,8 @@
-//! Turns (Policy, HostFacts) into a Plan: the ordered list of mounts, the
-//! Landlock rules, the seccomp spec and the command's environment. Pure: no
-//! I/O, so golden tests can assert exactly what a level builds.
+//! Turns (Policy, HostFacts) into a Plan: the run's [`View`] (what the
+//! sandbox sees, computed once in `view`) translated to the ordered list of
+//! mounts and the Landlock rules, plus the seccomp spec (its floor as data)
+//! and the command's environment. Pure: no I/O, so golden tests can assert
+//! exactly what a level builds.
 
 use std::path::{Path, PathBuf};
 
@@ -534,22 +536,6 @@ fn host_bind(path: &Path, kind: Kind, recursive: bool, readonly: bool) -> MountO
         readonly,
         device: false,
     }
-}
-
-/// Whether `path` shows host content in the view built by `ops`: the deepest
-/// op covering it is a host bind (not a tmpfs, stand-in or moat's own mount).
-pub fn visible(path: &Path, ops: &[MountOp]) -> bool {
-    let mut best: Option<(usize, &MountOp)> = None;
-    for op in ops {
-        let t = op.target();
-        if path.starts_with(t) {
-            let depth = t.components().count();
-            if best.map(|(d, _)| depth >= d).unwrap_or(true) {
-                best = Some((depth, op));
-            }
-        }
-    }
-    matches!(best, Some((_, MountOp::Bind { device: false, .. })))
 }
 
 /// The command's environment: a safe base, then `--pass-env`, then `--env`.

@@ -91,8 +91,10 @@ pub enum Why {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     /// Where the sandbox sees it.
+    #[serde(with = "moat_policy::pathser")]
     pub path: PathBuf,
     /// The host path shown there (None for what moat builds).
+    #[serde(with = "opt_path")]
     pub host: Option<PathBuf>,
     pub mode: Mode,
     pub kind: Kind,
@@ -101,6 +103,25 @@ pub struct Entry {
     /// moat's binary); the same host path also has an entry of its own.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub relocated: bool,
+}
+
+/// An optional path, lossless like every path moat serializes (the View
+/// travels to a nested run's moat and into `explain-policy`).
+mod opt_path {
+    use std::path::PathBuf;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct P(#[serde(with = "moat_policy::pathser")] PathBuf);
+
+    pub fn serialize<S: Serializer>(p: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+        p.as_ref().map(|x| P(x.clone())).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+        Ok(Option::<P>::deserialize(d)?.map(|p| p.0))
+    }
 }
 
 /// The network part of the view.
@@ -117,13 +138,16 @@ pub struct NetView {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct View {
     pub level: Level,
+    #[serde(with = "moat_policy::pathser")]
     pub workspace: PathBuf,
+    #[serde(with = "moat_policy::pathser")]
     pub home: PathBuf,
     /// In the order the plan lays them down; the deepest entry covering a
     /// path decides its mode (the later one when two are equally deep).
     pub entries: Vec<Entry>,
     /// Host paths that must not exist after the run (write-protected paths
     /// that did not exist before it).
+    #[serde(with = "moat_policy::pathser::vec")]
     pub swept: Vec<PathBuf>,
     pub network: NetView,
     pub net_class: Option<NetClass>,

@@ -375,6 +375,7 @@ fn seccomp_floor_golden() {
         "pivot_root",
         "move_mount",
         "open_tree",
+        "open_tree_attr",
         "fsopen",
         "fsconfig",
         "fsmount",

@@ -276,3 +276,15 @@ fn an_inherited_git_dir_is_read_only_in_a_read_only_inner_run() {
     let git = v.mode_at(Path::new("/home/u/proj/.git/objects")).unwrap();
     assert_ne!(git.mode, Mode::Write, "{git:?}");
 }
+
+/// A non-UTF-8 workspace survives the trip (paths are encoded losslessly).
+#[test]
+fn non_utf8_paths_round_trip() {
+    use std::os::unix::ffi::OsStrExt;
+    let ws = PathBuf::from(std::ffi::OsStr::from_bytes(b"/home/u/pr\xffj"));
+    let outer = pol(Level::WorkspaceWrite, |r| r.workspace = ws.clone());
+    let v = compute(&outer, &host());
+    let back: View = serde_json::from_str(&serde_json::to_string(&v).unwrap()).unwrap();
+    assert_eq!(back, v);
+    assert_eq!(back.workspace, ws);
+}
