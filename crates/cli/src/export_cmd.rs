@@ -38,6 +38,9 @@ pub(crate) enum ExportCommand {
         /// Container image that has the program (and moat, for the proxy pod)
         #[arg(long, value_name = "IMAGE", default_value = moat_export::k8s::DEFAULT_IMAGE)]
         image: String,
+        /// Image of the proxy pod (--network proxy); it must have moat on its PATH (default: --image)
+        #[arg(long, value_name = "IMAGE")]
+        proxy_image: Option<String>,
         /// pod, or sandbox-template (kubernetes-sigs/agent-sandbox)
         #[arg(long, value_name = "KIND", default_value = "pod")]
         kind: String,
@@ -127,6 +130,7 @@ fn run_inner(cmd: ExportCommand) -> Result<()> {
             policy,
             runtime_class,
             image,
+            proxy_image,
             kind,
             command,
         } => {
@@ -140,6 +144,7 @@ fn run_inner(cmd: ExportCommand) -> Result<()> {
                 plan: &plan,
                 command: &command,
                 image: &image,
+                proxy_image: proxy_image.as_deref().unwrap_or(&image),
                 runtime_class: runtime_class.as_deref(),
                 kind,
             })?;

@@ -53,6 +53,8 @@ pub struct K8sInput<'a> {
     pub plan: &'a Plan,
     pub command: &'a [String],
     pub image: &'a str,
+    /// Image of the proxy pod; it must have `moat` on its PATH.
+    pub proxy_image: &'a str,
     pub runtime_class: Option<&'a str>,
     pub kind: Kind,
 }
@@ -301,7 +303,7 @@ pub fn manifests(input: &K8sInput) -> Result<Vec<Value>, ExportError> {
                     "securityContext": {"runAsNonRoot": true, "runAsUser": NON_ROOT_UID, "runAsGroup": NON_ROOT_UID, "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [{
                         "name": "moat-proxy",
-                        "image": input.image,
+                        "image": input.proxy_image,
                         "command": ["moat"],
                         "args": args,
                         "ports": [{"containerPort": PROXY_HTTP_PORT, "name": "http"}, {"containerPort": PROXY_SOCKS_PORT, "name": "socks"}],

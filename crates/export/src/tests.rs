@@ -178,6 +178,7 @@ fn k8s_manifests_golden() {
                     plan: &pl,
                     command: &cmd,
                     image: "example.org/agent:1",
+                    proxy_image: "example.org/moat:1",
                     runtime_class: Some("gvisor"),
                     kind,
                 })
