@@ -64,15 +64,26 @@ fn validate(fx: &Fixture, exe: &PathBuf, name: &str, docs: &[Value]) -> (bool, S
 }
 
 /// The agent-sandbox CRD has no schema in the Kubernetes OpenAPI set: its
-/// pod template is validated as a Pod.
-fn as_validatable(d: &Value) -> Value {
+/// pod template is validated as a Pod, its network rules as a NetworkPolicy.
+fn as_validatable(d: &Value) -> Vec<Value> {
     if d["kind"] == "SandboxTemplate" {
         let t = &d["spec"]["podTemplate"];
         let mut meta = t["metadata"].clone();
         meta["name"] = d["metadata"]["name"].clone();
-        return serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": t["spec"]});
+        let mut v = vec![
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": t["spec"]}),
+        ];
+        let np = &d["spec"]["networkPolicy"];
+        if !np.is_null() {
+            v.push(serde_json::json!({
+                "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": d["metadata"]["name"]},
+                "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "ingress": np["ingress"], "egress": np["egress"]},
+            }));
+        }
+        return v;
     }
-    d.clone()
+    vec![d.clone()]
 }
 
 fn export_k8s(fx: &Fixture, level: &str, net: &str, kind: &str) -> Out {
@@ -123,12 +134,36 @@ fn every_manifest_validates_against_the_kubernetes_schemas() {
                     "SandboxTemplate"
                 };
                 assert!(kinds.contains(&want), "{kinds:?}\n{}", out.dump());
-                assert_eq!(
-                    kinds.contains(&"NetworkPolicy"),
-                    net != "unmanaged",
-                    "{kinds:?}"
-                );
-                let v: Vec<Value> = docs.iter().map(as_validatable).collect();
+                // Egress rules: a NetworkPolicy for a Pod; inside a
+                // SandboxTemplate (its controller manages the policy).
+                if kind == "pod" {
+                    assert_eq!(
+                        kinds.contains(&"NetworkPolicy"),
+                        net != "unmanaged",
+                        "{kinds:?}"
+                    );
+                } else {
+                    assert!(!kinds.contains(&"NetworkPolicy"), "{kinds:?}");
+                    let t = docs
+                        .iter()
+                        .find(|d| d["kind"] == "SandboxTemplate")
+                        .expect("template");
+                    let managed = if net == "unmanaged" {
+                        "Unmanaged"
+                    } else {
+                        "Managed"
+                    };
+                    assert_eq!(t["spec"]["networkPolicyManagement"], managed, "{t}");
+                    assert_eq!(
+                        t["spec"]["networkPolicy"].is_null(),
+                        net == "unmanaged",
+                        "{t}"
+                    );
+                    if net == "disabled" {
+                        assert_eq!(t["spec"]["networkPolicy"]["egress"], serde_json::json!([]));
+                    }
+                }
+                let v: Vec<Value> = docs.iter().flat_map(as_validatable).collect();
                 let (ok, said) = validate(&fx, &exe, &format!("{level}-{net}-{kind}"), &v);
                 assert!(
                     ok,

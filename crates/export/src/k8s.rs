@@ -23,7 +23,7 @@ pub const DEFAULT_IMAGE: &str = "debian:bookworm-slim";
 /// Where the node keeps Localhost seccomp profiles (kubelet's default root).
 pub const KUBELET_SECCOMP_DIR: &str = "/var/lib/kubelet/seccomp";
 /// The agent-sandbox API group/version of `SandboxTemplate`.
-pub const AGENT_SANDBOX_API: &str = "extensions.agents.x-k8s.io/v1alpha1";
+pub const AGENT_SANDBOX_API: &str = "extensions.agents.x-k8s.io/v1beta1";
 /// uid the workload runs as when the caller is root (runAsNonRoot).
 pub const NON_ROOT_UID: u32 = 65532;
 /// Ports of the proxy pod (the same as moat exec's in-namespace endpoints).
@@ -246,21 +246,43 @@ pub fn manifests(input: &K8sInput) -> Result<Vec<Value>, ExportError> {
     if let Some(rc) = input.runtime_class {
         pod_spec["runtimeClassName"] = rc.into();
     }
+    // The workload's egress: nothing, or only the proxy pod and cluster
+    // DNS (to find it); None: unrestricted (`unmanaged`).
+    let egress: Option<Value> = match plan.network {
+        NetworkMode::Disabled => Some(json!([])),
+        NetworkMode::Proxy => Some(json!([
+            {"to": [{"podSelector": {"matchLabels": {"moat.dev/proxy-for": h}}}],
+             "ports": [{"protocol": "TCP", "port": PROXY_HTTP_PORT}, {"protocol": "TCP", "port": PROXY_SOCKS_PORT}]},
+            {"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+             "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+        ])),
+        NetworkMode::Unmanaged => None,
+    };
     let meta = json!({"name": name, "labels": labels, "annotations": annotations});
     docs.push(match input.kind {
         Kind::Pod => json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}),
-        Kind::SandboxTemplate => json!({
-            "apiVersion": AGENT_SANDBOX_API,
-            "kind": "SandboxTemplate",
-            "metadata": meta,
-            "spec": {"podTemplate": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}},
-        }),
+        // agent-sandbox's controller manages the template's NetworkPolicy
+        // (its default allows the public internet, and NetworkPolicies only
+        // add allows), so the rules go into the template itself.
+        Kind::SandboxTemplate => {
+            let mut spec = json!({
+                "podTemplate": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec},
+            });
+            match &egress {
+                Some(e) => {
+                    spec["networkPolicyManagement"] = "Managed".into();
+                    spec["networkPolicy"] = json!({"ingress": [], "egress": e});
+                }
+                None => spec["networkPolicyManagement"] = "Unmanaged".into(),
+            }
+            json!({"apiVersion": AGENT_SANDBOX_API, "kind": "SandboxTemplate", "metadata": meta, "spec": spec})
+        }
     });
 
     // 4. The network.
     let select = json!({"matchLabels": {"moat.dev/policy": h}});
     match plan.network {
-        NetworkMode::Disabled => docs.push(json!({
+        NetworkMode::Disabled if input.kind == Kind::Pod => docs.push(json!({
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
             "metadata": {"name": format!("{name}-no-network"), "labels": labels, "annotations": {ANNOTATION_HASH: policy.hash()}},
@@ -277,22 +299,19 @@ pub fn manifests(input: &K8sInput) -> Result<Vec<Value>, ExportError> {
                 args.push("--deny-domain".into());
                 args.push(d.as_str().into());
             }
-            docs.push(json!({
-                "apiVersion": "networking.k8s.io/v1",
-                "kind": "NetworkPolicy",
-                "metadata": {"name": format!("{name}-egress-proxy-only"), "labels": labels, "annotations": {ANNOTATION_HASH: policy.hash()}},
-                "spec": {
-                    "podSelector": select,
-                    "policyTypes": ["Ingress", "Egress"],
-                    "ingress": [],
-                    "egress": [
-                        {"to": [{"podSelector": {"matchLabels": {"moat.dev/proxy-for": h}}}],
-                         "ports": [{"protocol": "TCP", "port": PROXY_HTTP_PORT}, {"protocol": "TCP", "port": PROXY_SOCKS_PORT}]},
-                        {"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
-                         "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
-                    ],
-                },
-            }));
+            if input.kind == Kind::Pod {
+                docs.push(json!({
+                    "apiVersion": "networking.k8s.io/v1",
+                    "kind": "NetworkPolicy",
+                    "metadata": {"name": format!("{name}-egress-proxy-only"), "labels": labels, "annotations": {ANNOTATION_HASH: policy.hash()}},
+                    "spec": {
+                        "podSelector": select,
+                        "policyTypes": ["Ingress", "Egress"],
+                        "ingress": [],
+                        "egress": egress,
+                    },
+                }));
+            }
             docs.push(json!({
                 "apiVersion": "v1",
                 "kind": "Pod",
@@ -321,7 +340,7 @@ pub fn manifests(input: &K8sInput) -> Result<Vec<Value>, ExportError> {
                 ]},
             }));
         }
-        NetworkMode::Unmanaged => {}
+        NetworkMode::Disabled | NetworkMode::Unmanaged => {}
     }
     Ok(docs)
 }
