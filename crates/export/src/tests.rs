@@ -259,3 +259,44 @@ fn oci_seccomp_carries_the_abi_guard() {
         .iter()
         .any(|r| r["names"] == serde_json::json!(["unshare"]) && r["args"][0]["value"] == user));
 }
+
+/// The Seatbelt backend behind the seam: `sandbox-exec` by absolute path
+/// with the private HOME/TMPDIR as profile parameters; off macOS, launch
+/// refuses (it never runs the command unconfined).
+#[test]
+fn seatbelt_backend_argv_and_launch() {
+    use crate::backend::{Backend, LaunchError, Seatbelt};
+    let p = policy(Level::WorkspaceWrite, NetworkMode::Disabled);
+    let view = moat_linux::view::compute(&p, &host());
+    let b = Seatbelt {
+        home: "/private/tmp/m/home".into(),
+        tmp: "/private/tmp/m/tmp".into(),
+    };
+    let plan = b.plan(&p, &view);
+    assert_eq!(b.explain(&plan), crate::seatbelt::profile(&p, &view));
+    let argv: Vec<String> = b
+        .argv(&plan, &["make".into(), "test".into()])
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        argv[..4],
+        [
+            "-D",
+            "MOAT_HOME=/private/tmp/m/home",
+            "-D",
+            "MOAT_TMP=/private/tmp/m/tmp"
+        ]
+    );
+    assert_eq!(argv[4], "-p");
+    assert_eq!(argv[5], plan.profile);
+    assert_eq!(argv[6..], ["--", "make", "test"]);
+    assert_eq!(b.probe()["launcher"], "/usr/bin/sandbox-exec");
+    if !cfg!(target_os = "macos") {
+        assert!(matches!(
+            b.launch(&plan, &["true".into()]),
+            Err(LaunchError::Unsupported(_))
+        ));
+        assert_eq!(b.probe()["available"], false);
+    }
+}
