@@ -100,6 +100,8 @@ fn export_k8s(fx: &Fixture, level: &str, net: &str, kind: &str) -> Out {
         "gvisor",
         "--image",
         "example.org/agent:1",
+        "--timeout",
+        "90s",
     ];
     if net == "proxy" {
         a.extend([
@@ -227,6 +229,7 @@ fn pod_security_context_contract() {
     assert_eq!(spec["hostUsers"], false);
     assert_eq!(spec["automountServiceAccountToken"], false);
     assert_eq!(spec["runtimeClassName"], "gvisor");
+    assert_eq!(spec["activeDeadlineSeconds"], 90);
     let c = &spec["containers"][0]["securityContext"];
     assert_eq!(c["allowPrivilegeEscalation"], false);
     assert_eq!(c["readOnlyRootFilesystem"], true);

@@ -246,6 +246,10 @@ pub fn manifests(input: &K8sInput) -> Result<Vec<Value>, ExportError> {
     if let Some(rc) = input.runtime_class {
         pod_spec["runtimeClassName"] = rc.into();
     }
+    // --timeout: the kubelet stops the pod after this many seconds.
+    if let Some(ms) = policy.timeout_ms {
+        pod_spec["activeDeadlineSeconds"] = ms.div_ceil(1000).max(1).into();
+    }
     // The workload's egress: nothing, or only the proxy pod and cluster
     // DNS (to find it); None: unrestricted (`unmanaged`).
     let egress: Option<Value> = match plan.network {
