@@ -263,3 +263,70 @@ fn proxy_network_is_refused_contract() {
     assert!(out.stderr.contains("moat export k8s"), "{}", out.dump());
     assert!(!exists(bundle.join("config.json")));
 }
+
+/// A bundle the confined command could rewrite is refused: inside the
+/// workspace at a writable level, the command could edit the config.json
+/// that confines its next run. At read-only the same place is fine.
+#[test]
+fn bundle_in_a_writable_part_of_the_view_is_refused() {
+    let fx = Fixture::new();
+    let inside = fx.w("bundle");
+    let out = run(fx.moat([
+        "export",
+        "oci",
+        "--policy",
+        "workspace-write",
+        "--bundle",
+        "bundle",
+        "--",
+        "true",
+    ]));
+    out.expect_code(125);
+    assert!(
+        out.stderr.contains("writable part of the view"),
+        "{}",
+        out.dump()
+    );
+    assert!(!exists(inside.join("config.json")), "{}", out.dump());
+    // Through a symlink from outside, still inside.
+    let link = fx.root.join("to-ws");
+    std::os::unix::fs::symlink(&fx.ws, &link).expect("symlink");
+    let via = link.join("b2");
+    let out = run(fx.moat([
+        "export",
+        "oci",
+        "--policy",
+        "workspace-write",
+        "--bundle",
+        &via.to_string_lossy(),
+        "--",
+        "true",
+    ]));
+    out.expect_code(125);
+    assert!(!exists(fx.w("b2/config.json")), "{}", out.dump());
+    let ro = run(fx.moat([
+        "export",
+        "oci",
+        "--policy",
+        "read-only",
+        "--bundle",
+        "bundle",
+        "--",
+        "true",
+    ]));
+    ro.expect_code(0);
+    assert!(exists(inside.join("config.json")), "{}", ro.dump());
+}
+
+/// Without --bundle the bundle goes to /var/tmp, outside every writable
+/// part of the view; the path is printed.
+#[test]
+fn default_bundle_is_outside_the_workspace_contract() {
+    let fx = Fixture::new();
+    let out = run(fx.moat(["export", "oci", "--policy", "workspace-write", "--", "true"]));
+    out.expect_code(0);
+    let dir = PathBuf::from(out.stdout.trim());
+    let _cleanup = RmOnDrop(dir.clone());
+    assert!(dir.starts_with("/var/tmp"), "{}", out.dump());
+    assert!(exists(dir.join("config.json")), "{}", out.dump());
+}

@@ -21,7 +21,7 @@ pub(crate) enum ExportCommand {
     Oci {
         #[command(flatten)]
         policy: PolicyArgs,
-        /// Where to write the bundle (default: ./moat-bundle)
+        /// Where to write the bundle, outside the writable paths (default: /var/tmp/moat-bundle-HASH-PID)
         #[arg(long, value_name = "DIR")]
         bundle: Option<PathBuf>,
         /// The program and its arguments (after --)
@@ -121,7 +121,13 @@ fn run_inner(cmd: ExportCommand) -> Result<()> {
                 command: &command,
                 rlimits: &rlimits,
             })?;
-            let dir = bundle.unwrap_or_else(|| PathBuf::from("moat-bundle"));
+            let dir = match bundle {
+                Some(d) => d,
+                None => default_bundle_dir(&policy),
+            };
+            let dir = moat_export::oci::resolve_dir(&dir)
+                .with_context(|| format!("cannot resolve --bundle {}", dir.display()))?;
+            moat_export::oci::check_bundle_dir(&plan, &dir)?;
             moat_export::oci::write_bundle(&dir, &b)?;
             println!("{}", dir.display());
             Ok(())
@@ -184,6 +190,21 @@ pub(crate) fn backends() -> serde_json::Value {
         "seatbelt": seatbelt.probe(),
         "oci": {"landlock": moat_export::LANDLOCK_NOTE, "network_proxy": "not exported (exit 125); use moat export k8s"},
     })
+}
+
+/// Where a bundle goes without --bundle: /var/tmp, which no sandboxed view
+/// shows writable (the workspace would be, at the writable levels).
+fn default_bundle_dir(policy: &Policy) -> PathBuf {
+    let hash = policy.hash();
+    let short: String = hash
+        .trim_start_matches("sha256:")
+        .chars()
+        .take(12)
+        .collect();
+    PathBuf::from(format!(
+        "/var/tmp/moat-bundle-{short}-{}",
+        std::process::id()
+    ))
 }
 
 /// The caller's open-file limit, which `moat exec` passes on unchanged.

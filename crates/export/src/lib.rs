@@ -43,6 +43,8 @@ pub enum ExportError {
     },
     #[error("the bundle directory {0} already has a config.json; remove it or choose another --bundle DIR")]
     Exists(std::path::PathBuf),
+    #[error("the bundle directory {0} lies in a writable part of the view: the confined command could rewrite the config.json that confines it the next time; choose --bundle outside the workspace and the --rw paths")]
+    BundleWritable(std::path::PathBuf),
 }
 
 #[cfg(test)]

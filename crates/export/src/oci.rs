@@ -303,6 +303,48 @@ pub fn bundle(input: &OciInput) -> Result<Bundle, ExportError> {
     })
 }
 
+/// `dir` made absolute and canonical as far as it exists (the rest joined
+/// as written), so a symlinked parent cannot hide where it lies.
+pub fn resolve_dir(dir: &Path) -> std::io::Result<PathBuf> {
+    let abs = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(dir)
+    };
+    let mut existing = abs.as_path();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(c) = existing.canonicalize() {
+            let mut out = c;
+            for r in rest.iter().rev() {
+                out.push(r);
+            }
+            return Ok(out);
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                existing = parent;
+            }
+            _ => return Ok(abs),
+        }
+    }
+}
+
+/// Refuses a bundle the confined command could rewrite: one inside a
+/// writable part of the view (the workspace at a writable level, a `--rw`
+/// path). `dir` must come from [`resolve_dir`].
+pub fn check_bundle_dir(plan: &Plan, dir: &Path) -> Result<(), ExportError> {
+    let writable = plan
+        .view
+        .host_mode(dir)
+        .is_some_and(|x| x.mode == moat_linux::view::Mode::Write && x.host.is_some());
+    if writable && plan.view.level.is_sandboxed() {
+        return Err(ExportError::BundleWritable(dir.to_path_buf()));
+    }
+    Ok(())
+}
+
 fn write_err(path: &Path) -> impl FnOnce(std::io::Error) -> ExportError + '_ {
     move |source| ExportError::Write {
         path: path.to_path_buf(),
