@@ -330,3 +330,85 @@ fn default_bundle_is_outside_the_workspace_contract() {
     assert!(dir.starts_with("/var/tmp"), "{}", out.dump());
     assert!(exists(dir.join("config.json")), "{}", out.dump());
 }
+
+const SOCKET_PROBE: &str = r#"
+import socket
+for name, fam, typ in [("unix", socket.AF_UNIX, socket.SOCK_STREAM), ("inet", socket.AF_INET, socket.SOCK_STREAM), ("inet6", socket.AF_INET6, socket.SOCK_STREAM), ("netlink", socket.AF_NETLINK, socket.SOCK_RAW), ("packet", 17, socket.SOCK_RAW)]:
+    try:
+        socket.socket(fam, typ)
+        print("SOCK", name, "ok")
+    except OSError as e:
+        print("SOCK", name, e.errno)
+"#;
+
+/// The socket-family rules as a runtime's libseccomp reads them (it
+/// compares an argument once per rule, so "none of" is written as several
+/// rules): with `--network disabled` only unix sockets open; the proxy-mode
+/// profile the Kubernetes export ships opens unix and inet, never netlink
+/// or packet. Before the rules were split, the proxy profile refused inet.
+#[test]
+fn socket_family_rules_hold_under_runc() {
+    let fx = Fixture::new();
+    let bundle = fx.root.join("bundle");
+    let a = ["export", "oci", "--policy", "workspace-write", "--bundle"];
+    let mut args: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+    args.extend([
+        bundle.to_string_lossy().into_owned(),
+        "--".into(),
+        PY.into(),
+        "-c".into(),
+        SOCKET_PROBE.into(),
+    ]);
+    run(fx.moat(&args)).expect_code(0);
+    let state = fx.root.join("state");
+    let expect = |out: &Out, want: &[(&str, &str)]| {
+        for (name, v) in want {
+            out.expect_stdout_has(&format!("SOCK {name} {v}\n"));
+        }
+    };
+    let cmd = match runtime_cmd("runc", &bundle, &state) {
+        Ok(c) => c,
+        Err(why) => return skip(&why),
+    };
+    let out = spawn(cmd).wait_limit(Duration::from_secs(60));
+    out.expect_code(0);
+    expect(
+        &out,
+        &[
+            ("unix", "ok"),
+            ("inet", "1"),
+            ("inet6", "1"),
+            ("netlink", "1"),
+            ("packet", "1"),
+        ],
+    );
+
+    // The proxy-mode profile from the Kubernetes export, in the same bundle.
+    let k8s = run(fx.moat(["export", "k8s", "--network", "proxy", "--", "true"]));
+    k8s.expect_code(0);
+    let profile = k8s
+        .stdout
+        .split("---\n")
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .find(|d| d["kind"] == "ConfigMap")
+        .and_then(|d| d["data"]["profile.json"].as_str().map(String::from))
+        .expect("the seccomp ConfigMap");
+    let path = bundle.join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&read(&path).unwrap_or_default()).expect("config");
+    c["linux"]["seccomp"] = serde_json::from_str(&profile).expect("profile JSON");
+    write(&path, &c.to_string());
+    let cmd = runtime_cmd("runc", &bundle, &state).expect("runc");
+    let out = spawn(cmd).wait_limit(Duration::from_secs(60));
+    out.expect_code(0);
+    expect(
+        &out,
+        &[
+            ("unix", "ok"),
+            ("inet", "ok"),
+            ("inet6", "ok"),
+            ("netlink", "1"),
+            ("packet", "1"),
+        ],
+    );
+}

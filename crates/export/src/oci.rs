@@ -95,14 +95,24 @@ pub fn seccomp(spec: &SeccompSpec) -> Value {
         }));
     }
     if let Some(families) = &spec.socket_families {
-        // Conditions of one rule are ANDed: the family is none of the allowed.
-        let args: Vec<Value> = families
-            .iter()
-            .map(|f| json!({"index": 0, "value": f, "op": "SCMP_CMP_NE"}))
-            .collect();
-        rules.push(
-            json!({"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM, "args": args}),
-        );
+        // "None of the allowed families" cannot be one rule: libseccomp
+        // compares each argument once per rule (a second NE on the same
+        // argument is not ANDed). So: one EQ rule per family below the
+        // highest allowed one that is not allowed, and GT the highest
+        // (which also catches negative values, compared as unsigned).
+        let mut allowed: Vec<i64> = families.iter().map(|f| i64::from(*f)).collect();
+        allowed.sort_unstable();
+        let max = allowed.last().copied().unwrap_or(-1);
+        for f in (0..max).filter(|f| !allowed.contains(f)) {
+            rules.push(json!({
+                "names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM,
+                "args": [{"index": 0, "value": f, "op": "SCMP_CMP_EQ"}]
+            }));
+        }
+        rules.push(json!({
+            "names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM,
+            "args": [{"index": 0, "value": max.max(0), "op": if max < 0 { "SCMP_CMP_GE" } else { "SCMP_CMP_GT" }}]
+        }));
     }
     for f in &spec.denied_families {
         rules.push(json!({
