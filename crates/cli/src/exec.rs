@@ -249,6 +249,18 @@ pub struct Reporting {
     pub quiet: bool,
 }
 
+impl From<&crate::ReportArgs> for Reporting {
+    fn from(a: &crate::ReportArgs) -> Reporting {
+        Reporting {
+            json: a.json,
+            events: a.events,
+            audit_log: a.audit_log.clone(),
+            no_audit: a.no_audit,
+            quiet: a.quiet,
+        }
+    }
+}
+
 impl Reporting {
     fn mode(&self) -> Mode {
         if self.events {
@@ -262,13 +274,7 @@ impl Reporting {
 }
 
 pub fn exec(args: ExecArgs) -> ExitCode {
-    let reporting = Reporting {
-        json: args.json,
-        events: args.events,
-        audit_log: args.audit_log.clone(),
-        no_audit: args.no_audit,
-        quiet: args.quiet,
-    };
+    let reporting = Reporting::from(&args.report);
     let resolved = resolve_policy(&args.policy).map_err(|e| format!("{e:#}"));
     run_resolved(resolved, &reporting, &args.command)
 }
