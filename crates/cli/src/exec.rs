@@ -198,7 +198,9 @@ fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
             }));
         }
     }
-    if plan.level == moat_policy::Level::WorkspaceContained {
+    // Paths outside the view read as missing: at workspace-contained most
+    // of the host, at every level the host's /tmp (the sandbox has its own).
+    if plan.sandboxed {
         for line in text
             .lines()
             .filter(|l| l.contains("No such file or directory"))
@@ -212,12 +214,20 @@ fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
                 if out.iter().any(|d| d["path"] == json!(abs)) {
                     continue;
                 }
+                let detail = if abs.starts_with("/tmp") {
+                    format!(
+                        "the sandbox's /tmp is its own, the host's is not shown; add --ro {} to show it",
+                        abs.display()
+                    )
+                } else {
+                    reason.phrase(plan.level)
+                };
                 out.push(json!({
                     "operation": "access",
                     "path": abs,
                     "errno": "ENOENT",
                     "reason": reason.code(),
-                    "detail": reason.phrase(plan.level),
+                    "detail": detail,
                 }));
             }
         }

@@ -271,7 +271,14 @@ fn run_nested(
         })
         .unwrap_or_default();
     let cwd = PathBuf::from(req["cwd"].as_str().unwrap_or("/"));
-    if let Some(p) = SANDBOX_PRIVATE.iter().find(|p| cwd.starts_with(p)) {
+    // A directory the outer view shows at its host path (the workspace or
+    // a grant, e.g. a workspace under /tmp) is not private to the sandbox.
+    let shown_at_host_path = cwd.starts_with(&outer.policy.workspace)
+        || outer.policy.paths.iter().any(|g| cwd.starts_with(&g.path));
+    if let Some(p) = SANDBOX_PRIVATE
+        .iter()
+        .find(|p| cwd.starts_with(p) && !shown_at_host_path)
+    {
         return Err(format!(
             "nested run refused: {} is inside {p}, which is private to the outer sandbox; run it from a directory of the workspace",
             cwd.display()

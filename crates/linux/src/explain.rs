@@ -26,6 +26,8 @@ pub enum DenyReason {
     MoatState,
     /// Inside a path granted read-only (--ro, a profile or project grant).
     ReadOnlyGrant,
+    /// A path moat built into the view (/moat/bin, /moat/shims…): no flag grants it.
+    MoatBuilt,
 }
 
 impl DenyReason {
@@ -37,6 +39,7 @@ impl DenyReason {
             DenyReason::OutsideView => "outside_view",
             DenyReason::MoatState => "moat_state",
             DenyReason::ReadOnlyGrant => "read_only_grant",
+            DenyReason::MoatBuilt => "moat_built",
         }
     }
 
@@ -60,6 +63,9 @@ impl DenyReason {
                 "moat's own audit log and configuration are read-only to sandboxed commands".into()
             }
             DenyReason::ReadOnlyGrant => "granted read-only; grant it with --rw to write".into(),
+            DenyReason::MoatBuilt => {
+                "built by moat for this run (its binary, shims and their table); read-only, no flag changes it".into()
+            }
         }
     }
 }
@@ -106,6 +112,10 @@ pub fn explain(
     let abs = absolute(&plan.cwd, path);
     if plan.moat_dirs.iter().any(|d| abs.starts_with(d)) && errno != "ENOENT" {
         return Some(DenyReason::MoatState);
+    }
+    let home = Path::new(crate::plan::SANDBOX_HOME);
+    if abs.starts_with(crate::plan::SANDBOX_MOAT_DIR) && !abs.starts_with(home) {
+        return (errno != "ENOENT").then_some(DenyReason::MoatBuilt);
     }
     let op = covering(plan, &abs);
     if let Some(MountOp::StandIn { target, kind }) = op {

@@ -11,6 +11,9 @@ use crate::probe::{HostFacts, Kind, PROC_MASKED, PROC_READ_ONLY};
 
 /// Where the ephemeral HOME lives inside every sandboxed level.
 pub const SANDBOX_HOME: &str = "/moat/home";
+/// Everything moat builds into the view (the sandbox HOME, its binary, the
+/// shims and their table, the broker socket) lives under this directory.
+pub const SANDBOX_MOAT_DIR: &str = "/moat";
 /// Default PATH when the caller has none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -532,8 +535,10 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
                 ll.read.push(target.clone());
             }
         }
+        // Every moat-built path is readable at every level: a shimmed tool
+        // reads /moat/shims.json, and /moat/bin holds moat itself.
         ll.read
-            .extend(["/proc".into(), "/tmp".into(), SANDBOX_HOME.into()]);
+            .extend(["/proc".into(), "/tmp".into(), SANDBOX_MOAT_DIR.into()]);
     }
     ll.write
         .extend(["/tmp".into(), SANDBOX_HOME.into(), "/dev/shm".into()]);

@@ -576,7 +576,8 @@ fn supervise(
             }
         }
     }
-    interpret(&report_buf, init_status, plan, out)
+    let program = opts.argv.first().cloned().unwrap_or_default();
+    interpret(&report_buf, init_status, plan, &program, out)
 }
 
 fn set_nonblocking(fd: &OwnedFd) {
@@ -620,11 +621,55 @@ fn read_report(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
     }
 }
 
+/// Why `program` was not found in the view: named, with where it is on
+/// the host and the flag that would show it.
+fn not_in_view(plan: &Plan, program: &std::ffi::OsStr) -> String {
+    let shown = program.to_string_lossy();
+    // Where the host would find it: the path as given, or the first match
+    // on the command's PATH (as the host sees those directories).
+    let host_path = if shown.contains('/') {
+        Some(crate::explain::absolute(&plan.cwd, &shown))
+    } else {
+        plan.env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+            .split(':')
+            .filter(|d| d.starts_with('/'))
+            .map(|d| std::path::Path::new(d).join(&*shown))
+            .find(|p| p.is_file())
+    };
+    let why = host_path.as_ref().and_then(|p| {
+        let text = p.to_string_lossy();
+        crate::explain::explain(plan, &text, "ENOENT", |q| q.symlink_metadata().is_ok())
+            .map(|r| (p, r))
+    });
+    match why {
+        Some((p, _)) if p.starts_with("/tmp") => format!(
+            "{shown}: not found in the sandbox's view: it is {} on the host, and the sandbox's /tmp is its own (empty, private); add --ro {} to show it, or move it into the workspace",
+            p.display(),
+            p.parent().unwrap_or(p).display()
+        ),
+        Some((p, r)) => format!(
+            "{shown}: not found in the sandbox's view: it is {} on the host ({}: {})",
+            p.display(),
+            r.code(),
+            r.phrase(plan.level)
+        ),
+        None => format!(
+            "{shown}: command not found in the sandbox's view; at --policy {} only the paths the policy shows exist",
+            plan.level
+        ),
+    }
+}
+
 /// Turns the init's report lines and exit status into the outcome.
 fn interpret(
     report: &[u8],
     init_status: WaitStatus,
     plan: &Plan,
+    program: &std::ffi::OsStr,
     out: &mut RunOutcome,
 ) -> Result<(), String> {
     let text = String::from_utf8_lossy(report);
@@ -651,11 +696,7 @@ fn interpret(
                 if !plan.sandboxed || errno != libc::ENOENT {
                     return Ok(());
                 }
-                out.error = Some(format!(
-                    "command not found in the sandbox's view ({}); at --policy {} only the paths the policy shows exist",
-                    io::Error::from_raw_os_error(errno),
-                    plan.level
-                ));
+                out.error = Some(not_in_view(plan, program));
                 return Ok(());
             }
             "S" => {
