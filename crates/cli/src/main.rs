@@ -1,6 +1,23 @@
 //! The `moat` command line: parses flags into a policy request, and prints
 //! results for humans or, with `--json`, for agent harnesses.
 
+/// `println!` that does not panic when stdout is closed (`moat … | head`):
+/// a reader that went away is not moat's error.
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
+/// `print!` that does not panic when stdout is closed.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($t)*);
+    }};
+}
+
 mod audit_cmd;
 mod exec;
 mod nested;
@@ -74,6 +91,11 @@ pub(crate) enum Command {
     },
     /// Forget the trust given to the project's .moat.toml
     Untrust { dir: Option<PathBuf> },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Used inside a proxy sandbox as ssh's ProxyCommand: connect HOST PORT through moat's SOCKS5 endpoint
     #[command(hide = true)]
     ProxyConnect { host: String, port: u16 },
@@ -141,6 +163,14 @@ fn main() -> ExitCode {
         Command::Shim(cmd) => tools::shim(cmd),
         Command::Trust { dir, list } => tools::trust(dir, list, false),
         Command::Untrust { dir } => tools::trust(dir, false, true),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            let mut buf = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "moat", &mut buf);
+            out!("{}", String::from_utf8_lossy(&buf));
+            ExitCode::SUCCESS
+        }
         Command::Capabilities => {
             let report = moat_linux::capabilities::report(std::env::vars().collect());
             print_json(&report);
@@ -153,7 +183,7 @@ fn main() -> ExitCode {
                     &json!({"version": v, "protocol_version": PROTOCOL_VERSION, "policy_version": POLICY_VERSION}),
                 );
             } else {
-                println!("moat {v} (protocol {PROTOCOL_VERSION}, policy {POLICY_VERSION})");
+                outln!("moat {v} (protocol {PROTOCOL_VERSION}, policy {POLICY_VERSION})");
             }
             ExitCode::SUCCESS
         }

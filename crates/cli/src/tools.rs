@@ -33,12 +33,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub dry_run: bool,
     /// The tool (a profile name) and its arguments
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "TOOL"
-    )]
+    #[arg(required = true, trailing_var_arg = true, value_name = "TOOL")]
     pub tool_and_args: Vec<OsString>,
 }
 
@@ -281,9 +276,9 @@ pub fn run(a: RunArgs) -> ExitCode {
     match resolve_tool(&tool, argv1.as_deref(), &a) {
         Ok((policy, timeout, program, resolved)) => {
             if a.dry_run {
-                println!("{}", resolved.render());
-                println!("program: {}", program.display());
-                println!("policy_hash: {}", policy.hash());
+                outln!("{}", resolved.render());
+                outln!("program: {}", program.display());
+                outln!("policy_hash: {}", policy.hash());
                 return ExitCode::SUCCESS;
             }
             let mut command = vec![program.into_os_string()];
@@ -385,7 +380,7 @@ pub fn profile(cmd: ProfileCommand) -> ExitCode {
                         .get(n)
                         .and_then(|p| p.description.clone())
                         .unwrap_or_default();
-                    println!("{n:<8} {origin:<10} {desc}");
+                    outln!("{n:<8} {origin:<10} {desc}");
                 }
                 ExitCode::SUCCESS
             }
@@ -395,9 +390,9 @@ pub fn profile(cmd: ProfileCommand) -> ExitCode {
             let a = RunArgs::default();
             match resolve_tool(&tool, subcommand.as_deref(), &a) {
                 Ok((policy, _, program, resolved)) => {
-                    println!("{}", resolved.render());
-                    println!("program      {}", program.display());
-                    println!("policy_hash  {}", policy.hash());
+                    outln!("{}", resolved.render());
+                    outln!("program      {}", program.display());
+                    outln!("policy_hash  {}", policy.hash());
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(&e),
@@ -413,7 +408,7 @@ pub fn profile(cmd: ProfileCommand) -> ExitCode {
                     for w in &p.warnings {
                         eprintln!("warning: {w}");
                     }
-                    println!("ok: profile {} for program {}", p.name, p.program);
+                    outln!("ok: profile {} for program {}", p.name, p.program);
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(&e.to_string()),
@@ -452,7 +447,7 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                 let link = dir.join(t);
                 if let Ok(target) = std::fs::read_link(&link) {
                     if std::fs::canonicalize(&target).ok() == Some(exe.clone()) {
-                        println!("{} already shimmed", link.display());
+                        outln!("{} already shimmed", link.display());
                         continue;
                     }
                 }
@@ -465,7 +460,7 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                 if let Err(e) = std::os::unix::fs::symlink(&exe, &link) {
                     return fail(&format!("{}: {e}", link.display()));
                 }
-                println!("{} -> {}", link.display(), exe.display());
+                outln!("{} -> {}", link.display(), exe.display());
             }
             let on_path = std::env::var_os("PATH")
                 .map(|p| std::env::split_paths(&p).any(|d| d == dir))
@@ -493,7 +488,7 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                     .collect();
                 names.sort();
                 for n in names {
-                    println!("{}", dir.join(n).display());
+                    outln!("{}", dir.join(n).display());
                 }
             }
             ExitCode::SUCCESS
@@ -512,7 +507,7 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                 if let Err(e) = std::fs::remove_file(&link) {
                     return fail(&format!("{}: {e}", link.display()));
                 }
-                println!("removed {}", link.display());
+                outln!("removed {}", link.display());
             }
             ExitCode::SUCCESS
         }
@@ -528,7 +523,7 @@ pub fn trust(dir: Option<PathBuf>, list: bool, untrust: bool) -> ExitCode {
         return match store.list() {
             Ok(entries) => {
                 for (p, e) in entries {
-                    println!("{}  {}  {}", e.trusted_at, e.sha256, p.display());
+                    outln!("{}  {}  {}", e.trusted_at, e.sha256, p.display());
                 }
                 ExitCode::SUCCESS
             }
@@ -548,11 +543,11 @@ pub fn trust(dir: Option<PathBuf>, list: bool, untrust: bool) -> ExitCode {
     if untrust {
         return match store.untrust(&path) {
             Ok(true) => {
-                println!("untrusted {}", path.display());
+                outln!("untrusted {}", path.display());
                 ExitCode::SUCCESS
             }
             Ok(false) => {
-                println!("{} was not trusted", path.display());
+                outln!("{} was not trusted", path.display());
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e.to_string()),
@@ -562,14 +557,14 @@ pub fn trust(dir: Option<PathBuf>, list: bool, untrust: bool) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(&e.to_string()),
     };
-    print!(
+    out!(
         "{}",
         render_grants(&project).trim_end_matches("Trust this project file? [y/N] ")
     );
-    println!();
+    outln!();
     match store.trust(&project.path, &project.digest) {
         Ok(()) => {
-            println!("trusted {} at {}", project.path.display(), project.digest);
+            outln!("trusted {} at {}", project.path.display(), project.digest);
             ExitCode::SUCCESS
         }
         Err(e) => fail(&e.to_string()),
