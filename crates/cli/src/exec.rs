@@ -52,6 +52,8 @@ struct Session {
     audit_error: Option<String>,
     /// What a nested run inherits (absent under danger-full-access).
     outer: Option<crate::nested::Outer>,
+    /// Print each network refusal on stderr as it happens (not with --quiet).
+    live_refusals: bool,
     broker: Option<crate::nested::Broker>,
 }
 
@@ -125,7 +127,20 @@ impl RunObserver for Session {
         }
         let sink = self.sink.clone();
         let ctx = self.ctx.clone();
+        let live = self.live_refusals;
+        let said: Mutex<std::collections::HashSet<(String, u16, &'static str)>> = Mutex::default();
         let on_decision: moat_proxy::OnDecision = Box::new(move |rec| {
+            // The agent reads its stderr while it retries: say it now, once
+            // per host, port and reason.
+            if let Some(reason) = rec.reason.and_then(net_reason) {
+                let fresh = said
+                    .lock()
+                    .map(|mut s| s.insert((rec.host.clone(), rec.port, reason.as_str())))
+                    .unwrap_or(false);
+                if live && fresh && !rec.host.is_empty() {
+                    eprintln!("{}", moat_proxy::refusal_line(&rec.host, rec.port, reason));
+                }
+            }
             let ev = moat_audit::event(
                 &ctx,
                 "network.decision",
@@ -165,6 +180,83 @@ fn policy_resolved(ctx: &RunContext, policy: &Policy) -> Value {
             "policy": policy.canonical_value(),
         })),
     )
+}
+
+/// A proxy record's reason code as the policy's type.
+fn net_reason(code: &str) -> Option<moat_policy::net::Reason> {
+    moat_policy::net::Reason::ALL
+        .into_iter()
+        .find(|r| r.as_str() == code)
+}
+
+/// The flag that gives a command the network, for a refusal in `disabled` mode.
+fn disabled_hint(host: Option<&str>) -> String {
+    format!(
+        "network is disabled; use --network proxy --allow-domain {}",
+        host.unwrap_or("HOST")
+    )
+}
+
+/// Network refusals of one run: the proxy's denials (one per host, port
+/// and reason), and, from the command's stderr, lookups and sockets that
+/// failed because the network is disabled or the net class refused them.
+fn network_denials(
+    policy: &Policy,
+    requests: &[moat_proxy::DecisionRecord],
+    o: &RunOutcome,
+) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    for r in requests.iter().filter(|r| r.decision == "deny") {
+        let Some(reason) = r.reason.and_then(net_reason) else {
+            continue;
+        };
+        let entry = json!({
+            "operation": "connect",
+            "host": r.host,
+            "port": r.port,
+            "reason": reason.as_str(),
+            "detail": moat_proxy::refusal_hint(&r.host, r.port, reason),
+        });
+        if !out.iter().any(|d| {
+            d["host"] == entry["host"]
+                && d["port"] == entry["port"]
+                && d["reason"] == entry["reason"]
+        }) {
+            out.push(entry);
+        }
+    }
+    if !policy.level.is_sandboxed() {
+        return out;
+    }
+    let text = String::from_utf8_lossy(if o.stderr.is_empty() {
+        &o.stderr_tail
+    } else {
+        &o.stderr
+    });
+    let class = policy
+        .net_class
+        .filter(|c| *c != moat_policy::NetClass::Unconfined);
+    for f in moat_audit::parse_network_failures(&text) {
+        let (reason, detail) = match policy.network.mode {
+            NetworkMode::Disabled => ("network_disabled", disabled_hint(f.host.as_deref())),
+            NetworkMode::Proxy if f.kind == "socket_refused" => (
+                "net_class",
+                format!(
+                    "a socket was refused (EPERM) by a network class: this run's is {}, and profiled tools inside keep their own (`moat profile show TOOL`)",
+                    class.map(|c| c.as_str()).unwrap_or("unconfined")
+                ),
+            ),
+            _ => continue,
+        };
+        out.push(json!({
+            "operation": "connect",
+            "host": f.host,
+            "reason": reason,
+            "detail": detail,
+            "line": f.line,
+        }));
+    }
+    out
 }
 
 /// The refusals of one run: swept write-protected paths, and what the
@@ -409,6 +501,7 @@ pub fn run_resolved(
         }
     };
     let mut session = Session::new(ctx, audit, sink.clone(), command, &policy);
+    session.live_refusals = !reporting.quiet;
     if policy.network.mode == NetworkMode::Proxy {
         let mut config = moat_proxy::ProxyConfig::new(policy.network.rules.clone());
         if let Some(u) = &policy.network.upstream_url {
@@ -446,7 +539,8 @@ pub fn run_resolved(
     if let Some(e) = session.proxy_error.take() {
         outcome.error.get_or_insert(e);
     }
-    let denied = denials(&plan, &outcome);
+    let mut denied = denials(&plan, &outcome);
+    denied.extend(network_denials(&policy, &requests, &outcome));
     let mut tail_events: Vec<Value> = denied
         .iter()
         .map(|d| session.event("sandbox.denied", d.clone()))
@@ -535,6 +629,7 @@ impl Session {
             audit_error: None,
             outer: Some(outer),
             broker: None,
+            live_refusals: false,
         }
     }
 }
@@ -573,7 +668,24 @@ fn report_plain(o: &RunOutcome, denied: &[Value], quiet: bool) {
     if quiet {
         return;
     }
+    let mut said_disabled = false;
     for d in denied {
+        if d["operation"] == "connect" {
+            // Proxy refusals were printed as they happened.
+            if d["reason"] == "network_disabled" && !said_disabled {
+                said_disabled = true;
+                let hosts: Vec<&str> = denied
+                    .iter()
+                    .filter(|x| x["reason"] == "network_disabled")
+                    .filter_map(|x| x["host"].as_str())
+                    .collect();
+                let host = (!hosts.is_empty()).then(|| hosts.join(" --allow-domain "));
+                eprintln!("moat: {}", disabled_hint(host.as_deref()));
+            } else if d["reason"] == "net_class" {
+                eprintln!("moat: {}", d["detail"].as_str().unwrap_or(""));
+            }
+            continue;
+        }
         let op = d["operation"].as_str().unwrap_or("access");
         let path = d["path"].as_str().unwrap_or("?");
         let detail = d["detail"].as_str().unwrap_or("");
@@ -684,6 +796,14 @@ pub fn proxy_connect(host: &str, port: u16) -> ExitCode {
     };
     match moat_proxy::socks_stdio(addr, host, port) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            // SOCKS5 carries only a reply code; the reason is in the run's
+            // stderr line and --json denials.
+            eprintln!(
+                "moat proxy-connect: {host}:{port}: refused by moat's network policy; add --allow-domain {host}:{port} to allow it (unless a --deny-domain entry matches)"
+            );
+            ExitCode::from(1)
+        }
         Err(e) => {
             eprintln!("moat proxy-connect: {host}:{port}: {e}");
             ExitCode::from(1)

@@ -230,12 +230,10 @@ async fn refuse(
     reason: Reason,
 ) {
     ctx.deny(protocol, host, port, reason);
-    let hp = host_port(host, port);
+    let body = format!("{}\n", crate::refusal_line(host, port, reason));
     if reason == Reason::UpstreamFailed {
-        let body = format!("moat: cannot reach {hp} ({reason})\n");
         answer(client, "502 Bad Gateway", reason, &body).await;
     } else {
-        let body = format!("moat: blocked {hp} ({reason})\n");
         answer(client, "403 Forbidden", reason, &body).await;
     }
 }
