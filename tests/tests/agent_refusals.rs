@@ -125,3 +125,143 @@ fn disabled_network_says_which_flags_give_it() {
         assert!(ok, "{level}: no network_disabled denial\n{}", out.dump());
     }
 }
+
+// ------------------------------------------------- item 8: a terminal of its own
+
+/// Sets the window size of the host pty (as a terminal emulator does).
+fn set_window(fd: i32, rows: u16, cols: u16) {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize from a struct we own.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws as *const libc::winsize) };
+    assert_eq!(r, 0, "TIOCSWINSZ: {}", std::io::Error::last_os_error());
+}
+
+/// The local modes of the host terminal (what raw mode changes).
+fn lflag(fd: i32) -> libc::tcflag_t {
+    // SAFETY: tcgetattr into a zeroed termios we own.
+    unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        assert_eq!(libc::tcgetattr(fd, &mut t), 0);
+        t.c_lflag
+    }
+}
+
+/// `moat ARGS` with the pty's slave as its controlling terminal, stdin,
+/// stdout and stderr.
+fn spawn_on_pty(fx: &Fixture, pty: &Pty, args: &[&str]) -> std::process::Child {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut c = fx.moat(args);
+    pty.attach(&mut c);
+    // SAFETY: dup of an fd the Pty owns; the OwnedFd takes the new one.
+    let dup = || unsafe { OwnedFd::from_raw_fd(libc::dup(pty.slave)) };
+    c.stdout(dup()).stderr(dup());
+    c.spawn().expect("spawn moat")
+}
+
+/// Reads the master until `needle` appears (hang guard: SAFETY_TIMEOUT).
+fn read_until(pty: &Pty, seen: &mut String, needle: &str, child: &mut std::process::Child) {
+    let start = std::time::Instant::now();
+    while !seen.contains(needle) {
+        let (out, _) = pty.pending();
+        seen.push_str(&String::from_utf8_lossy(&out));
+        if seen.contains(needle) {
+            break;
+        }
+        if start.elapsed() > SAFETY_TIMEOUT {
+            let _ = child.kill();
+            panic!("no {needle:?} from the command:\n{seen}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn interactive_command_gets_a_terminal_of_its_own() {
+    let fx = Fixture::new();
+    for level in SANDBOXED {
+        let pty = Pty::open();
+        set_window(pty.master, 41, 123);
+        let before = lflag(pty.slave);
+        let mut child = spawn_on_pty(
+            &fx,
+            &pty,
+            &[
+                "exec",
+                "--policy",
+                level,
+                "--",
+                BASH,
+                "-c",
+                "echo \"TTY=$(tty)\"; echo \"SIZE=$(stty size)\"; \
+                 echo \"DEV=$(stat -L -c %d /proc/self/fd/0)\"; \
+                 /usr/bin/python3 -c 'import fcntl,termios,errno\ntry:\n fcntl.ioctl(0, termios.TIOCSTI, b\"x\"); print(\"STI=done\")\nexcept OSError as e: print(\"STI=\"+errno.errorcode[e.errno])'; \
+                 echo PTY_DONE",
+            ],
+        );
+        let mut seen = String::new();
+        read_until(&pty, &mut seen, "PTY_DONE", &mut child);
+        let status = child.wait().expect("wait");
+        let (rest, _) = pty.pending();
+        seen.push_str(&String::from_utf8_lossy(&rest));
+        assert_eq!(status.code(), Some(0), "{level}: {seen}");
+        let line = |k: &str| {
+            seen.lines()
+                .find_map(|l| l.trim().strip_prefix(k).map(str::to_owned))
+                .unwrap_or_else(|| panic!("{level}: no {k}\n{seen}"))
+        };
+        // A terminal in the sandbox's own devpts (not "not a tty").
+        assert!(line("TTY=").starts_with("/dev/pts/"), "{level}: {seen}");
+        assert_eq!(line("SIZE="), "41 123", "{level}: {seen}");
+        // Typing into its own terminal stays refused (the seccomp floor).
+        assert_eq!(line("STI="), "EPERM", "{level}: {seen}");
+        // The host terminal itself is not what the command holds: its
+        // stdin is on another devpts instance.
+        let host_dev = std::fs::metadata(format!("/proc/self/fd/{}", pty.slave))
+            .map(|m| std::os::unix::fs::MetadataExt::dev(&m))
+            .expect("stat the host pty");
+        assert_ne!(line("DEV="), host_dev.to_string(), "{level}: {seen}");
+        // The host terminal's modes are back as they were.
+        assert_eq!(lflag(pty.slave), before, "{level}: terminal not restored");
+    }
+}
+
+#[test]
+fn terminal_resizes_reach_the_command_contract() {
+    let fx = Fixture::new();
+    let pty = Pty::open();
+    set_window(pty.master, 20, 70);
+    let before = lflag(pty.slave);
+    let mut child = spawn_on_pty(
+        &fx,
+        &pty,
+        &[
+            "exec",
+            "--policy",
+            "workspace-write",
+            "--timeout",
+            "60s",
+            "--",
+            BASH,
+            "-c",
+            "trap 'echo \"NEWSIZE=$(stty size)\"; exit 0' WINCH; echo \"START=$(stty size)\"; \
+             echo READY; while :; do sleep 0.05; done",
+        ],
+    );
+    let mut seen = String::new();
+    read_until(&pty, &mut seen, "READY", &mut child);
+    assert!(seen.contains("START=20 70"), "{seen}");
+    // The terminal emulator resizes: the kernel signals moat's group.
+    set_window(pty.master, 50, 160);
+    read_until(&pty, &mut seen, "NEWSIZE=", &mut child);
+    let status = child.wait().expect("wait");
+    let (rest, _) = pty.pending();
+    seen.push_str(&String::from_utf8_lossy(&rest));
+    assert!(seen.contains("NEWSIZE=50 160"), "{seen}");
+    assert_eq!(status.code(), Some(0), "{seen}");
+    assert_eq!(lflag(pty.slave), before, "terminal not restored");
+}

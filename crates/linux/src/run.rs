@@ -292,6 +292,14 @@ fn launch(
     let mut captures = Vec::new();
     let (mut stdout_end, mut stderr_end) = (None, None);
     let stderr_is_tty = nix::unistd::isatty(std::io::stderr()).unwrap_or(false);
+    // An interactive run: the command gets a terminal of its own inside the
+    // sandbox (the host's never enters it); stderr joins it when it is a
+    // terminal too.
+    let pty = (plan.sandboxed
+        && opts.output == OutputMode::Passthrough
+        && nix::unistd::isatty(std::io::stdin()).unwrap_or(false)
+        && nix::unistd::isatty(std::io::stdout()).unwrap_or(false))
+    .then_some(stderr_is_tty);
     let wanted: &[(Stream, usize, Option<i32>)] = match opts.output {
         OutputMode::Passthrough if stderr_is_tty => &[],
         OutputMode::Passthrough => &[(Stream::Stderr, 0, Some(2))],
@@ -353,6 +361,7 @@ fn launch(
             argv,
             envp,
             seccomp,
+            pty,
         }),
         Ok(Forked::Parent(pid)) => Pid::from_raw(pid),
         Err(e) => {
@@ -388,6 +397,12 @@ fn supervise(
 ) -> Result<(), String> {
     let mut handoff = handoff;
     let mut broker: Option<std::os::unix::net::UnixListener> = None;
+    // The command's own terminal, once the init has opened it.
+    let mut relay: Option<crate::pty::Relay> = None;
+    if plan.sandboxed && nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
+        // Resizes of the host terminal arrive through the signalfd.
+        let _ = sys::set_sigmask(libc::SIG_BLOCK, &[libc::SIGWINCH]);
+    }
     let pidfd = sys::pidfd_open(child.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
     let mut mask = SigSet::empty();
     for s in [
@@ -395,6 +410,7 @@ fn supervise(
         Signal::SIGHUP,
         Signal::SIGINT,
         Signal::SIGQUIT,
+        Signal::SIGWINCH,
     ] {
         mask.add(s);
     }
@@ -438,6 +454,12 @@ fn supervise(
         for c in captures.iter().filter(|c| c.open) {
             fds.push(PollFd::new(c.fd.as_fd(), PollFlags::POLLIN));
         }
+        let relay_index = fds.len();
+        let relay_set = relay.as_ref().map(|r| r.poll_set()).unwrap_or_default();
+        let relay_has_master = relay_set.first().is_some_and(|(fd, _)| fd.as_raw_fd() != 0);
+        for (fd, flags) in &relay_set {
+            fds.push(PollFd::new(*fd, *flags));
+        }
         match poll(&mut fds, timeout) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(format!("poll: {e}")),
@@ -456,7 +478,17 @@ fn supervise(
         let cap_ready: Vec<bool> = (0..captures.iter().filter(|c| c.open).count())
             .map(|i| ready(cap_index + i))
             .collect();
+        let (master_ready, stdin_ready) = match (relay_has_master, relay_set.len()) {
+            (true, 2) => (ready(relay_index), ready(relay_index + 1)),
+            (true, _) => (ready(relay_index), false),
+            (false, 1) => (false, ready(relay_index)),
+            _ => (false, false),
+        };
         drop(fds);
+        drop(relay_set);
+        if let Some(r) = relay.as_mut() {
+            r.pump(master_ready, stdin_ready);
+        }
         if handoff_ready {
             match handoff.as_ref().and_then(crate::netns::receive) {
                 Some(crate::netns::Handoff::Proxy(http, socks)) => {
@@ -465,6 +497,9 @@ fn supervise(
                 Some(crate::netns::Handoff::Broker(l)) => {
                     let _ = l.set_nonblocking(true);
                     broker = Some(l);
+                }
+                Some(crate::netns::Handoff::Pty(master)) => {
+                    relay = Some(crate::pty::Relay::start(master));
                 }
                 None => handoff = None,
             }
@@ -506,6 +541,11 @@ fn supervise(
                     libc::SIGHUP => {
                         let _ = sys::kill(child.as_raw(), libc::SIGHUP);
                     }
+                    libc::SIGWINCH => {
+                        if let Some(r) = &relay {
+                            r.copy_window_size();
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -542,6 +582,10 @@ fn supervise(
     } else {
         waitpid(child, None).map_err(|e| format!("wait for the sandbox: {e}"))?
     };
+    // What the command wrote last, then the host terminal's own settings back.
+    if let Some(mut r) = relay.take() {
+        r.drain_master();
+    }
     // Everything that could hold the pipes is gone now; drain what is left.
     set_nonblocking(&report_r);
     if report_open {
