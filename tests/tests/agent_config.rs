@@ -417,3 +417,72 @@ fn upstream_proxy_credentials_never_reach_argv_or_the_sandbox() {
         );
     }
 }
+
+// ------------------------------------------------- item 5: the user's own configuration
+
+#[test]
+fn user_tool_configuration_arrives_without_its_credentials() {
+    let cx = Cx::new();
+    let h = &cx.fx.home;
+    let npm_secret = &cx.fx.netrc_secret;
+    let pip_secret = unique("PIPSECRET");
+    let env_secret = unique("ENVSECRET");
+    let git_secret = unique("GITSECRET");
+    write(
+        h.join(".npmrc"),
+        &format!(
+            "registry=https://npm.corp.example/\nfund=false\ninit-author-name=Ada\n\
+             //npm.corp.example/:_authToken={npm_secret}\n_password={npm_secret}\n"
+        ),
+    );
+    write(
+        h.join(".config/pip/pip.conf"),
+        &format!("[global]\nindex-url = https://me:{pip_secret}@pypi.corp.example/simple\n"),
+    );
+    write(
+        h.join(".gitconfig"),
+        &format!(
+            "[user]\n\tname = Ada Lovelace\n\temail = ada@example.com\n\
+             [http]\n\textraHeader = Authorization: Bearer {git_secret}\n"
+        ),
+    );
+    let script = format!(
+        "cat ~/.npmrc ~/.config/pip/pip.conf ~/.gitconfig; \
+         echo \"GIT_NAME=$(git config user.name)\"; env; \
+         cat {}/.npmrc 2>&1; echo PROBE_DONE",
+        h.display()
+    );
+    for level in ["read-only", "workspace-write", "workspace-contained"] {
+        let mut c = cx.fx.sh(level, &[], &script);
+        c.env(
+            "PIP_INDEX_URL",
+            format!("https://u:{env_secret}@pypi.corp.example/simple"),
+        )
+        .env("NPM_CONFIG_FUND", "false")
+        .env("NPM_CONFIG__AUTH", &env_secret)
+        .env("GIT_AUTHOR_NAME", "Ada Lovelace");
+        let out = run(c);
+        out.expect_stdout_has("PROBE_DONE");
+        // Where code comes from and who commits reach the tool…
+        for kept in [
+            "registry = https://npm.corp.example/",
+            "fund = false",
+            "init-author-name = Ada",
+            "index-url = https://pypi.corp.example/simple",
+            "GIT_NAME=Ada Lovelace",
+            "PIP_INDEX_URL=https://pypi.corp.example/simple",
+            "NPM_CONFIG_FUND=false",
+            "GIT_AUTHOR_NAME=Ada Lovelace",
+        ] {
+            assert!(
+                out.stdout.contains(kept),
+                "{level}: {kept} missing\n{}",
+                out.dump()
+            );
+        }
+        // …the credentials in it do not, from the files or the environment.
+        for secret in [npm_secret.as_str(), &pip_secret, &env_secret, &git_secret] {
+            out.expect_absent(secret, level);
+        }
+    }
+}

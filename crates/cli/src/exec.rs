@@ -484,6 +484,14 @@ pub fn run_resolved(
     };
     let resolved = policy_resolved(&ctx, &policy);
     let mut facts = HostFacts::probe(&policy, env);
+    if policy.level.is_sandboxed() {
+        // The user's tool configuration, credentials removed, where the
+        // tools look under the sandbox HOME.
+        facts.home_config_copies = moat_config::redacted_user_configs(&policy.home)
+            .into_iter()
+            .map(|r| (r.rel, r.contents))
+            .collect();
+    }
     if let Some(log) = &audit {
         facts.add_hidden_file(log.path());
     }

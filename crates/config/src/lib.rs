@@ -34,6 +34,7 @@ mod project;
 mod resolve;
 mod settings;
 mod trust;
+mod userconf;
 
 pub use catalogue::{builtin, builtin_checked, builtin_names, builtin_source, BUILTIN_SOURCES};
 pub use error::ConfigError;
@@ -63,3 +64,4 @@ pub use settings::{
 pub use trust::{
     is_trusted, render_grants, rfc3339_utc, TrustEntry, TrustMap, TrustStore, TRUST_FILE_NAME,
 };
+pub use userconf::{redact_config_text, redacted_user_configs, RedactedConfig, USER_TOOL_CONFIGS};

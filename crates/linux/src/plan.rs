@@ -409,6 +409,22 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         }
     }
 
+    // The user's own tool configuration (~/.npmrc, pip.conf, git identity),
+    // redacted by the caller, where the tools look under the sandbox HOME;
+    // a grant that already shows that path there wins.
+    if policy.level.is_sandboxed() {
+        for (rel, contents) in &host.home_config_copies {
+            let target = Path::new(SANDBOX_HOME).join(rel);
+            if layered.iter().any(|op| target.starts_with(op.target())) {
+                continue;
+            }
+            layered.push(MountOp::File {
+                target,
+                contents: contents.clone(),
+            });
+        }
+    }
+
     // 3. Write-protected workspace entries: read-only binds over themselves.
     // `.git` itself is bound read-write: that makes it a mount point, which
     // cannot be renamed or removed, so its protected children stay put.
@@ -670,6 +686,13 @@ fn command_env(policy: &Policy, host: &HostFacts) -> Vec<(String, String)> {
         let base = SAFE_BASE_ENV.contains(&k.as_str()) || k.starts_with("LC_");
         if base && !is_secret_env_name(k) {
             env.insert(k.clone(), v.clone());
+        }
+    }
+    // The user's tool configuration (PIP_INDEX_URL, NPM_CONFIG_REGISTRY,
+    // GIT_AUTHOR_NAME…), never a credential in it.
+    for (k, v) in &host.env {
+        if let Some(v) = moat_policy::tool_config_env(k, v) {
+            env.insert(k.clone(), v);
         }
     }
     env.entry("PATH".into())

@@ -87,6 +87,9 @@ pub struct HostFacts {
     /// moat's configuration (profiles, config): read-only wherever a
     /// writable part of the view contains it.
     pub moat_readonly: Vec<PathBuf>,
+    /// The user's tool configuration files, redacted (relative to HOME,
+    /// contents): copied under the sandbox HOME. Filled in by the caller.
+    pub home_config_copies: Vec<(PathBuf, String)>,
     /// moat's own binary (canonical), probed in proxy mode.
     pub moat_exe: Option<PathBuf>,
     /// moat itself already runs under a seccomp filter (probed only when
