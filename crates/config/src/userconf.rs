@@ -62,6 +62,14 @@ pub fn redacted_user_configs(home: &Path) -> Vec<RedactedConfig> {
             }
             let text = std::fs::read_to_string(&path).ok()?;
             let (contents, removed) = redact_config_text(&text)?;
+            // Nothing but credentials (or nothing at all): no copy.
+            let settings = contents.lines().any(|l| {
+                let l = l.trim();
+                !l.is_empty() && !l.starts_with(['#', ';', '['])
+            });
+            if !settings {
+                return None;
+            }
             let header = format!(
                 "# moat: a copy of ~/{rel} with credentials removed; the original stays on the host\n"
             );
