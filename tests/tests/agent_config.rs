@@ -486,3 +486,32 @@ fn user_tool_configuration_arrives_without_its_credentials() {
         }
     }
 }
+
+// ------------------------------------------------- smaller: a closed pipe is no panic
+
+#[test]
+fn output_into_a_closed_pipe_is_not_a_panic() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let cx = Cx::new();
+    for args in [
+        vec!["profile", "show", "git"],
+        vec!["run", "--dry-run", "git", "status"],
+        vec!["profile", "list"],
+        vec!["explain-policy"],
+    ] {
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe writes two fds into the array we own.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both fds are fresh and owned here; the read end is closed
+        // at once, so every write to the other end fails with EPIPE.
+        let (read_end, write_end) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(read_end);
+        let mut c = cx.moat(&args);
+        c.stdout(write_end).stderr(std::process::Stdio::piped());
+        let out = c.output().expect("run moat");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_ne!(out.status.code(), Some(101), "{args:?}: {stderr}");
+    }
+}

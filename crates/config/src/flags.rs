@@ -432,6 +432,35 @@ mod tests {
         );
     }
 
+    /// Every flag MOAT_ARGS carries has the same meaning as its key in the
+    /// user config and project files: generated from the table, so a new
+    /// flag without a file key (or with a different value check) fails.
+    #[test]
+    fn files_and_flags_mean_the_same() {
+        for flag in moat_args_flag_names() {
+            let (value, toml) = match flag.as_str() {
+                "--policy" => ("ro", "level = \"ro\""),
+                "--network" => ("proxy", "network = \"proxy\""),
+                "--ro" => ("/usr", "ro = [\"/usr\"]"),
+                "--rw" => ("~/.cache/x", "rw = [\"~/.cache/x\"]"),
+                "--env" => ("A=b c", "[env]\nA = \"b c\""),
+                "--pass-env" => ("CI", "pass_env = [\"CI\"]"),
+                "--timeout" => ("2s", "timeout = \"2s\""),
+                "--allow-domain" => ("example.com:443", "allow_domains = [\"example.com:443\"]"),
+                "--deny-domain" => ("ads.example.com", "deny_domains = [\"ads.example.com\"]"),
+                other => panic!("{other}: give it a file key here (or exclude it from MOAT_ARGS)"),
+            };
+            let from_args = parse_moat_args_words(&[flag.clone(), value.to_string()])
+                .unwrap()
+                .to_settings(FlagOrigin::MoatArgs)
+                .unwrap();
+            let from_file = crate::load::parse_user_config(toml, Path::new("config.toml"))
+                .unwrap_or_else(|e| panic!("{flag}: {e}"))
+                .defaults;
+            assert_eq!(from_args, from_file, "{flag}");
+        }
+    }
+
     #[test]
     fn moat_args_carry_every_flag_but_the_excluded() {
         let all = policy_flag_names();
