@@ -515,3 +515,46 @@ fn output_into_a_closed_pipe_is_not_a_panic() {
         assert_ne!(out.status.code(), Some(101), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn plain_http_registry_credentials_are_added_by_the_proxy_not_shown() {
+    let cx = Cx::new();
+    let secret = unique("REGSECRET");
+    let token = unique("NPMTOKEN");
+    let (port, seen) = fake_upstream();
+    write(
+        cx.fx.home.join(".config/pip/pip.conf"),
+        &format!("[global]\nindex-url = http://me:{secret}@127.0.0.1:{port}/simple\n"),
+    );
+    let allow = format!("127.0.0.1:{port}");
+    let script = format!(
+        "cat ~/.config/pip/pip.conf; env; \
+         {curl} -sS -m 20 -o /dev/null http://127.0.0.1:{port}/simple/left-pad/; \
+         {curl} -sS -m 20 -o /dev/null -H 'Authorization: Bearer {token}' http://127.0.0.1:{port}/own/; \
+         echo PROBE_DONE",
+        curl = "/usr/bin/curl"
+    );
+    let out = run(cx.fx.sh(
+        "workspace-write",
+        &["--network", "proxy", "--allow-domain", &allow],
+        &script,
+    ));
+    out.expect_stdout_has("PROBE_DONE");
+    out.expect_stdout_has(&format!("index-url = http://127.0.0.1:{port}/simple"));
+    out.expect_absent(&secret, "the registry password inside the sandbox");
+    let heads = seen.lock().unwrap().clone();
+    let want = format!("Authorization: Basic {}", basic(&format!("me:{secret}")));
+    assert!(
+        heads
+            .iter()
+            .any(|h| h.starts_with("GET /simple/left-pad/") && h.contains(&want)),
+        "the registry did not get the user's credential: {heads:?}\n{}",
+        out.dump()
+    );
+    // A request that brings its own Authorization keeps it, alone.
+    let own = heads
+        .iter()
+        .find(|h| h.starts_with("GET /own/"))
+        .unwrap_or_else(|| panic!("no /own/ request: {heads:?}"));
+    assert!(own.contains(&token) && !own.contains(&want), "{own}");
+}

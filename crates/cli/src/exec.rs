@@ -182,6 +182,29 @@ fn policy_resolved(ctx: &RunContext, policy: &Policy) -> Value {
     )
 }
 
+/// The user's credentials for plain-HTTP registries (from their own pip and
+/// npm configuration), as headers the proxy adds for that host only; the
+/// copies inside the sandbox have them removed.
+fn registry_credentials(policy: &Policy) -> Vec<moat_proxy::HostCredential> {
+    use base64::Engine;
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    moat_config::http_registry_credentials(&policy.home, &env)
+        .into_iter()
+        .map(|c| moat_proxy::HostCredential {
+            host: c.host,
+            port: c.port,
+            authorization: match c.kind {
+                moat_config::CredentialKind::Basic { user, password } => format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+                ),
+                moat_config::CredentialKind::BasicEncoded(v) => format!("Basic {v}"),
+                moat_config::CredentialKind::Bearer(t) => format!("Bearer {t}"),
+            },
+        })
+        .collect()
+}
+
 /// A proxy record's reason code as the policy's type.
 fn net_reason(code: &str) -> Option<moat_policy::net::Reason> {
     moat_policy::net::Reason::ALL
@@ -512,6 +535,7 @@ pub fn run_resolved(
     session.live_refusals = !reporting.quiet;
     if policy.network.mode == NetworkMode::Proxy {
         let mut config = moat_proxy::ProxyConfig::new(policy.network.rules.clone());
+        config.credentials = registry_credentials(&policy);
         if let Some(u) = &policy.network.upstream_url {
             match moat_proxy::parse_upstream(u) {
                 Ok(up) => config.upstream = Some(up),

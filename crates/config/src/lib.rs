@@ -64,4 +64,7 @@ pub use settings::{
 pub use trust::{
     is_trusted, render_grants, rfc3339_utc, TrustEntry, TrustMap, TrustStore, TRUST_FILE_NAME,
 };
-pub use userconf::{redact_config_text, redacted_user_configs, RedactedConfig, USER_TOOL_CONFIGS};
+pub use userconf::{
+    http_registry_credentials, redact_config_text, redacted_user_configs, CredentialKind,
+    HttpCredential, RedactedConfig, USER_TOOL_CONFIGS,
+};

@@ -171,6 +171,177 @@ pub fn redact_config_text(text: &str) -> Option<(String, Vec<String>)> {
     Some((out, removed))
 }
 
+/// How a registry credential is presented.
+#[derive(Clone, PartialEq, Eq)]
+pub enum CredentialKind {
+    /// `Basic base64(user:password)`.
+    Basic { user: String, password: String },
+    /// `Basic VALUE`, already encoded (npm's `_auth`).
+    BasicEncoded(String),
+    /// `Bearer TOKEN` (npm's `_authToken`).
+    Bearer(String),
+}
+
+/// A credential from the user's own configuration for a registry the same
+/// configuration names with `http://` (plain HTTP, where a proxy can add a
+/// header). Debug never prints the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HttpCredential {
+    pub host: String,
+    pub port: u16,
+    pub kind: CredentialKind,
+}
+
+impl std::fmt::Debug for HttpCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HttpCredential({}:{}, ***)", self.host, self.port)
+    }
+}
+
+/// A URL's host, port and (user, password), percent-decoded.
+type HttpUrl = (String, u16, Option<(String, String)>);
+
+/// `http://[user[:pw]@]host[:port]/…` → (host, port, userinfo).
+fn http_url(url: &str) -> Option<HttpUrl> {
+    let rest = url.trim().strip_prefix("http://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+        let (h, after) = v6.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().ok()?,
+            None => 80,
+        };
+        (h.to_string(), port)
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), p.parse().ok()?),
+            None => (hostport.to_string(), 80),
+        }
+    };
+    if host.is_empty() {
+        return None;
+    }
+    let creds = userinfo.map(|u| {
+        let (user, pw) = u.split_once(':').unwrap_or((u, ""));
+        (percent_decode(user), percent_decode(pw))
+    });
+    Some((host.to_ascii_lowercase(), port, creds))
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `key = value` pairs of INI-like text (sections ignored).
+fn pairs(text: &str) -> impl Iterator<Item = (String, String)> + '_ {
+    text.lines().filter_map(|l| {
+        let l = l.trim();
+        if l.starts_with(['#', ';', '[']) {
+            return None;
+        }
+        let (k, v) = l.split_once('=')?;
+        Some((k.trim().to_string(), v.trim().to_string()))
+    })
+}
+
+/// Credentials for plain-HTTP registries in the user's pip and npm
+/// configuration and in `PIP_INDEX_URL`/`PIP_EXTRA_INDEX_URL`: an index
+/// URL's userinfo, and npm's `//host/:_authToken`/`:_auth` for a host that
+/// a `registry` setting names with `http://`. HTTPS registries are left
+/// out: a proxy cannot add a header inside TLS without intercepting it.
+pub fn http_registry_credentials(home: &Path, env: &[(String, String)]) -> Vec<HttpCredential> {
+    let read = |rel: &str| {
+        let p = home.join(rel);
+        let m = std::fs::metadata(&p).ok()?;
+        (m.is_file() && m.len() <= MAX_SIZE)
+            .then(|| std::fs::read_to_string(&p).ok())
+            .flatten()
+    };
+    let mut out: Vec<HttpCredential> = Vec::new();
+    let mut push = |c: HttpCredential| {
+        if !out.iter().any(|o| o.host == c.host && o.port == c.port) {
+            out.push(c);
+        }
+    };
+    let index_keys = [
+        "index-url",
+        "extra-index-url",
+        "index_url",
+        "extra_index_url",
+    ];
+    let mut urls: Vec<String> = Vec::new();
+    for rel in [".config/pip/pip.conf", ".pip/pip.conf"] {
+        if let Some(text) = read(rel) {
+            for (k, v) in pairs(&text) {
+                if index_keys.contains(&k.to_ascii_lowercase().as_str()) {
+                    urls.extend(v.split_whitespace().map(str::to_string));
+                }
+            }
+        }
+    }
+    for (k, v) in env {
+        if k == "PIP_INDEX_URL" || k == "PIP_EXTRA_INDEX_URL" {
+            urls.extend(v.split_whitespace().map(str::to_string));
+        }
+    }
+    for u in &urls {
+        if let Some((host, port, Some((user, password)))) = http_url(u) {
+            push(HttpCredential {
+                host,
+                port,
+                kind: CredentialKind::Basic { user, password },
+            });
+        }
+    }
+    if let Some(text) = read(".npmrc") {
+        let all: Vec<(String, String)> = pairs(&text).collect();
+        let http_registries: Vec<(String, u16)> = all
+            .iter()
+            .filter(|(k, _)| k == "registry" || k.ends_with(":registry"))
+            .filter_map(|(_, v)| http_url(v).map(|(h, p, _)| (h, p)))
+            .collect();
+        for (k, v) in &all {
+            let Some(rest) = k.strip_prefix("//") else {
+                continue;
+            };
+            let Some((hostpath, key)) = rest.rsplit_once(':') else {
+                continue;
+            };
+            let Some((host, port, _)) = http_url(&format!("http://{hostpath}")) else {
+                continue;
+            };
+            if !http_registries.contains(&(host.clone(), port)) {
+                continue;
+            }
+            let kind = match key {
+                "_authToken" => CredentialKind::Bearer(v.clone()),
+                "_auth" => CredentialKind::BasicEncoded(v.clone()),
+                _ => continue,
+            };
+            push(HttpCredential { host, port, kind });
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,6 +395,38 @@ mod tests {
             assert!(!out.contains(secret), "{secret}: {out}");
         }
         assert!(out.contains("bare"), "{out}");
+    }
+
+    #[test]
+    fn credentials_for_plain_http_registries_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path();
+        std::fs::create_dir_all(h.join(".config/pip")).unwrap();
+        std::fs::write(
+            h.join(".config/pip/pip.conf"),
+            "[global]\nindex-url = http://me:p%40ss@pypi.corp.example:8080/simple\n\
+             extra-index-url = https://u:tls@secure.example/simple\n",
+        )
+        .unwrap();
+        std::fs::write(
+            h.join(".npmrc"),
+            "registry=http://npm.corp.example/\n//npm.corp.example/:_authToken=TOK\n\
+             //registry.npmjs.org/:_authToken=PUBLIC\n",
+        )
+        .unwrap();
+        let c = http_registry_credentials(h, &[]);
+        assert_eq!(c.len(), 2, "{c:?}");
+        assert_eq!((c[0].host.as_str(), c[0].port), ("pypi.corp.example", 8080));
+        assert!(
+            c[0].kind
+                == CredentialKind::Basic {
+                    user: "me".into(),
+                    password: "p@ss".into()
+                }
+        );
+        assert_eq!((c[1].host.as_str(), c[1].port), ("npm.corp.example", 80));
+        assert!(c[1].kind == CredentialKind::Bearer("TOK".into()));
+        assert!(!format!("{c:?}").contains("TOK"));
     }
 
     #[test]

@@ -376,6 +376,17 @@ async fn serve_plain(
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"Connection: close\r\n");
+    // The user's credential for this host, added here so it never enters
+    // the sandbox; a request that brings its own keeps it.
+    if !req.headers.iter().any(|(n, _)| n == "authorization") {
+        if let Some(c) = cfg
+            .credentials
+            .iter()
+            .find(|c| c.host == host && c.port == port)
+        {
+            out.extend_from_slice(format!("Authorization: {}\r\n", c.authorization).as_bytes());
+        }
+    }
     if let Some(a) = cfg.upstream.as_ref().and_then(|u| u.proxy_authorization()) {
         out.extend_from_slice(a.as_bytes());
     }

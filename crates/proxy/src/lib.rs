@@ -93,6 +93,26 @@ pub struct ProxyConfig {
     pub upstream: Option<Upstream>,
     /// Budget for resolving and connecting to a target (or the upstream).
     pub connect_timeout: Duration,
+    /// `Authorization` values the proxy adds to plain-HTTP requests for one
+    /// host and port (the user's own registry credentials, which never
+    /// enter the sandbox). HTTPS cannot carry them without TLS interception.
+    pub credentials: Vec<HostCredential>,
+}
+
+/// An `Authorization` value for requests to one host and port.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HostCredential {
+    /// Lowercase host name or IP literal (IPv6 without brackets).
+    pub host: String,
+    pub port: u16,
+    /// The header value, e.g. `Basic dXNlcjpwdw==` or `Bearer TOKEN`.
+    pub authorization: String,
+}
+
+impl std::fmt::Debug for HostCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostCredential({}:{}, ***)", self.host, self.port)
+    }
 }
 
 impl ProxyConfig {
@@ -102,6 +122,7 @@ impl ProxyConfig {
             rules,
             upstream: None,
             connect_timeout: Duration::from_secs(10),
+            credentials: Vec::new(),
         }
     }
 }
