@@ -279,6 +279,8 @@ const NET_MARKERS: &[(&str, &str)] = &[
     ("socket: operation not permitted", "socket_refused"),
     ("connect: operation not permitted", "socket_refused"),
     ("failed to connect", "socket_refused"),
+    // Python's socket() under seccomp: no path follows (checked below).
+    ("[errno 1] operation not permitted", "socket_refused"),
 ];
 
 /// Network failures in `stderr`, at most [`MAX_DENIALS`], one per (kind, host).
@@ -295,6 +297,12 @@ pub fn parse_network_failures(stderr: &str) -> Vec<NetFailure> {
             continue;
         };
         if *marker == "failed to connect" && !lower.contains("operation not permitted") {
+            continue;
+        }
+        if *marker == "[errno 1] operation not permitted"
+            && !lower.ends_with("operation not permitted")
+        {
+            // With a path after it, it is a file refusal.
             continue;
         }
         let host = net_host(line, &lower, marker);
@@ -503,6 +511,7 @@ mod net_tests {
             WARNING: Retrying ... NewConnectionError('Failed to establish a new connection: [Errno -3] Temporary failure in name resolution')': HTTPSConnectionPool(host='pypi.org', port=443)\n\
             fatal: unable to access 'https://github.com/x/y/': Could not resolve host: github.com\n\
             npm error connect EPERM 127.0.0.1:3128\n\
+            PermissionError: [Errno 1] Operation not permitted: '/etc/x'\n\
             ordinary line\n";
         let f = parse_network_failures(text);
         let hosts: Vec<(&str, Option<&str>)> =
@@ -517,5 +526,8 @@ mod net_tests {
                 ("socket_refused", None),
             ]
         );
+        let py = parse_network_failures("PermissionError: [Errno 1] Operation not permitted\n");
+        assert_eq!(py.len(), 1);
+        assert_eq!(py[0].kind, "socket_refused");
     }
 }
