@@ -390,7 +390,7 @@ fn upstream_proxy_credentials_never_reach_argv_or_the_sandbox() {
         if via_file {
             args.extend(["--upstream-proxy-auth-file", &file_arg]);
         }
-        let script = "tr '\\0' ' ' < /proc/1/cmdline; echo; cat /proc/1/environ 2>/dev/null | tr '\\0' ' '; echo; \
+        let script = "tr '\\0' ' ' < /proc/1/cmdline && echo CMDLINE_READ; cat /proc/1/environ 2>/dev/null | tr '\\0' ' '; echo; \
                       env; echo PROBE_DONE; curl -sS -m 20 -o /dev/null https://example.com/ ; echo CURL_DONE";
         args.extend(["--", BASH, "-c", script]);
         let mut c = cx.moat(&args);
@@ -398,8 +398,8 @@ fn upstream_proxy_credentials_never_reach_argv_or_the_sandbox() {
         let out = run(c);
         out.expect_stdout_has("PROBE_DONE");
         out.expect_stdout_has("CURL_DONE");
-        // The init's command line was read, and it is moat's, without secrets.
-        assert_has(&out, "--upstream-proxy", "read /proc/1/cmdline");
+        // The init's command line was read, without secrets.
+        out.expect_stdout_has("CMDLINE_READ");
         out.expect_absent(&secret, "env credentials inside the sandbox");
         out.expect_absent(&file_secret, "file credentials inside the sandbox");
         let heads = seen.lock().unwrap().clone();

@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use server::ProxyHandle;
+pub use server::{ProxyHandle, MAX_KEPT_RECORDS};
 
 /// What to do about a refusal, with the flag that changes it: one text for
 /// the 403 body, `moat proxy-connect`'s message and moat's stderr line.
