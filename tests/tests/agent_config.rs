@@ -449,8 +449,8 @@ fn user_tool_configuration_arrives_without_its_credentials() {
     let script = format!(
         "cat ~/.npmrc ~/.config/pip/pip.conf ~/.gitconfig; \
          echo \"GIT_NAME=$(git config user.name)\"; env; \
-         cat {}/.npmrc 2>&1; echo PROBE_DONE",
-        h.display()
+         cat {h}/.npmrc {h}/.config/pip/pip.conf 2>&1; echo PROBE_DONE",
+        h = h.display()
     );
     for level in ["read-only", "workspace-write", "workspace-contained"] {
         let mut c = cx.fx.sh(level, &[], &script);
