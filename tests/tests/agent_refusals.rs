@@ -123,6 +123,12 @@ fn disabled_network_says_which_flags_give_it() {
                 .any(|d| d["reason"] == "network_disabled" && d["host"] == "example.com")
         });
         assert!(ok, "{level}: no network_disabled denial\n{}", out.dump());
+        // The line is on stderr with --json too (the JSON is on stdout).
+        assert!(
+            out.stderr.contains("moat: network is disabled"),
+            "{level}\n{}",
+            out.dump()
+        );
     }
 }
 

@@ -651,7 +651,14 @@ pub fn run_resolved(
     }
     match mode {
         Mode::Plain => report_plain(&outcome, &denied, reporting.quiet),
-        Mode::Json => print_json(&result_json(&id, &policy, &outcome, &denied, &requests)),
+        Mode::Json => {
+            print_json(&result_json(&id, &policy, &outcome, &denied, &requests));
+            if !reporting.quiet {
+                for line in network_lines(&denied) {
+                    eprintln!("{line}");
+                }
+            }
+        }
         Mode::Events => {}
     }
     if let Some(e) = &session.audit_error {
@@ -718,6 +725,26 @@ pub fn print_json(v: &Value) {
     let _ = writeln!(out);
 }
 
+/// The after-run lines for network refusals the proxy did not see (it
+/// printed its own as they happened): one for the disabled network, naming
+/// every host the command tried, and one for sockets a net class refused.
+fn network_lines(denied: &[Value]) -> Vec<String> {
+    let mut out = Vec::new();
+    let disabled: Vec<&Value> = denied
+        .iter()
+        .filter(|d| d["reason"] == "network_disabled")
+        .collect();
+    if !disabled.is_empty() {
+        let hosts: Vec<&str> = disabled.iter().filter_map(|x| x["host"].as_str()).collect();
+        let host = (!hosts.is_empty()).then(|| hosts.join(" --allow-domain "));
+        out.push(format!("moat: {}", disabled_hint(host.as_deref())));
+    }
+    if let Some(d) = denied.iter().find(|d| d["reason"] == "net_class") {
+        out.push(format!("moat: {}", d["detail"].as_str().unwrap_or("")));
+    }
+    out
+}
+
 fn report_plain(o: &RunOutcome, denied: &[Value], quiet: bool) {
     if let Some(e) = &o.error {
         eprintln!("moat: {e}");
@@ -731,22 +758,11 @@ fn report_plain(o: &RunOutcome, denied: &[Value], quiet: bool) {
     if quiet {
         return;
     }
-    let mut said_disabled = false;
+    for line in network_lines(denied) {
+        eprintln!("{line}");
+    }
     for d in denied {
         if d["operation"] == "connect" {
-            // Proxy refusals were printed as they happened.
-            if d["reason"] == "network_disabled" && !said_disabled {
-                said_disabled = true;
-                let hosts: Vec<&str> = denied
-                    .iter()
-                    .filter(|x| x["reason"] == "network_disabled")
-                    .filter_map(|x| x["host"].as_str())
-                    .collect();
-                let host = (!hosts.is_empty()).then(|| hosts.join(" --allow-domain "));
-                eprintln!("moat: {}", disabled_hint(host.as_deref()));
-            } else if d["reason"] == "net_class" {
-                eprintln!("moat: {}", d["detail"].as_str().unwrap_or(""));
-            }
             continue;
         }
         let op = d["operation"].as_str().unwrap_or("access");
