@@ -298,7 +298,10 @@ fn launch(
     let pty = (plan.sandboxed
         && opts.output == OutputMode::Passthrough
         && nix::unistd::isatty(std::io::stdin()).unwrap_or(false)
-        && nix::unistd::isatty(std::io::stdout()).unwrap_or(false))
+        && nix::unistd::isatty(std::io::stdout()).unwrap_or(false)
+        // Only in the terminal's foreground: a backgrounded moat must not
+        // put the user's terminal in raw mode under their shell.
+        && nix::unistd::tcgetpgrp(std::io::stdin()).ok() == Some(nix::unistd::getpgrp()))
     .then_some(stderr_is_tty);
     let wanted: &[(Stream, usize, Option<i32>)] = match opts.output {
         OutputMode::Passthrough if stderr_is_tty => &[],
