@@ -485,6 +485,15 @@ fn user_tool_configuration_arrives_without_its_credentials() {
             out.expect_absent(secret, level);
         }
     }
+    // `moat run --dry-run` says what reaches the tool and what was kept out.
+    let out = run(cx.moat(["run", "--dry-run", "sh", "-c", "true"]));
+    out.expect_code(0);
+    out.expect_stdout_has(
+        "user_config: ~/.npmrc (removed: //npm.corp.example/:_authToken, _password)",
+    );
+    out.expect_stdout_has("user_config: ~/.config/pip/pip.conf (removed: userinfo of index-url)");
+    out.expect_absent(npm_secret, "dry-run");
+    out.expect_absent(&pip_secret, "dry-run");
 }
 
 // ------------------------------------------------- smaller: a closed pipe is no panic

@@ -279,6 +279,18 @@ pub fn run(a: RunArgs) -> ExitCode {
                 outln!("{}", resolved.render());
                 outln!("program: {}", program.display());
                 outln!("policy_hash: {}", policy.hash());
+                if policy.level.is_sandboxed() {
+                    // Which of the user's own settings the tool will see,
+                    // and what was kept out (names only, never values).
+                    for c in moat_config::redacted_user_configs(&policy.home) {
+                        let removed = if c.removed.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (removed: {})", c.removed.join(", "))
+                        };
+                        outln!("user_config: ~/{}{removed}", c.rel.display());
+                    }
+                }
                 return ExitCode::SUCCESS;
             }
             let mut command = vec![program.into_os_string()];
