@@ -144,6 +144,9 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
         use std::os::fd::AsRawFd;
         let (master, s) = crate::pty::open_pair()
             .map_err(|e| format!("open a terminal in the sandbox's /dev/pts: {e}"))?;
+        // The size first, so the command never sees 0x0 (the supervisor's
+        // copy may come after the command has started).
+        crate::pty::copy_window_size_to(master.as_raw_fd());
         crate::netns::send_fds(hfd, b'T', &[master.as_raw_fd()])
             .map_err(|e| format!("hand the terminal to moat: {e}"))?;
         slave = Some(s);

@@ -33,6 +33,14 @@ pub fn open_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((sys::own_fd(master.into_raw_fd()), slave))
 }
 
+/// Copies the window size of this process's terminal (stdout, else stdin)
+/// to the pty whose master is `master`.
+pub fn copy_window_size_to(master: RawFd) {
+    if let Ok(ws) = sys::get_winsize(1).or_else(|_| sys::get_winsize(0)) {
+        let _ = sys::set_winsize(master, &ws);
+    }
+}
+
 /// In the command's process, before exec: a new session whose controlling
 /// terminal is `slave`, on stdin, stdout and (with `stderr`) stderr.
 pub fn attach_slave(slave: RawFd, stderr: bool) -> io::Result<()> {
@@ -53,7 +61,7 @@ struct RawMode {
 
 impl RawMode {
     fn enter(fd: RawFd) -> Option<RawMode> {
-        let borrowed = borrow(fd);
+        let borrowed = sys::borrow_stdio(fd)?;
         let saved = termios::tcgetattr(borrowed).ok()?;
         let mut raw = saved.clone();
         termios::cfmakeraw(&mut raw);
@@ -64,13 +72,10 @@ impl RawMode {
 
 impl Drop for RawMode {
     fn drop(&mut self) {
-        let _ = termios::tcsetattr(borrow(self.fd), SetArg::TCSADRAIN, &self.saved);
+        if let Some(fd) = sys::borrow_stdio(self.fd) {
+            let _ = termios::tcsetattr(fd, SetArg::TCSADRAIN, &self.saved);
+        }
     }
-}
-
-fn borrow(fd: RawFd) -> std::os::fd::BorrowedFd<'static> {
-    // stdin/stdout of this process stay open for its whole life.
-    sys::borrow_std_fd(fd)
 }
 
 /// Most bytes held for the master before moat stops reading the host terminal.
@@ -103,9 +108,7 @@ impl Relay {
 
     /// Copies the host terminal's window size to the pty (SIGWINCH).
     pub fn copy_window_size(&self) {
-        if let Ok(ws) = sys::get_winsize(1).or_else(|_| sys::get_winsize(0)) {
-            let _ = sys::set_winsize(self.master.as_raw_fd(), &ws);
-        }
+        copy_window_size_to(self.master.as_raw_fd());
     }
 
     /// The fds to poll and for what: (fd, want POLLIN, want POLLOUT).
@@ -120,7 +123,9 @@ impl Relay {
             out.push((self.master.as_fd(), f));
         }
         if self.stdin_open && self.master_open && self.to_master.len() < MAX_PENDING {
-            out.push((borrow(0), F::POLLIN));
+            if let Some(stdin) = sys::borrow_stdio(0) {
+                out.push((stdin, F::POLLIN));
+            }
         }
         out
     }
@@ -128,8 +133,8 @@ impl Relay {
     /// Moves what is ready. `master_ready`/`stdin_ready` come from poll.
     pub fn pump(&mut self, master_ready: bool, stdin_ready: bool) {
         let mut buf = [0u8; 16384];
-        if stdin_ready {
-            match nix::unistd::read(borrow(0), &mut buf) {
+        if let (true, Some(stdin)) = (stdin_ready, sys::borrow_stdio(0)) {
+            match nix::unistd::read(stdin, &mut buf) {
                 Ok(0) => self.stdin_open = false,
                 Ok(n) => self.to_master.extend_from_slice(&buf[..n]),
                 Err(nix::errno::Errno::EINTR) | Err(nix::errno::Errno::EAGAIN) => {}

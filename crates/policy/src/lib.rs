@@ -32,7 +32,7 @@ pub use env::{
     is_secret_env_name, strip_url_userinfo, tool_config_env, SAFE_BASE_ENV,
     TOOL_CONFIG_ENV_PREFIXES,
 };
-pub use nested::{Bounds, Widening};
+pub use nested::{covers, Widening};
 pub use protected::{
     is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
     WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_HOME_PATHS, WRITE_PROTECTED_WORKSPACE_NAMES,
