@@ -13,14 +13,16 @@ use moat_export::backend::{Backend, Seatbelt};
 use moat_linux::HostFacts;
 use moat_policy::Policy;
 
-use crate::{resolve_policy, PolicyArgs, EXIT_MOAT_FAILED};
+use moat_config::PolicyFlags;
+
+use crate::{resolve_policy, EXIT_MOAT_FAILED};
 
 #[derive(Subcommand)]
 pub(crate) enum ExportCommand {
     /// Write an OCI runtime-spec bundle (config.json + a rootfs of bind mounts) equivalent to `moat exec`
     Oci {
         #[command(flatten)]
-        policy: PolicyArgs,
+        policy: PolicyFlags,
         /// Where to write the bundle, outside the writable paths (default: /var/tmp/moat-bundle-HASH-PID)
         #[arg(long, value_name = "DIR")]
         bundle: Option<PathBuf>,
@@ -31,7 +33,7 @@ pub(crate) enum ExportCommand {
     /// Print Kubernetes manifests (multi-document YAML; each document is JSON, which is YAML 1.2)
     K8s {
         #[command(flatten)]
-        policy: PolicyArgs,
+        policy: PolicyFlags,
         /// RuntimeClass of the pod (e.g. gvisor)
         #[arg(long, value_name = "NAME")]
         runtime_class: Option<String>,
@@ -51,12 +53,12 @@ pub(crate) enum ExportCommand {
     /// Print the macOS Seatbelt (SBPL) profile for the policy
     Seatbelt {
         #[command(flatten)]
-        policy: PolicyArgs,
+        policy: PolicyFlags,
     },
     /// Serve moat's filtering proxy (the Kubernetes export's proxy pod); decisions as NDJSON on stdout
     ProxyServe {
         #[command(flatten)]
-        policy: PolicyArgs,
+        policy: PolicyFlags,
         /// HTTP(S) proxy listen address
         #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:3128")]
         http: String,
@@ -129,7 +131,7 @@ fn run_inner(cmd: ExportCommand) -> Result<()> {
                 .with_context(|| format!("cannot resolve --bundle {}", dir.display()))?;
             moat_export::oci::check_bundle_dir(&plan, &dir)?;
             moat_export::oci::write_bundle(&dir, &b)?;
-            println!("{}", dir.display());
+            outln!("{}", dir.display());
             Ok(())
         }
         ExportCommand::K8s {
@@ -154,7 +156,7 @@ fn run_inner(cmd: ExportCommand) -> Result<()> {
                 runtime_class: runtime_class.as_deref(),
                 kind,
             })?;
-            print!("{}", moat_export::k8s::to_yaml(&docs));
+            out!("{}", moat_export::k8s::to_yaml(&docs));
             Ok(())
         }
         ExportCommand::Seatbelt { policy } => {
@@ -168,7 +170,7 @@ fn run_inner(cmd: ExportCommand) -> Result<()> {
                 home: PathBuf::new(),
                 tmp: PathBuf::new(),
             };
-            print!("{}", backend.explain(&backend.plan(&policy, &view)));
+            out!("{}", backend.explain(&backend.plan(&policy, &view)));
             Ok(())
         }
         ExportCommand::ProxyServe {
@@ -218,7 +220,7 @@ fn nofile_limit() -> moat_export::oci::Rlimit {
     }
 }
 
-fn proxy_serve(args: &PolicyArgs, http: &str, socks: &str) -> Result<()> {
+fn proxy_serve(args: &PolicyFlags, http: &str, socks: &str) -> Result<()> {
     let (policy, _) = resolve_policy(args)?;
     let mut config = moat_proxy::ProxyConfig::new(policy.network.rules.clone());
     if let Some(url) = &policy.network.upstream_url {
@@ -233,7 +235,7 @@ fn proxy_serve(args: &PolicyArgs, http: &str, socks: &str) -> Result<()> {
     );
     let on_decision: moat_proxy::OnDecision = Box::new(|rec| {
         if let Ok(line) = serde_json::to_string(&rec) {
-            println!("{line}");
+            outln!("{line}");
         }
     });
     let _handle = moat_proxy::start(h, s, config, on_decision)?;
