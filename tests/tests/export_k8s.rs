@@ -470,3 +470,49 @@ fn proxy_serve_enforces_the_allow_list() {
         "{log}"
     );
 }
+
+/// The proxy pod chains through the same upstream proxy, whose
+/// credentials come from a Secret: they never appear in the manifests.
+#[test]
+fn upstream_proxy_credentials_stay_out_of_the_manifests() {
+    let fx = Fixture::new();
+    let secret = unique("UPSTREAMPASS");
+    let mut cmd = fx.moat([
+        "export",
+        "k8s",
+        "--network",
+        "proxy",
+        "--upstream-proxy",
+        "http://corp.example:8080",
+        "--",
+        "true",
+    ]);
+    cmd.env("MOAT_UPSTREAM_PROXY_AUTH", format!("user:{secret}"));
+    let out = run(cmd);
+    out.expect_code(0)
+        .expect_absent(&secret, "the upstream proxy password");
+    let docs = documents(&out.stdout);
+    let proxy = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "Pod"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("-proxy"))
+        })
+        .expect("the proxy pod");
+    let c = &proxy["spec"]["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        args.windows(2)
+            .any(|w| w == ["--upstream-proxy", "http://corp.example:8080"]),
+        "{args:?}"
+    );
+    assert_eq!(c["env"][0]["name"], "MOAT_UPSTREAM_PROXY_AUTH");
+    assert!(c["env"][0]["valueFrom"]["secretKeyRef"].is_object(), "{c}");
+}

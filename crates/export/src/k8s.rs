@@ -10,6 +10,7 @@
 
 use std::path::Path;
 
+use moat_config::UPSTREAM_AUTH_ENV;
 use moat_linux::plan::Plan;
 use moat_linux::probe::Kind as FileKind;
 use moat_linux::view::{Mode, SANDBOX_HOME};
@@ -303,6 +304,15 @@ pub fn manifests(input: &K8sInput) -> Result<Vec<Value>, ExportError> {
                 args.push("--deny-domain".into());
                 args.push(d.as_str().into());
             }
+            // The upstream proxy without credentials; they come from a
+            // Secret, never from the manifest.
+            let mut proxy_env = Vec::new();
+            if let Some(up) = &policy.network.upstream {
+                args.push("--upstream-proxy".into());
+                args.push(up.clone());
+                proxy_env.push(json!({"name": UPSTREAM_AUTH_ENV, "valueFrom": {"secretKeyRef": {
+                    "name": "moat-upstream-proxy-auth", "key": "auth", "optional": true}}}));
+            }
             if input.kind == Kind::Pod {
                 docs.push(json!({
                     "apiVersion": "networking.k8s.io/v1",
@@ -329,6 +339,7 @@ pub fn manifests(input: &K8sInput) -> Result<Vec<Value>, ExportError> {
                         "image": input.proxy_image,
                         "command": ["moat"],
                         "args": args,
+                        "env": proxy_env,
                         "ports": [{"containerPort": PROXY_HTTP_PORT, "name": "http"}, {"containerPort": PROXY_SOCKS_PORT, "name": "socks"}],
                         "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}},
                     }],
