@@ -300,3 +300,55 @@ fn seatbelt_backend_argv_and_launch() {
         assert_eq!(b.probe()["available"], false);
     }
 }
+
+/// Paths with quotes, backslashes and regex metacharacters stay inside
+/// their string and regex literals.
+#[test]
+fn seatbelt_escapes_odd_paths() {
+    let ws = "/home/u/we\"ird\\dir (1).x+y";
+    let p = Policy::resolve(PolicyRequest {
+        level: Some(Level::WorkspaceWrite),
+        network: Some(NetworkMode::Disabled),
+        workspace: ws.into(),
+        home: "/home/u".into(),
+        ..Default::default()
+    })
+    .expect("policy");
+    let profile = crate::seatbelt::profile(&p, &moat_linux::view::compute(&p, &host()));
+    if let Err(e) = sbpl_check::check(&profile) {
+        panic!("{e}\n{profile}");
+    }
+    assert!(
+        profile.contains(r#"(subpath "/home/u/we\"ird\\dir (1).x+y")"#),
+        "{profile}"
+    );
+    assert!(
+        profile.contains(r#"(regex #"^/home/u/we\"ird\\dir \(1\)\.x\+y/\.moat")"#),
+        "{profile}"
+    );
+}
+
+/// A newline in a path cannot end the header comment or a string and
+/// smuggle a rule into the profile.
+#[test]
+fn seatbelt_newline_in_a_path_adds_no_rule() {
+    let ws = "/home/u/x\n(allow default)\n;";
+    let p = Policy::resolve(PolicyRequest {
+        level: Some(Level::WorkspaceWrite),
+        network: Some(NetworkMode::Disabled),
+        workspace: ws.into(),
+        home: "/home/u".into(),
+        ..Default::default()
+    })
+    .expect("policy");
+    let profile = crate::seatbelt::profile(&p, &moat_linux::view::compute(&p, &host()));
+    if let Err(e) = sbpl_check::check(&profile) {
+        panic!("{e}\n{profile}");
+    }
+    assert!(
+        !profile
+            .lines()
+            .any(|l| l.trim_start().starts_with("(allow default)")),
+        "{profile}"
+    );
+}
