@@ -13,8 +13,8 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use moat_config::{
     find_project_file, load_catalogue, load_project, load_user_config, moat_args_from_env,
-    render_grants, resolve, resolve_program, shimmable_names, user_config_path, Catalogue,
-    PathSpec, ProfileOrigin, ProjectFile, Settings, Sources, TrustStore,
+    render_grants, resolve, resolve_program, session_shims, shimmable_names, user_config_path,
+    Catalogue, PathSpec, ProfileOrigin, ProjectFile, Settings, Sources, TrustStore,
 };
 use moat_policy::{parse_duration, Access, NetworkMode, Policy};
 
@@ -297,31 +297,10 @@ fn resolve_tool(
             Err(e) => Err(e.to_string()),
         })
         .map_err(|e| e.to_string())?;
-    // Tools composed inside the session keep their own net class.
-    // Under the profile's name and under its program's (python → python3),
-    // so calling either inside the session keeps the tool's class.
-    let shims: Vec<moat_policy::ShimSpec> = shimmable_names(&cat)
-        .into_iter()
-        .filter(|n| *n != tool)
-        .filter_map(|n| cat.get(n))
-        .flat_map(|p| {
-            let spec = |name: &str| moat_policy::ShimSpec {
-                name: name.to_string(),
-                program: p.program.clone(),
-                net_class: p.base.net_class,
-                subcommands: p
-                    .subcommands
-                    .iter()
-                    .filter_map(|(k, s)| s.net_class.map(|c| (k.clone(), c)))
-                    .collect(),
-            };
-            let mut v = vec![spec(&p.name)];
-            if p.program != p.name && p.program != tool {
-                v.push(spec(&p.program));
-            }
-            v
-        })
-        .collect();
+    // Leaf tools composed inside the session keep their own net class;
+    // launchers (shells, interpreters) inherit the session's. The rule
+    // lives in `session_shims`.
+    let shims = session_shims(&cat, tool);
     policy = with_shims(policy, shims)?;
     let timeout = policy.timeout_ms.map(Duration::from_millis);
     Ok((policy, timeout, program, resolved))

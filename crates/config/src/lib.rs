@@ -34,7 +34,9 @@ mod resolve;
 mod settings;
 mod trust;
 
-pub use catalogue::{builtin, builtin_checked, builtin_names, builtin_source, BUILTIN_SOURCES};
+pub use catalogue::{
+    builtin, builtin_checked, builtin_names, builtin_source, session_shims, BUILTIN_SOURCES,
+};
 pub use error::ConfigError;
 pub use load::{
     all_profile_names, config_dir, config_dir_from_env, default_or_shim_dir, load_catalogue,

@@ -18,6 +18,11 @@ pub struct Profile {
     /// The program resolved on the host PATH (skipping moat's shim directory).
     pub program: String,
     pub description: Option<String>,
+    /// A composition tool (shell, interpreter, `make`, `env`-like runner):
+    /// inside a session it inherits the class of whatever launched it and
+    /// never narrows the session by itself. Its settings apply only when it
+    /// is the command moat starts (`moat run bash`). See [`session_shims`].
+    pub launcher: bool,
     /// The profile's own settings (its top-level keys).
     pub base: Settings,
     /// `[subcommands.NAME]`: overrides applied when `argv[1] == NAME`.
@@ -32,6 +37,8 @@ struct RawProfile {
     name: String,
     program: Option<String>,
     description: Option<String>,
+    #[serde(default)]
+    launcher: bool,
     level: Option<String>,
     network: Option<String>,
     net_class: Option<String>,
@@ -126,6 +133,7 @@ pub fn parse_profile(text: &str, file: &str) -> Result<Profile, ConfigError> {
         name: raw.name,
         program,
         description: raw.description,
+        launcher: raw.launcher,
         base,
         subcommands,
         warnings,
