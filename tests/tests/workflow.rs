@@ -9,7 +9,7 @@
 //! the package on disk, the state file on the host after the run.
 
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
