@@ -249,3 +249,119 @@ fn agent_bash_c_reaches_an_allowed_host_and_nothing_else() {
         out.dump()
     );
 }
+
+/// Builds a rustup-like and a pyenv-like install in the fixture's home: a
+/// proxy on PATH that finds the real tool through `$HOME` (as rustup's
+/// `cargo` finds `~/.rustup`, pyenv's shims `~/.pyenv`).
+fn fake_toolchains(w: &Wf) {
+    use std::os::unix::fs::PermissionsExt;
+    let h = &w.fx.home;
+    let exe = |p: PathBuf, text: &str| {
+        write(&p, text);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    write(
+        h.join(".rustup/settings.toml"),
+        "default_toolchain = \"stable\"\n",
+    );
+    exe(
+        h.join(".rustup/toolchains/stable/bin/rtool"),
+        "#!/bin/sh\necho RTOOL_RAN\n",
+    );
+    exe(
+        h.join(".cargo/bin/rtool"),
+        "#!/bin/sh\nr=\"${RUSTUP_HOME:-$HOME/.rustup}\"\n\
+         d=$(sed -n 's/^default_toolchain = \"\\(.*\\)\"/\\1/p' \"$r/settings.toml\" 2>/dev/null)\n\
+         [ -n \"$d\" ] || { echo 'error: no default is configured'; exit 1; }\n\
+         exec \"$r/toolchains/$d/bin/rtool\"\n",
+    );
+    write(h.join(".pyenv/version"), "3.99\n");
+    exe(
+        h.join(".pyenv/versions/3.99/bin/ptool"),
+        "#!/bin/sh\necho PTOOL_RAN\n",
+    );
+    exe(
+        h.join(".pyenv/shims/ptool"),
+        "#!/bin/sh\nexec \"$HOME/.pyenv/versions/$(cat \"$HOME/.pyenv/version\")/bin/ptool\"\n",
+    );
+}
+
+/// Toolchains under `~` (rustup, pyenv…) are found under plain `moat exec`
+/// although HOME is the sandbox's own, at every level that reads the host;
+/// they are read-only there, and `~/.cargo/credentials.toml` next to
+/// `~/.cargo/bin` stays hidden. Before the fix the proxies said "no default
+/// is configured".
+#[test]
+fn toolchains_under_home_are_found_at_every_readable_level() {
+    let w = Wf::new();
+    fake_toolchains(&w);
+    let h = w.fx.home.display().to_string();
+    let path = format!("{h}/.cargo/bin:{h}/.pyenv/shims:{HOST_PATH}");
+    let script = "echo \"R=$(rtool 2>&1)\"; echo \"P=$(ptool 2>&1)\"\n\
+                  cat \"$HOME/.cargo/credentials.toml\" 2>/dev/null; \
+                  if touch \"$HOME/.rustup/planted\" 2>/dev/null; then echo WROTE; fi; echo DONE\n";
+    let mut bad = Vec::new();
+    for level in ["read-only", "workspace-write"] {
+        let mut c = w.fx.sh(level, &[], script);
+        c.env("PATH", &path);
+        let out = run(c);
+        if out.field("R").as_deref() != Some("RTOOL_RAN")
+            || out.field("P").as_deref() != Some("PTOOL_RAN")
+        {
+            bad.push(format!("{level}: toolchain not found\n{}", out.dump()));
+        }
+        if out.all().contains(&w.fx.netrc_secret) || out.stdout.contains("WROTE") {
+            bad.push(format!(
+                "{level}: credentials shown or toolchain writable\n{}",
+                out.dump()
+            ));
+        }
+        if !out.stdout.contains("DONE") {
+            bad.push(format!("{level}: probe did not finish\n{}", out.dump()));
+        }
+    }
+    assert!(bad.is_empty(), "{bad:#?}");
+    assert!(!exists(w.fx.home.join(".rustup/planted")));
+    // workspace-contained hides the host, toolchains included (plain exec).
+    let mut c = w.fx.sh("workspace-contained", &[], script);
+    c.env("PATH", &path);
+    let out = run(c);
+    assert_ne!(
+        out.field("R").as_deref(),
+        Some("RTOOL_RAN"),
+        "{}",
+        out.dump()
+    );
+}
+
+/// The real thing on this host: rustup's `cargo` and pyenv's `python3` as
+/// the invoking user, with the real HOME (the issue's reproduction).
+#[test]
+fn real_rustup_and_pyenv_run_under_moat_exec() {
+    let home = PathBuf::from(std::env::var("HOME").unwrap_or_default());
+    let cargo = home.join(".cargo/bin/cargo");
+    if !home.join(".rustup").is_dir() || !cargo.exists() {
+        skip("no rustup install in this user's home");
+        return;
+    }
+    let ws = Fixture::new();
+    let path = format!("{}:{HOST_PATH}", home.join(".cargo/bin").display());
+    let out = run({
+        let mut c = ws.moat(["exec", "--", "cargo", "--version"]);
+        c.env("HOME", &home).env("PATH", &path);
+        c
+    });
+    out.expect_code(0);
+    out.expect_stdout_has("cargo ");
+    let pyenv = home.join(".pyenv/shims");
+    if pyenv.join("python3").exists() {
+        let out = run({
+            let mut c = ws.moat(["exec", "--", "python3", "--version"]);
+            c.env("HOME", &home)
+                .env("PATH", format!("{}:{HOST_PATH}", pyenv.display()));
+            c
+        });
+        out.expect_code(0);
+        assert!(out.all().contains("Python 3"), "{}", out.dump());
+    }
+}

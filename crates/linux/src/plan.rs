@@ -406,6 +406,13 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         }
     }
 
+    // Toolchains under the real home (rustup, pyenv, nvm…) find their
+    // installs through $HOME: where the host is readable anyway, each appears
+    // read-only under the sandbox HOME too (moat_policy::HOME_TOOLCHAINS).
+    if whole_host {
+        layered.extend(toolchain_mirrors(policy, host));
+    }
+
     // 3. Write-protected workspace entries: read-only binds over themselves.
     // `.git` itself is bound read-write: that makes it a mount point, which
     // cannot be renamed or removed, so its protected children stay put.
@@ -615,6 +622,38 @@ fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
     }
     pins.into_iter()
         .map(|p| host_bind(&p, Kind::Dir, true, false))
+        .collect()
+}
+
+/// Read-only binds of the host's toolchain installs under the sandbox HOME,
+/// except where a grant already shows that place, or where an entry resolves
+/// onto (or over) a secret or moat's own state.
+fn toolchain_mirrors(policy: &Policy, host: &HostFacts) -> Vec<MountOp> {
+    let granted: Vec<PathBuf> = policy
+        .paths
+        .iter()
+        .filter_map(|g| in_sandbox_home(policy, &g.path))
+        .collect();
+    let overlaps = |a: &Path, b: &Path| a.starts_with(b) || b.starts_with(a);
+    host.home_toolchains
+        .iter()
+        .filter(|(_, c, _)| {
+            !host
+                .secrets
+                .keys()
+                .chain(host.moat_hidden.keys())
+                .any(|s| overlaps(c, s))
+        })
+        .map(|(rel, c, kind)| (Path::new(SANDBOX_HOME).join(rel), c, *kind))
+        .filter(|(t, _, _)| !granted.iter().any(|g| t.starts_with(g)))
+        .map(|(target, c, kind)| MountOp::Bind {
+            source: c.clone(),
+            target,
+            kind,
+            recursive: kind == Kind::Dir,
+            readonly: true,
+            device: false,
+        })
         .collect()
 }
 

@@ -18,6 +18,7 @@ mod duration;
 mod env;
 mod nested;
 mod protected;
+mod toolchains;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -33,6 +34,7 @@ pub use protected::{
     is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
     WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_HOME_PATHS, WRITE_PROTECTED_WORKSPACE_NAMES,
 };
+pub use toolchains::{toolchain_containing, toolchain_entries, HomeToolchain, HOME_TOOLCHAINS};
 
 /// Version of the policy semantics; bumps whenever a level's meaning changes.
 pub const POLICY_VERSION: &str = "1";
