@@ -4,6 +4,7 @@
 mod audit_cmd;
 mod exec;
 mod nested;
+mod state;
 mod tools;
 
 use std::ffi::OsString;

@@ -245,7 +245,17 @@ fn resolve_tool(
     tool: &str,
     argv1: Option<&str>,
     a: &RunArgs,
-) -> Result<(Policy, Option<Duration>, PathBuf, moat_config::Resolved), String> {
+    prepare_state: bool,
+) -> Result<
+    (
+        Policy,
+        Option<Duration>,
+        PathBuf,
+        moat_config::Resolved,
+        crate::state::StateRun,
+    ),
+    String,
+> {
     let cat = catalogue()?;
     let profile = cat.get(tool).cloned().ok_or_else(|| {
         format!("no profile for {tool:?}; `moat profile list` shows them, or add ~/.config/moat/profiles/{tool}.toml")
@@ -284,12 +294,40 @@ fn resolve_tool(
         moat_args: moat_args_from_env().map_err(|e| e.to_string())?,
         project: trusted_project(&workspace)?,
         user_config,
-        profile: Some(profile),
+        profile: Some(profile.clone()),
         defaults: None,
         home: Some(h.clone()),
     };
-    let resolved = resolve(Some(tool), argv1, sources).map_err(|e| e.to_string())?;
+    let mut resolved = resolve(Some(tool), argv1, sources).map_err(|e| e.to_string())?;
     let home_canon = std::fs::canonicalize(&h).unwrap_or(h.clone());
+    // At workspace-contained the view has only the system runtime: a tool
+    // installed elsewhere (an npm prefix, ~/.local, rustup under ~) needs its
+    // own install tree, read-only, to start at all.
+    if resolved.level.value == moat_policy::Level::WorkspaceContained {
+        for p in install_tree(&program, &path_var, &home_canon, &shim) {
+            let listed = |l: &[moat_config::Sourced<PathBuf>]| l.iter().any(|g| g.value == p);
+            if !listed(&resolved.ro) && !listed(&resolved.rw) {
+                resolved.ro.push(moat_config::Sourced {
+                    value: p,
+                    source: moat_config::Source::Default,
+                });
+            }
+        }
+    }
+    // First-use state: create what the profile declares before the grants
+    // are resolved on the host (a missing grant would be dropped), and give
+    // files the tool replaces by rename a synced private copy. Only for a
+    // real run: `--dry-run` and `profile show` change nothing.
+    let state = if prepare_state && resolved.level.value.is_sandboxed() {
+        crate::state::prepare(
+            &profile,
+            &mut resolved,
+            &home_canon,
+            moat_config::state_dir_from_env().as_deref(),
+        )?
+    } else {
+        crate::state::StateRun::default()
+    };
     let (mut policy, _skipped) = resolved
         .to_policy(workspace, home_canon, |p| match std::fs::canonicalize(p) {
             Ok(c) => Ok(Some(c)),
@@ -302,8 +340,95 @@ fn resolve_tool(
     // lives in `session_shims`.
     let shims = session_shims(&cat, tool);
     policy = with_shims(policy, shims)?;
+    policy.synced_home_files = state.synced_files();
+    policy.private_home = state.private_home.clone();
     let timeout = policy.timeout_ms.map(Duration::from_millis);
-    Ok((policy, timeout, program, resolved))
+    Ok((policy, timeout, program, resolved, state))
+}
+
+/// Host directories visible at workspace-contained anyway (the system runtime).
+const SYSTEM_RUNTIME: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc"];
+
+/// The install tree of `program` (as found on PATH): what a contained view
+/// must show, read-only, for it to start. A toolchain under the home
+/// (`moat_policy::HOME_TOOLCHAINS`: rustup's `~/.cargo/bin` needs
+/// `~/.rustup` too) as a whole; an npm package from its package root
+/// (`…/node_modules/[@scope/]name`, its dependencies included); anything
+/// else by its directory. A symlinked program brings its bin directory, and
+/// a script its interpreter's tree (`#!/usr/bin/env node` → node's).
+fn install_tree(
+    program: &Path,
+    path_var: &std::ffi::OsStr,
+    home: &Path,
+    shim: &Path,
+) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let add = |p: PathBuf, out: &mut Vec<PathBuf>| {
+        let too_broad = p.components().count() < 3 || home.starts_with(&p);
+        let system = SYSTEM_RUNTIME.iter().any(|r| p.starts_with(r));
+        if !too_broad && !system && p.exists() && !out.contains(&p) {
+            out.push(p);
+        }
+    };
+    let tree_of = |file: &Path, out: &mut Vec<PathBuf>| {
+        let Ok(canon) = std::fs::canonicalize(file) else {
+            return;
+        };
+        if let Ok(rel) = canon.strip_prefix(home) {
+            if let Some(t) = moat_policy::toolchain_containing(rel) {
+                for e in t.entries {
+                    add(home.join(e), out);
+                }
+                return;
+            }
+        }
+        let comps: Vec<_> = canon.components().collect();
+        if let Some(i) = comps.iter().rposition(|c| c.as_os_str() == "node_modules") {
+            let scoped = comps
+                .get(i + 1)
+                .is_some_and(|c| c.as_os_str().to_string_lossy().starts_with('@'));
+            let end = (i + if scoped { 3 } else { 2 }).min(comps.len());
+            add(comps[..end].iter().collect(), out);
+        } else if let Some(dir) = canon.parent() {
+            add(dir.to_path_buf(), out);
+        }
+    };
+    // The program itself, and the bin directory of a symlinked one.
+    if program
+        .symlink_metadata()
+        .is_ok_and(|m| m.file_type().is_symlink())
+    {
+        if let Some(bin) = program.parent() {
+            add(bin.to_path_buf(), &mut out);
+        }
+    }
+    tree_of(program, &mut out);
+    // A script's interpreter.
+    let head = std::fs::File::open(program).ok().and_then(|f| {
+        use std::io::Read;
+        let mut b = [0u8; 256];
+        let n = f.take(256).read(&mut b).ok()?;
+        let line = String::from_utf8_lossy(&b[..n]).lines().next()?.to_string();
+        line.strip_prefix("#!").map(str::to_string)
+    });
+    if let Some(line) = head {
+        let mut words = line.split_whitespace();
+        let interp = words.next().map(PathBuf::from);
+        let interp = match (interp, words.next()) {
+            (Some(e), Some(name)) if e.file_name().is_some_and(|n| n == "env") => {
+                std::env::split_paths(path_var)
+                    .filter(|d| d.is_absolute() && d != shim)
+                    .map(|d| d.join(name))
+                    .find(|c| is_executable(c))
+            }
+            (Some(i), _) => Some(i),
+            _ => None,
+        };
+        if let Some(i) = interp {
+            tree_of(&i, &mut out);
+        }
+    }
+    out
 }
 
 /// Adds the in-sandbox shims to `policy` (they are part of its hash).
@@ -339,8 +464,8 @@ pub fn run(a: RunArgs) -> ExitCode {
     };
     let args: Vec<OsString> = it.cloned().collect();
     let argv1 = args.first().map(|s| s.to_string_lossy().into_owned());
-    match resolve_tool(&tool, argv1.as_deref(), &a) {
-        Ok((policy, timeout, program, resolved)) => {
+    match resolve_tool(&tool, argv1.as_deref(), &a, !a.dry_run) {
+        Ok((policy, timeout, program, resolved, state)) => {
             if a.dry_run {
                 println!("{}", resolved.render());
                 println!("program: {}", program.display());
@@ -349,7 +474,9 @@ pub fn run(a: RunArgs) -> ExitCode {
             }
             let mut command = vec![program.into_os_string()];
             command.extend(args);
-            run_resolved(Ok((policy, timeout)), &reporting, &command)
+            let code = run_resolved(Ok((policy, timeout)), &reporting, &command);
+            state.finish();
+            code
         }
         Err(e) => refuse_early(&reporting, &e),
     }
@@ -454,8 +581,8 @@ pub fn profile(cmd: ProfileCommand) -> ExitCode {
         },
         ProfileCommand::Show { tool, subcommand } => {
             let a = RunArgs::default();
-            match resolve_tool(&tool, subcommand.as_deref(), &a) {
-                Ok((policy, _, program, resolved)) => {
+            match resolve_tool(&tool, subcommand.as_deref(), &a, false) {
+                Ok((policy, _, program, resolved, _)) => {
                     println!("{}", resolved.render());
                     println!("program      {}", program.display());
                     println!("policy_hash  {}", policy.hash());

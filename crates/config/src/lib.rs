@@ -45,7 +45,7 @@ pub use load::{
     ProfileOrigin, UserConfig,
 };
 pub use moat_args::{moat_args_from_env, parse_moat_args, MOAT_ARGS_FLAGS};
-pub use profile::{parse_profile, Profile};
+pub use profile::{parse_profile, FirstUse, FirstUseKind, Profile};
 pub use project::{
     find_project_file, find_project_file_with, load_project, parse_project, project_digest,
     ProjectFile, PROJECT_FILE_NAME,

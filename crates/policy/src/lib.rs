@@ -288,6 +288,15 @@ pub struct Policy {
     pub write_protected: Vec<&'static str>,
     /// Home-relative paths that stay read-only when a home lies in a writable workspace.
     pub write_protected_home: Vec<&'static str>,
+    /// Home-relative files the tool replaces by rename (`~/.claude.json`):
+    /// the run gets a private copy in its own HOME, merged back afterwards.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub synced_home_files: Vec<PathBuf>,
+    /// The host directory that backs the sandbox HOME when files are synced
+    /// (a fresh per-run directory; otherwise HOME is a tmpfs). Not part of
+    /// the hash: it differs on every run.
+    #[serde(skip)]
+    pub private_home: Option<PathBuf>,
 }
 
 /// Why a request cannot become a policy. Each message says what to change.
@@ -415,6 +424,8 @@ impl Policy {
                 s
             },
             protected_home_paths: PROTECTED_HOME_PATHS.to_vec(),
+            synced_home_files: Vec::new(),
+            private_home: None,
             protected_opt_in,
             write_protected: if level == Level::WorkspaceWrite || level == Level::WorkspaceContained
             {
