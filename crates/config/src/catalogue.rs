@@ -64,7 +64,7 @@ pub fn builtin_source(name: &str) -> Option<&'static str> {
 /// The in-session shims of a run of `tool`: which names, typed inside the
 /// session, add which network class before the real program runs.
 ///
-/// The rule (README "Tools inside a session"): composition tools — profiles
+/// The rule (README "Launchers inherit, leaves narrow"): composition tools — profiles
 /// with `launcher = true`: shells, interpreters, `make` — get no shim, so
 /// they inherit the class of whatever launched them (npm's `#!/usr/bin/env
 /// node`, an agent's `bash -c 'curl …'`). Only leaf tools narrow, each to
