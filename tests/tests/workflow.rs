@@ -332,6 +332,20 @@ fn toolchains_under_home_are_found_at_every_readable_level() {
         "{}",
         out.dump()
     );
+    // ... but `moat run` of a tool installed by a toolchain brings that
+    // toolchain's install tree, read-only: the proxy in ~/.cargo/bin and
+    // the toolchain in ~/.rustup it finds through $HOME.
+    for (tool, ran) in [("rtool", "RTOOL_RAN"), ("ptool", "PTOOL_RAN")] {
+        w.profile(
+            tool,
+            &format!("name = \"{tool}\"\nlevel = \"contained\"\nnetwork = \"disabled\"\n"),
+        );
+        let mut c = w.moat(["run", tool]);
+        c.env("PATH", &path);
+        let out = run(c);
+        out.expect_code(0);
+        out.expect_stdout_has(ran);
+    }
 }
 
 /// The real thing on this host: rustup's `cargo` and pyenv's `python3` as
@@ -455,6 +469,16 @@ fn first_run_of_an_agent_keeps_its_state_on_the_host() {
         "state file private: {:o}",
         mode(&file)
     );
+    // The run's private copy is gone (only the lock file stays).
+    let leftovers: Vec<String> = std::fs::read_dir(w.state.join("moat/sync"))
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.ends_with(".lock"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(leftovers.is_empty(), "per-run copies left: {leftovers:?}");
     // The second run sees the first run's state and adds to it.
     let out = run(w.moat(["run", "fakeagent", "second"]));
     out.expect_code(0);

@@ -262,10 +262,8 @@ pub fn prepare(
     home: &Path,
     state_dir: Option<&Path>,
 ) -> Result<StateRun, String> {
-    let mut run = StateRun {
-        home: home.to_path_buf(),
-        ..Default::default()
-    };
+    let mut run = StateRun::default();
+    run.home = home.to_path_buf();
     for fu in &profile.first_use {
         if !resolved.rw.iter().any(|g| names(&g.value, &fu.path)) {
             continue;
@@ -339,7 +337,7 @@ impl StateRun {
                 );
             }
         }
-        let _ = std::fs::remove_dir_all(dir);
+        // Drop removes the directory.
     }
 
     fn merge_back(&self, dir: &Path, s: &Synced) -> Result<(), String> {
@@ -381,6 +379,16 @@ impl StateRun {
             }
         };
         replace_beneath(&self.home, &s.rel, &merged)
+    }
+}
+
+impl Drop for StateRun {
+    /// The per-run directory goes in every case: after the merge, and when
+    /// the run never started (a refusal after `prepare`).
+    fn drop(&mut self) {
+        if let Some(dir) = self.private_home.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

@@ -309,7 +309,7 @@ fn resolve_tool(
             if !listed(&resolved.ro) && !listed(&resolved.rw) {
                 resolved.ro.push(moat_config::Sourced {
                     value: p,
-                    source: moat_config::Source::Default,
+                    source: moat_config::Source::InstallTree,
                 });
             }
         }
