@@ -255,12 +255,15 @@ fn names(value: &Path, path: &Path) -> bool {
 
 /// Creates the profile's missing first-use grants and prepares the synced
 /// copies. Grants a later layer removed or re-moded are left alone; a grant
-/// that cannot be created is reported, never dropped silently.
+/// that cannot be created is reported, never dropped silently. With `act`
+/// false (`--dry-run`, `moat profile show`) only the grants change, the same
+/// way, so the policy hash shown is the one a run gets; nothing is touched.
 pub fn prepare(
     profile: &Profile,
     resolved: &mut Resolved,
     home: &Path,
     state_dir: Option<&Path>,
+    act: bool,
 ) -> Result<StateRun, String> {
     let mut run = StateRun::default();
     run.home = home.to_path_buf();
@@ -277,16 +280,27 @@ pub fn prepare(
             .map(|m| m.file_type().is_symlink())
             .unwrap_or(false);
         if fu.replaced_by_rename && !is_link {
-            let snapshot = read_beneath(home, rel)
-                .map_err(|e| format!("cannot read {}: {e}", fu.path.display()))?;
+            let snapshot = if act {
+                read_beneath(home, rel)
+                    .map_err(|e| format!("cannot read {}: {e}", fu.path.display()))?
+            } else {
+                None
+            };
             resolved.rw.retain(|g| !names(&g.value, &fu.path));
             resolved
                 .protected_opt_in
                 .retain(|g| !names(&g.value, &fu.path));
+            resolved.notes.push(format!(
+                "{}: the tool replaces it by rename, so the run gets a private copy in its HOME, merged back afterwards",
+                fu.path.display()
+            ));
             run.synced.push(Synced {
                 rel: rel.to_path_buf(),
                 snapshot,
             });
+            continue;
+        }
+        if !act {
             continue;
         }
         if let Err(e) = create_missing(home, rel, fu.kind) {
@@ -297,7 +311,7 @@ pub fn prepare(
             ));
         }
     }
-    if run.synced.is_empty() {
+    if run.synced.is_empty() || !act {
         return Ok(run);
     }
     let state = state_dir.ok_or("cannot locate moat's state directory (set HOME or XDG_STATE_HOME); it holds the private copy of the tool's state file")?;

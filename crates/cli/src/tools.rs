@@ -318,12 +318,13 @@ fn resolve_tool(
     // are resolved on the host (a missing grant would be dropped), and give
     // files the tool replaces by rename a synced private copy. Only for a
     // real run: `--dry-run` and `profile show` change nothing.
-    let state = if prepare_state && resolved.level.value.is_sandboxed() {
+    let state = if resolved.level.value.is_sandboxed() {
         crate::state::prepare(
             &profile,
             &mut resolved,
             &home_canon,
             moat_config::state_dir_from_env().as_deref(),
+            prepare_state,
         )?
     } else {
         crate::state::StateRun::default()
