@@ -947,3 +947,52 @@ fn claude_and_codex_start_reach_only_their_hosts_and_keep_state() {
     }
     assert!(bad.is_empty(), "{bad:#?}");
 }
+
+/// Shims installed on the host (`moat shim install node git` puts symlinks
+/// to moat first on PATH) are visible inside a session at the levels that
+/// read the host. A launcher's (node) must pass through to the real program
+/// with the session's class, and a leaf's (git) must find the real git, not
+/// itself again.
+#[test]
+fn host_installed_shims_inside_a_session_pass_through_to_the_real_tool() {
+    let w = Wf::new();
+    let shims = w.fx.root.join("hostshims");
+    std::fs::create_dir_all(&shims).unwrap();
+    for n in ["node", "git"] {
+        std::os::unix::fs::symlink(moat_bin(), shims.join(n)).unwrap();
+    }
+    let body = unique("hostshimbody");
+    let srv = HttpServer::fixed(&body);
+    let allow = format!("127.0.0.1:{}", srv.port);
+    w.script(
+        "lib/node_modules/nodetool/cli.js",
+        &format!("#!/usr/bin/env node\n{NODE_GET}"),
+    );
+    std::os::unix::fs::symlink(
+        "../lib/node_modules/nodetool/cli.js",
+        w.bin.join("nodetool"),
+    )
+    .unwrap();
+    w.profile("nodetool", &leaf_profile("nodetool", &allow));
+    let path = format!("{}:{}", shims.display(), w.path_var());
+    let url = format!("http://127.0.0.1:{}/through-host-shim", srv.port);
+    let mut c = w.moat(["run", "--timeout", "30s", "nodetool", &url]);
+    c.env("PATH", &path);
+    let out = run(c);
+    out.expect_code(0);
+    out.expect_stdout_has(&format!("NODE_BODY={body}"));
+    let mut c = w.moat([
+        "run",
+        "--timeout",
+        "30s",
+        "--network",
+        "disabled",
+        "bash",
+        "-c",
+        "echo \"GIT=$(command -v git)\"; git --version",
+    ]);
+    c.env("PATH", &path);
+    let out = run(c);
+    out.expect_code(0);
+    out.expect_stdout_has("git version");
+}

@@ -488,10 +488,11 @@ pub fn run(a: RunArgs) -> ExitCode {
 /// table has it). Any other name runs the normal command line.
 pub fn is_shim_name(name: &str) -> bool {
     if crate::nested::inside_sandbox() {
-        return std::fs::read_to_string(moat_linux::plan::SANDBOX_SHIM_TABLE)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Vec<moat_policy::ShimSpec>>(&t).ok())
-            .is_some_and(|table| table.iter().any(|s| s.name == name));
+        // Inside a sandbox moat only runs under another name through a
+        // symlink to it: the session's shims, or shims installed on the host
+        // (`moat shim install node`) that a readable host shows. Every such
+        // name dispatches; one the table lacks (a launcher) passes through.
+        return true;
     }
     catalogue().map(|c| c.get(name).is_some()).unwrap_or(false)
 }
@@ -512,6 +513,7 @@ pub fn shim_main(name: &str, args: Vec<OsString>) -> ExitCode {
 }
 
 fn in_sandbox_shim(name: &str, args: Vec<OsString>) -> ExitCode {
+    use std::os::unix::fs::MetadataExt;
     // The table the host wrote into the view when it resolved the session:
     // which program each shim runs and with which class (the user's own
     // profiles included — their files are not visible in here).
@@ -520,23 +522,32 @@ fn in_sandbox_shim(name: &str, args: Vec<OsString>) -> ExitCode {
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok())
             .unwrap_or_default();
-    let Some(spec) = table.into_iter().find(|s| s.name == name) else {
-        eprintln!("moat: {name}: no shim of that name in this session");
-        return ExitCode::from(127);
-    };
+    // No entry: a launcher (or a name without a profile) reached through a
+    // host-installed shim. It passes through with the caller's class, as if
+    // the shim were not there.
+    let spec = table.into_iter().find(|s| s.name == name);
     let argv1 = args.first().map(|s| s.to_string_lossy().into_owned());
-    let class = spec.class_for(argv1.as_deref());
+    let class = spec.as_ref().and_then(|s| s.class_for(argv1.as_deref()));
+    let wanted = spec.as_ref().map_or(name, |s| s.program.as_str());
     let path_var = std::env::var_os("PATH").unwrap_or_default();
     let skip: Vec<PathBuf> = vec![moat_linux::plan::SANDBOX_SHIMS.into(), "/moat/bin".into()];
+    // moat itself, by inode: a host shim dir on PATH holds symlinks to the
+    // same binary that is bound at /moat/bin/moat; exec'ing one of those
+    // would loop back here.
+    let me = std::fs::metadata("/proc/self/exe")
+        .ok()
+        .map(|m| (m.dev(), m.ino()));
+    let is_moat = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .is_some_and(|m| Some((m.dev(), m.ino())) == me)
+    };
     let program = std::env::split_paths(&path_var)
         .filter(|d| d.is_absolute() && !skip.contains(d))
-        .map(|d| d.join(&spec.program))
-        .find(|c| is_executable(c));
+        .map(|d| d.join(wanted))
+        .find(|c| is_executable(c) && !is_moat(c));
     let Some(program) = program else {
-        eprintln!(
-            "moat: {name}: {} not found in the sandbox's view",
-            spec.program
-        );
+        eprintln!("moat: {name}: {wanted} not found in the sandbox's view");
         return ExitCode::from(127);
     };
     if let Some(c) = class {
