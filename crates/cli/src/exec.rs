@@ -50,6 +50,9 @@ struct Session {
     proxy: Option<moat_proxy::ProxyHandle>,
     proxy_error: Option<String>,
     audit_error: Option<String>,
+    /// Proxy decisions folded per target for the log and `--json`, in
+    /// bounded memory.
+    decisions: Arc<Mutex<moat_audit::DecisionAggregator>>,
     /// What a nested run inherits (absent under danger-full-access).
     outer: Option<crate::nested::Outer>,
     broker: Option<crate::nested::Broker>,
@@ -73,6 +76,23 @@ impl Session {
                     )
                 });
             }
+        }
+    }
+
+    /// Records `events` and fails when they are not on record: what comes
+    /// before the launch must be, or the run does not happen.
+    fn record_required(&mut self, events: &[Value]) -> Result<(), String> {
+        for ev in events {
+            emit(&self.sink, ev);
+        }
+        match &self.audit {
+            Some(log) => log.append(events).map_err(|e| {
+                format!(
+                    "cannot record the run in the audit log, so it does not happen: {e}; \
+                     fix the log, pass --audit-log PATH, or --no-audit"
+                )
+            }),
+            None => Ok(()),
         }
     }
 }
@@ -125,6 +145,7 @@ impl RunObserver for Session {
         }
         let sink = self.sink.clone();
         let ctx = self.ctx.clone();
+        let decisions = self.decisions.clone();
         let on_decision: moat_proxy::OnDecision = Box::new(move |rec| {
             let ev = moat_audit::event(
                 &ctx,
@@ -132,6 +153,12 @@ impl RunObserver for Session {
                 fields(serde_json::to_value(&rec).unwrap_or(Value::Null)),
             );
             emit(&sink, &ev);
+            if let Ok(mut agg) = decisions.lock() {
+                agg.add(
+                    serde_json::to_value(&rec).unwrap_or(Value::Null),
+                    &moat_audit::now_rfc3339(),
+                );
+            }
         });
         match moat_proxy::start(http, socks, config, on_decision) {
             Ok(h) => self.proxy = Some(h),
@@ -317,34 +344,35 @@ pub fn run_resolved(
         Err(e) => return refuse(mode, &id, &session_id, None, &e, &sink),
     };
     // A nested run: the broker checked the request, and this process checks
-    // the policy it actually resolved, against the same outer bounds.
-    if let Some(b) = std::env::var_os(crate::nested::BOUNDS_ENV) {
-        // A nested run dies with the outer supervisor that launched it,
-        // even if that one is SIGKILLed (its init then takes the sandbox).
-        let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
-        let parent_ok = std::env::var("MOAT_BROKER_PID")
-            .ok()
-            .and_then(|p| p.parse::<u32>().ok())
-            == Some(std::os::unix::process::parent_id());
-        if !parent_ok {
-            return refuse(
-                mode,
-                &id,
-                &session_id,
-                Some(&policy),
-                "nested run refused: the outer moat is gone",
-                &sink,
-            );
+    // the view it actually builds against the outer run's view.
+    let (mut policy, timeout) = (policy, timeout);
+    let handoff = match crate::nested::read_handoff() {
+        None => None,
+        Some(Err(e)) => return refuse(mode, &id, &session_id, Some(&policy), &e, &sink),
+        Some(Ok(h)) => {
+            // A nested run dies with the outer supervisor that launched it,
+            // even if that one is SIGKILLed (its init then takes the sandbox).
+            let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+            let parent_ok = std::env::var("MOAT_BROKER_PID")
+                .ok()
+                .and_then(|p| p.parse::<u32>().ok())
+                == Some(std::os::unix::process::parent_id());
+            if !parent_ok {
+                return refuse(
+                    mode,
+                    &id,
+                    &session_id,
+                    Some(&policy),
+                    "nested run refused: the outer moat is gone",
+                    &sink,
+                );
+            }
+            if let Err(e) = crate::nested::inherit_policy(&h, &mut policy) {
+                return refuse(mode, &id, &session_id, Some(&policy), &e, &sink);
+            }
+            Some(h)
         }
-        let bounds: Result<moat_policy::Bounds, _> = serde_json::from_str(&b.to_string_lossy());
-        let verdict = match bounds {
-            Ok(b) => policy.within(&b).map_err(|e| e.to_string()),
-            Err(e) => Err(format!("nested run refused: unreadable outer bounds: {e}")),
-        };
-        if let Err(e) = verdict {
-            return refuse(mode, &id, &session_id, Some(&policy), &e, &sink);
-        }
-    }
+    };
     let ctx = RunContext {
         execution_id: id.clone(),
         session_id: session_id.clone(),
@@ -379,6 +407,9 @@ pub fn run_resolved(
     if let Some(log) = &audit {
         facts.add_hidden_file(log.path());
     }
+    if let Some(h) = &handoff {
+        crate::nested::apply_handoff(h, &mut facts);
+    }
     let plan = match moat_linux::build_plan(&policy, &facts) {
         Ok(p) => p,
         Err(e) => {
@@ -392,7 +423,15 @@ pub fn run_resolved(
             return refuse(mode, &id, &session_id, Some(&policy), &e.to_string(), &sink);
         }
     };
+    if let Some(h) = &handoff {
+        if let Err(e) = moat_linux::view::check_nested(&h.outer, &policy, &plan.view) {
+            return refuse(mode, &id, &session_id, Some(&policy), &e.to_string(), &sink);
+        }
+    }
     let mut session = Session::new(ctx, audit, sink.clone(), command, &policy);
+    if let Some(o) = &mut session.outer {
+        o.view = Some(plan.view.clone());
+    }
     if policy.network.mode == NetworkMode::Proxy {
         let mut config = moat_proxy::ProxyConfig::new(policy.network.rules.clone());
         if let Some(u) = &policy.network.upstream_url {
@@ -405,7 +444,11 @@ pub fn run_resolved(
         }
         session.proxy_config = Some(config);
     }
-    session.record(&[resolved]);
+    // The start of the run is on record (appended and read back) before
+    // anything runs: a run that cannot be recorded does not happen.
+    if let Err(e) = session.record_required(&[resolved]) {
+        return refuse(mode, &id, &session_id, Some(&policy), &e, &sink);
+    }
     let opts = RunOptions {
         argv: command.to_vec(),
         output: match mode {
@@ -419,10 +462,13 @@ pub fn run_resolved(
         tag: id.clone(),
     };
     let mut outcome = moat_linux::run(&plan, &opts, &mut session);
+    // Stops the proxy; its own per-request list is not used (the folded
+    // decisions below saw every request, in bounded memory).
+    drop(session.proxy.take().map(|h| h.shutdown()));
     let requests = session
-        .proxy
-        .take()
-        .map(|h| h.shutdown())
+        .decisions
+        .lock()
+        .map(|agg| agg.records())
         .unwrap_or_default();
     if let Some(b) = session.broker.take() {
         b.shutdown();
@@ -438,12 +484,7 @@ pub fn run_resolved(
     // Live subscribers saw each decision as it happened; the log gets them now.
     let decision_events: Vec<Value> = requests
         .iter()
-        .map(|r| {
-            session.event(
-                "network.decision",
-                serde_json::to_value(r).unwrap_or(Value::Null),
-            )
-        })
+        .map(|r| session.event("network.decision", r.clone()))
         .collect();
     let finished = if outcome.status == RunStatus::FailedToStart {
         session.event(
@@ -498,6 +539,7 @@ impl Session {
     ) -> Session {
         let outer = crate::nested::Outer {
             policy: policy.clone(),
+            view: None,
             session_id: ctx.session_id.clone(),
             execution_id: ctx.execution_id.clone(),
             audit_log: audit.as_ref().map(|l| l.path().to_path_buf()),
@@ -517,6 +559,7 @@ impl Session {
             proxy: None,
             proxy_error: None,
             audit_error: None,
+            decisions: Arc::default(),
             outer: Some(outer),
             broker: None,
         }
@@ -616,12 +659,12 @@ fn result_json(
     policy: &Policy,
     o: &RunOutcome,
     denied: &[Value],
-    requests: &[moat_proxy::DecisionRecord],
+    requests: &[Value],
 ) -> Value {
     let enforced = policy.level.is_sandboxed() && o.status != RunStatus::FailedToStart;
     let mut network = json!({"mode": policy.network.mode.as_str()});
     if policy.network.mode == NetworkMode::Proxy {
-        network["requests"] = serde_json::to_value(requests).unwrap_or(Value::Null);
+        network["requests"] = Value::Array(requests.to_vec());
     }
     let mut v = json!({
         "execution_id": id,

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::sys;
 
 /// What kind of filesystem object a path is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Dir,
@@ -87,6 +87,9 @@ pub struct HostFacts {
     /// moat's configuration (profiles, config): read-only wherever a
     /// writable part of the view contains it.
     pub moat_readonly: Vec<PathBuf>,
+    /// moat's config/state directories that do not exist and could not be
+    /// created (the plan refuses if the command could create them).
+    pub moat_missing: Vec<PathBuf>,
     /// moat's own binary (canonical), probed in proxy mode.
     pub moat_exe: Option<PathBuf>,
     /// Toolchain installs under the invoking user's home (rustup, pyenv…),
@@ -150,13 +153,59 @@ fn dirent_kind(ft: &fs::FileType) -> Kind {
     }
 }
 
-/// The home directory of `uid` in /etc/passwd (no NSS: moat links statically).
-fn passwd_home(uid: u32) -> Option<PathBuf> {
-    let text = fs::read_to_string("/etc/passwd").ok()?;
-    text.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() >= 7 && f[2].parse::<u32>().ok() == Some(uid)).then(|| PathBuf::from(f[5]))
-    })
+/// Every home directory named in /etc/passwd, with the uid it belongs to
+/// (no NSS: moat links statically; accounts only a directory service
+/// knows are found through /home).
+fn passwd_homes() -> Vec<(u32, PathBuf)> {
+    let Ok(text) = fs::read_to_string("/etc/passwd") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            let uid = f.get(2)?.parse::<u32>().ok()?;
+            let home = Path::new(f.get(5)?);
+            (f.len() >= 7 && home.is_absolute()).then(|| (uid, home.to_path_buf()))
+        })
+        .collect()
+}
+
+/// The homes on this host whose protected paths moat hides or
+/// write-protects, among those `shown` accepts (at `workspace-contained`
+/// only what may be visible, so the launch path stays short): the policy's
+/// HOME, the caller's passwd home (canonical: $HOME can be set to anything
+/// by whoever launched moat), every passwd entry's home that is a real
+/// directory (`/root`, `/var/lib/postgresql`, service accounts…), and
+/// every directory in /home (accounts from a directory service). Sorted,
+/// deduplicated.
+pub fn host_homes(uid: u32, policy_home: &Path, shown: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+    let mut homes = vec![policy_home.to_path_buf()];
+    for (owner, home) in passwd_homes() {
+        if !shown(&home) {
+            continue;
+        }
+        if owner == uid {
+            if let Ok(c) = fs::canonicalize(&home) {
+                homes.push(c);
+            }
+        }
+        if lstat_kind(&home) == Some(Kind::Dir) {
+            homes.push(home);
+        }
+    }
+    if shown(Path::new("/home")) {
+        if let Ok(rd) = fs::read_dir("/home") {
+            homes.extend(
+                rd.flatten()
+                    .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                    .map(|e| e.path()),
+            );
+        }
+    }
+    homes.retain(|h| shown(h));
+    homes.sort();
+    homes.dedup();
+    homes
 }
 
 /// Whether this process already runs under a seccomp filter.
@@ -240,6 +289,7 @@ impl HostFacts {
         f.probe_secrets(policy);
         f.probe_sockets();
         f.probe_workspace(policy);
+        f.probe_write_protected_in_grants(policy);
         f.probe_moat_dirs();
         if policy.level != Level::WorkspaceContained && policy.home != Path::new("/") {
             for rel in moat_policy::toolchain_entries() {
@@ -278,11 +328,26 @@ impl HostFacts {
         let home = get("HOME");
         let config = get("XDG_CONFIG_HOME").or_else(|| home.as_ref().map(|h| h.join(".config")));
         let state = get("XDG_STATE_HOME").or_else(|| home.as_ref().map(|h| h.join(".local/state")));
-        if let Some(c) = config.and_then(|d| fs::canonicalize(d.join("moat")).ok()) {
-            self.moat_readonly.push(c);
+        // Both always exist before a run (created if missing, 0700): a
+        // directory that does not exist cannot be bound read-only or hidden,
+        // and a command that could create it could plant a config or trust
+        // store the next run would obey.
+        let ensure = |d: PathBuf| -> Result<PathBuf, PathBuf> {
+            use std::os::unix::fs::DirBuilderExt;
+            let _ = fs::DirBuilder::new().recursive(true).mode(0o700).create(&d);
+            fs::canonicalize(&d).map_err(|_| d)
+        };
+        match config.map(|d| ensure(d.join("moat"))) {
+            Some(Ok(c)) => self.moat_readonly.push(c),
+            Some(Err(d)) => self.moat_missing.push(d),
+            None => {}
         }
-        if let Some(s) = state.and_then(|d| fs::canonicalize(d.join("moat")).ok()) {
-            self.moat_hidden.insert(s, Kind::Dir);
+        match state.map(|d| ensure(d.join("moat"))) {
+            Some(Ok(s)) => {
+                self.moat_hidden.insert(s, Kind::Dir);
+            }
+            Some(Err(d)) => self.moat_missing.push(d),
+            None => {}
         }
     }
 
@@ -307,26 +372,26 @@ impl HostFacts {
     }
 
     fn probe_secrets(&mut self, policy: &Policy) {
-        // Every home on the host when running as root (root can read them
-        // all); an unprivileged caller's kernel already keeps it out of
-        // other users' 0700 homes.
-        // $HOME can be set to anything by whoever launched moat; the
-        // account's home from /etc/passwd holds the real keys.
-        let mut homes = vec![policy.home.clone()];
-        if let Some(h) = passwd_home(self.uid).and_then(|h| fs::canonicalize(h).ok()) {
-            homes.push(h);
-        }
-        if self.uid == 0 {
-            homes.push(PathBuf::from("/root"));
-            if let Ok(rd) = fs::read_dir("/home") {
-                homes.extend(rd.flatten().map(|e| e.path()));
-            }
-        }
-        homes.sort();
-        homes.dedup();
+        // Every home on the host, whoever runs moat: as root they are all
+        // readable, and an unprivileged caller may still read a home (and a
+        // secret in it) that another user left group/world-readable.
         let shown = |p: &Path| may_be_visible(policy, p);
-        for home in homes.iter().filter(|h| shown(h)) {
+        let homes = host_homes(self.uid, &policy.home, shown);
+        for home in &homes {
+            // Most homes (service accounts) hold none of these: one lstat of
+            // a missing first component (`.config`) rules out every path
+            // under it, keeping the launch path short.
+            let mut missing: Vec<&str> = Vec::new();
             for rel in PROTECTED_HOME_PATHS {
+                if let Some((first, _)) = rel.split_once('/') {
+                    if missing.contains(&first) {
+                        continue;
+                    }
+                    if lstat_kind(&home.join(first)).is_none() {
+                        missing.push(first);
+                        continue;
+                    }
+                }
                 let p = home.join(rel);
                 if let Some((c, k)) = resolve(&p) {
                     if home == &policy.home {
@@ -389,6 +454,56 @@ impl HostFacts {
         ] {
             if let Some((c, k)) = resolve(Path::new(p)) {
                 self.sockets.insert(c, k);
+            }
+        }
+    }
+
+    /// Write-protected and protected home paths strictly beneath a writable
+    /// grant (`--rw ~/.config` must not let the command plant
+    /// `~/.config/autostart/…` or `~/.config/gh/hosts.yml` for the host to
+    /// use later): existing ones are read-only, missing ones swept (by their
+    /// first missing component beneath the grant). A grant of the path
+    /// itself, or inside it, opts it in.
+    fn probe_write_protected_in_grants(&mut self, policy: &Policy) {
+        use moat_policy::Access;
+        let home = &policy.home;
+        for g in policy
+            .paths
+            .iter()
+            .filter(|g| g.access == Access::ReadWrite)
+        {
+            // The full list at every level: a `--rw` grant is a writable
+            // part even when the workspace is not.
+            let rels = moat_policy::WRITE_PROTECTED_HOME_PATHS
+                .iter()
+                .map(|r| (*r, true))
+                .chain(PROTECTED_HOME_PATHS.iter().map(|r| (*r, false)));
+            for (rel, write_protected) in rels {
+                let p = home.join(rel);
+                if p == g.path || !p.starts_with(&g.path) {
+                    continue;
+                }
+                match lstat_kind(&p) {
+                    Some(k) if write_protected => {
+                        self.workspace_write_protected.insert(p, k);
+                    }
+                    // An existing protected path is a secret: a stand-in.
+                    Some(_) => {}
+                    None => {
+                        let mut cur = g.path.clone();
+                        if let Ok(below) = p.strip_prefix(&g.path) {
+                            for c in below.components() {
+                                cur.push(c);
+                                if lstat_kind(&cur).is_none() {
+                                    break;
+                                }
+                            }
+                        }
+                        if !self.workspace_missing.contains(&cur) {
+                            self.workspace_missing.push(cur);
+                        }
+                    }
+                }
             }
         }
     }
@@ -521,12 +636,8 @@ impl HostFacts {
         // home directory inside the workspace (a workspace of /home must not
         // let the command write /home/u/.bashrc).
         let mut roots: Vec<(PathBuf, bool)> = vec![(ws.clone(), *ws == policy.home)];
-        let mut homes = vec![policy.home.clone(), PathBuf::from("/root")];
-        if let Ok(rd) = fs::read_dir("/home") {
-            homes.extend(rd.flatten().map(|e| e.path()));
-        }
-        for h in homes {
-            if h != *ws && h.starts_with(ws) && !roots.iter().any(|(r, _)| *r == h) {
+        for h in host_homes(self.uid, &policy.home, |h| h.starts_with(ws)) {
+            if h != *ws && !roots.iter().any(|(r, _)| *r == h) {
                 roots.push((h, true));
             }
         }

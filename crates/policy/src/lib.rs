@@ -17,6 +17,7 @@
 mod duration;
 mod env;
 mod nested;
+pub mod pathser;
 mod protected;
 mod toolchains;
 
@@ -29,7 +30,7 @@ use sha2::{Digest, Sha256};
 
 pub use duration::{parse_duration, DurationError};
 pub use env::{is_secret_env_name, SAFE_BASE_ENV};
-pub use nested::{Bounds, Widening};
+pub use nested::{covers, Widening};
 pub use protected::{
     is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
     WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_HOME_PATHS, WRITE_PROTECTED_WORKSPACE_NAMES,
@@ -239,6 +240,7 @@ pub struct PolicyRequest {
 /// An extra host path in the view, with its access.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PathGrant {
+    #[serde(with = "pathser")]
     pub path: PathBuf,
     pub access: Access,
 }
@@ -263,7 +265,9 @@ pub struct Policy {
     pub policy_version: &'static str,
     pub level: Level,
     pub network: NetworkPolicy,
+    #[serde(with = "pathser")]
     pub workspace: PathBuf,
+    #[serde(with = "pathser")]
     pub home: PathBuf,
     /// Extra host paths, sorted by path.
     pub paths: Vec<PathGrant>,
@@ -283,6 +287,7 @@ pub struct Policy {
     /// Home-relative paths shown as empty read-only stand-ins.
     pub protected_home_paths: Vec<&'static str>,
     /// Protected paths the caller opted in with `--ro`/`--rw`.
+    #[serde(with = "pathser::vec")]
     pub protected_opt_in: Vec<PathBuf>,
     /// Workspace names that stay read-only at writable levels.
     pub write_protected: Vec<&'static str>,
