@@ -697,6 +697,11 @@ fn pip_in_a_venv_and_through_a_bash_launcher() {
         "six in the venv\n{}",
         out.dump()
     );
+    assert!(
+        w.fx.home.join(".cache/pip").is_dir(),
+        "pip's cache was kept (created on first use)\n{}",
+        out.dump()
+    );
     let hosts = hosts_of(&v);
     assert!(
         hosts.iter().any(|h| h == "pypi.org:443")
@@ -995,4 +1000,25 @@ fn host_installed_shims_inside_a_session_pass_through_to_the_real_tool() {
     let out = run(c);
     out.expect_code(0);
     out.expect_stdout_has("git version");
+}
+
+/// Debian has no `python`: the `python3` profile runs the interpreter under
+/// its own name, with no network, like `python`.
+#[test]
+fn python3_has_a_profile() {
+    let w = Wf::new();
+    let out = run(w.moat([
+        "run",
+        "python3",
+        "-c",
+        "import socket\nprint('PY3_RAN')\ntry:\n    socket.socket()\n    print('NET=open')\nexcept OSError as e:\n    print('NET=refused', e.errno)",
+    ]));
+    out.expect_code(0);
+    out.expect_stdout_has("PY3_RAN");
+    assert_eq!(
+        out.field("NET").as_deref(),
+        Some("refused 1"),
+        "{}",
+        out.dump()
+    );
 }
