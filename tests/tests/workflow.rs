@@ -907,7 +907,7 @@ fn claude_and_codex_start_reach_only_their_hosts_and_keep_state() {
         let w = Wf::new();
         // A new user: no state of this agent yet.
         let _ = std::fs::remove_file(w.fx.home.join(".claude.json"));
-        let mut argv = vec!["run", "--json", "--timeout", "25s", agent];
+        let mut argv = vec!["run", "--json", "--timeout", "15s", agent];
         argv.extend(args);
         let mut c = w.moat(argv);
         c.env("PATH", format!("{}:{HOST_PATH}", bin.display()))
