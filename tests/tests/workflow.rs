@@ -447,6 +447,11 @@ fn first_run_of_an_agent_keeps_its_state_on_the_host() {
     use std::os::unix::fs::PermissionsExt;
     let w = Wf::new();
     install_fake_agent(&w);
+    // A private HOME left by a moat that was SIGKILLed (no such pid) goes.
+    write(
+        w.state.join("moat/sync/run-4000000000-1/.fakeagent.json"),
+        "{}",
+    );
     let out = run(w.moat(["run", "fakeagent", "first"]));
     out.expect_code(0);
     out.expect_stdout_has("RENAME_OK");
@@ -469,7 +474,7 @@ fn first_run_of_an_agent_keeps_its_state_on_the_host() {
         "state file private: {:o}",
         mode(&file)
     );
-    // The run's private copy is gone (only the lock file stays).
+    // The run's private copy is gone, and the stale one (only the lock stays).
     let leftovers: Vec<String> = std::fs::read_dir(w.state.join("moat/sync"))
         .map(|r| {
             r.flatten()

@@ -317,6 +317,7 @@ pub fn prepare(
     let state = state_dir.ok_or("cannot locate moat's state directory (set HOME or XDG_STATE_HOME); it holds the private copy of the tool's state file")?;
     let sync = state.join("sync");
     std::fs::create_dir_all(&sync).map_err(|e| format!("{}: {e}", sync.display()))?;
+    remove_stale(&sync);
     let dir = sync.join(format!("run-{}-{}", std::process::id(), nanos()));
     std::fs::DirBuilder::new()
         .mode(0o700)
@@ -334,6 +335,28 @@ pub fn prepare(
 }
 
 use std::os::unix::fs::DirBuilderExt;
+
+/// Removes the private HOMEs of runs whose moat is gone (SIGKILLed before it
+/// could clean up): `run-PID-…` with no process PID. Their changes are lost,
+/// as a tmpfs HOME's would be.
+fn remove_stale(sync: &Path) {
+    let Ok(rd) = std::fs::read_dir(sync) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("run-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
 
 impl StateRun {
     /// After the run: merges each synced copy back into the host home and
