@@ -347,9 +347,6 @@ fn resolve_tool(
     Ok((policy, timeout, program, resolved, state))
 }
 
-/// Host directories visible at workspace-contained anyway (the system runtime).
-const SYSTEM_RUNTIME: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc"];
-
 /// The install tree of `program` (as found on PATH): what a contained view
 /// must show, read-only, for it to start. A toolchain under the home
 /// (`moat_policy::HOME_TOOLCHAINS`: rustup's `~/.cargo/bin` needs
@@ -366,7 +363,10 @@ fn install_tree(
     let mut out: Vec<PathBuf> = Vec::new();
     let add = |p: PathBuf, out: &mut Vec<PathBuf>| {
         let too_broad = p.components().count() < 3 || home.starts_with(&p);
-        let system = SYSTEM_RUNTIME.iter().any(|r| p.starts_with(r));
+        // Visible at workspace-contained anyway: the system runtime.
+        let system = moat_linux::view::SYSTEM_RUNTIME
+            .iter()
+            .any(|r| p.starts_with(Path::new("/").join(r)));
         if !too_broad && !system && p.exists() && !out.contains(&p) {
             out.push(p);
         }
