@@ -517,11 +517,31 @@ fn in_sandbox_shim(name: &str, args: Vec<OsString>) -> ExitCode {
     // The table the host wrote into the view when it resolved the session:
     // which program each shim runs and with which class (the user's own
     // profiles included — their files are not visible in here).
-    let table: Vec<moat_policy::ShimSpec> =
-        std::fs::read_to_string(moat_linux::plan::SANDBOX_SHIM_TABLE)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
+    // A session without shims (`moat exec`) has no table: every name passes
+    // through. A table that exists but cannot be read or parsed fails closed:
+    // running a leaf tool without its class would be a quiet downgrade.
+    let table: Vec<moat_policy::ShimSpec> = match std::fs::read_to_string(
+        moat_linux::plan::SANDBOX_SHIM_TABLE,
+    ) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            eprintln!(
+                    "moat: {name}: cannot read the session's shim table {}: {e}; not running {name} without its network class",
+                    moat_linux::plan::SANDBOX_SHIM_TABLE
+                );
+            return ExitCode::from(126);
+        }
+        Ok(t) => match serde_json::from_str(&t) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!(
+                    "moat: {name}: the session's shim table {} does not parse: {e}",
+                    moat_linux::plan::SANDBOX_SHIM_TABLE
+                );
+                return ExitCode::from(126);
+            }
+        },
+    };
     // No entry: a launcher (or a name without a profile) reached through a
     // host-installed shim. It passes through with the caller's class, as if
     // the shim were not there.
