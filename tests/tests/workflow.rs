@@ -1030,12 +1030,10 @@ fn python3_has_a_profile() {
 
 /// Inside a workspace-contained agent session (the built-in claude profile)
 /// a leaf tool reached through its in-session shim runs under its own class:
-/// `git status` works and `curl` still connects. Needs the session's shim
-/// table readable at workspace-contained (issue 10 item 2, another branch);
-/// until then the shim refuses to run the tool without its class (126)
-/// rather than run it unnarrowed. Un-ignore when that is merged.
+/// the session's shim table is readable at workspace-contained, so `git
+/// status` works (before, the shim fell back to moat's own CLI, and with the
+/// table unreadable a shim now refuses rather than run a leaf unnarrowed).
 #[test]
-#[ignore = "needs /moat/shims.json readable at workspace-contained (issue 10 item 2, another branch)"]
 fn leaf_tools_work_inside_a_contained_agent_session() {
     let w = Wf::new();
     let st = Command::new("git")
