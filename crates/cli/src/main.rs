@@ -22,6 +22,7 @@ mod audit_cmd;
 mod exec;
 mod export_cmd;
 mod nested;
+mod state;
 mod tools;
 
 use std::ffi::OsString;
