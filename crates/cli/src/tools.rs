@@ -13,63 +13,27 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use moat_config::{
     find_project_file, load_catalogue, load_project, load_user_config, moat_args_from_env,
-    render_grants, resolve, resolve_program, shimmable_names, user_config_path, Catalogue,
-    PathSpec, ProfileOrigin, ProjectFile, Settings, Sources, TrustStore,
+    render_grants, resolve, resolve_program, session_shims, shimmable_names, user_config_path,
+    Catalogue, FlagOrigin, PolicyFlags, ProfileOrigin, ProjectFile, Sources, TrustStore,
 };
-use moat_policy::{parse_duration, Access, NetworkMode, Policy};
+use moat_policy::Policy;
 
 use crate::exec::{refuse_early, run_resolved, Reporting};
-use crate::EXIT_MOAT_FAILED;
+use crate::{ReportArgs, EXIT_MOAT_FAILED};
 
-/// `moat run` flags: like `moat exec`'s, but every one optional, because an
-/// absent flag lets the profile decide.
+/// `moat run` flags: the same policy flags as `moat exec` (one table,
+/// [`PolicyFlags`]); an absent flag lets the profile decide.
 #[derive(Args, Clone, Default)]
 pub struct RunArgs {
-    /// Sandbox level (overrides the profile)
-    #[arg(long, value_name = "LEVEL")]
-    pub policy: Option<String>,
-    /// Network mode (overrides the profile)
-    #[arg(long, value_name = "MODE")]
-    pub network: Option<String>,
-    /// The workspace (default: current directory)
-    #[arg(long, value_name = "DIR")]
-    pub cwd: Option<PathBuf>,
-    #[arg(long = "ro", value_name = "PATH")]
-    pub ro: Vec<PathBuf>,
-    #[arg(long = "rw", value_name = "PATH")]
-    pub rw: Vec<PathBuf>,
-    #[arg(long = "env", value_name = "K=V")]
-    pub env: Vec<String>,
-    #[arg(long = "pass-env", value_name = "NAME")]
-    pub pass_env: Vec<String>,
-    #[arg(long, value_name = "DURATION")]
-    pub timeout: Option<String>,
-    #[arg(long = "allow-domain", value_name = "PATTERN")]
-    pub allow_domain: Vec<String>,
-    #[arg(long = "deny-domain", value_name = "PATTERN")]
-    pub deny_domain: Vec<String>,
-    /// Capture output and print one JSON result object on exit
-    #[arg(long, conflicts_with = "events")]
-    pub json: bool,
-    /// Stream NDJSON lifecycle events on stdout as they happen
-    #[arg(long)]
-    pub events: bool,
-    #[arg(long, value_name = "PATH")]
-    pub audit_log: Option<PathBuf>,
-    #[arg(long, conflicts_with = "audit_log")]
-    pub no_audit: bool,
-    #[arg(long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub policy: PolicyFlags,
+    #[command(flatten)]
+    pub report: ReportArgs,
     /// Print the resolved grants and where each came from, and do not run
     #[arg(long)]
     pub dry_run: bool,
     /// The tool (a profile name) and its arguments
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "TOOL"
-    )]
+    #[arg(required = true, trailing_var_arg = true, value_name = "TOOL")]
     pub tool_and_args: Vec<OsString>,
 }
 
@@ -152,43 +116,6 @@ fn shim_dir(explicit: Option<&Path>) -> PathBuf {
     }
 }
 
-/// The flags of `moat run` as the strongest settings layer.
-fn flag_settings(a: &RunArgs) -> Result<Settings, String> {
-    let mut s = Settings::default();
-    if let Some(l) = &a.policy {
-        s.level =
-            Some(moat_config::parse_level(l).ok_or_else(|| format!("unknown --policy {l:?}"))?);
-    }
-    if let Some(n) = &a.network {
-        s.network = Some(NetworkMode::parse(n).ok_or_else(|| format!("unknown --network {n:?}"))?);
-    }
-    for p in &a.ro {
-        s.paths.push(PathSpec {
-            path: p.clone(),
-            access: Access::ReadOnly,
-        });
-    }
-    for p in &a.rw {
-        s.paths.push(PathSpec {
-            path: p.clone(),
-            access: Access::ReadWrite,
-        });
-    }
-    for kv in &a.env {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| format!("--env {kv:?} must be K=V"))?;
-        s.env.insert(k.to_string(), v.to_string());
-    }
-    s.pass_env = a.pass_env.clone();
-    s.allow_domains = a.allow_domain.clone();
-    s.deny_domains = a.deny_domain.clone();
-    if let Some(t) = &a.timeout {
-        s.timeout_ms = Some(parse_duration(t).map_err(|e| e.to_string())?);
-    }
-    Ok(s)
-}
-
 /// Loads the project file for `workspace` and makes sure it is trusted:
 /// asks on the terminal, or fails closed without one.
 fn trusted_project(workspace: &Path) -> Result<Option<ProjectFile>, String> {
@@ -245,7 +172,17 @@ fn resolve_tool(
     tool: &str,
     argv1: Option<&str>,
     a: &RunArgs,
-) -> Result<(Policy, Option<Duration>, PathBuf, moat_config::Resolved), String> {
+    prepare_state: bool,
+) -> Result<
+    (
+        Policy,
+        Option<Duration>,
+        PathBuf,
+        moat_config::Resolved,
+        crate::state::StateRun,
+    ),
+    String,
+> {
     let cat = catalogue()?;
     let profile = cat.get(tool).cloned().ok_or_else(|| {
         format!("no profile for {tool:?}; `moat profile list` shows them, or add ~/.config/moat/profiles/{tool}.toml")
@@ -253,13 +190,7 @@ fn resolve_tool(
     let h = home();
     let here =
         std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
-    let ws = a
-        .cwd
-        .clone()
-        .map(|c| if c.is_absolute() { c } else { here.join(c) })
-        .unwrap_or(here);
-    let workspace =
-        std::fs::canonicalize(&ws).map_err(|e| format!("the workspace {}: {e}", ws.display()))?;
+    let workspace = crate::workspace_of(&a.policy, &here, &h).map_err(|e| format!("{e:#}"))?;
     let shim = shim_dir(None);
     let exe = moat_exe();
     let path_var = std::env::var_os("PATH").unwrap_or_default();
@@ -280,51 +211,145 @@ fn resolve_tool(
         None => None,
     };
     let sources = Sources {
-        flags: Some(flag_settings(a)?),
+        flags: Some(
+            a.policy
+                .to_settings(FlagOrigin::CommandLine { here: &here })
+                .map_err(|e| e.to_string())?,
+        ),
         moat_args: moat_args_from_env().map_err(|e| e.to_string())?,
         project: trusted_project(&workspace)?,
         user_config,
-        profile: Some(profile),
+        profile: Some(profile.clone()),
         defaults: None,
         home: Some(h.clone()),
     };
-    let resolved = resolve(Some(tool), argv1, sources).map_err(|e| e.to_string())?;
+    let mut resolved = resolve(Some(tool), argv1, sources).map_err(|e| e.to_string())?;
     let home_canon = std::fs::canonicalize(&h).unwrap_or(h.clone());
-    let (mut policy, _skipped) = resolved
-        .to_policy(workspace, home_canon, |p| match std::fs::canonicalize(p) {
-            Ok(c) => Ok(Some(c)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.to_string()),
-        })
-        .map_err(|e| e.to_string())?;
-    // Tools composed inside the session keep their own net class.
-    // Under the profile's name and under its program's (python → python3),
-    // so calling either inside the session keeps the tool's class.
-    let shims: Vec<moat_policy::ShimSpec> = shimmable_names(&cat)
-        .into_iter()
-        .filter(|n| *n != tool)
-        .filter_map(|n| cat.get(n))
-        .flat_map(|p| {
-            let spec = |name: &str| moat_policy::ShimSpec {
-                name: name.to_string(),
-                program: p.program.clone(),
-                net_class: p.base.net_class,
-                subcommands: p
-                    .subcommands
-                    .iter()
-                    .filter_map(|(k, s)| s.net_class.map(|c| (k.clone(), c)))
-                    .collect(),
-            };
-            let mut v = vec![spec(&p.name)];
-            if p.program != p.name && p.program != tool {
-                v.push(spec(&p.program));
+    // At workspace-contained the view has only the system runtime: a tool
+    // installed elsewhere (an npm prefix, ~/.local, rustup under ~) needs its
+    // own install tree, read-only, to start at all.
+    if resolved.level.value == moat_policy::Level::WorkspaceContained {
+        for p in install_tree(&program, &path_var, &home_canon, &shim) {
+            let listed = |l: &[moat_config::Sourced<PathBuf>]| l.iter().any(|g| g.value == p);
+            if !listed(&resolved.ro) && !listed(&resolved.rw) {
+                resolved.ro.push(moat_config::Sourced {
+                    value: p,
+                    source: moat_config::Source::InstallTree,
+                });
             }
-            v
-        })
-        .collect();
+        }
+    }
+    // First-use state: create what the profile declares before the grants
+    // are resolved on the host (a missing grant would be dropped), and give
+    // files the tool replaces by rename a synced private copy. Only for a
+    // real run: `--dry-run` and `profile show` change nothing.
+    let state = if resolved.level.value.is_sandboxed() {
+        crate::state::prepare(
+            &profile,
+            &mut resolved,
+            &home_canon,
+            moat_config::state_dir_from_env().as_deref(),
+            prepare_state,
+        )?
+    } else {
+        crate::state::StateRun::default()
+    };
+    let mut policy =
+        crate::finish_policy(&resolved, &a.policy, workspace, &h).map_err(|e| format!("{e:#}"))?;
+    // Leaf tools composed inside the session keep their own net class;
+    // launchers (shells, interpreters) inherit the session's. The rule
+    // lives in `session_shims`.
+    let shims = session_shims(&cat, tool);
     policy = with_shims(policy, shims)?;
+    policy.synced_home_files = state.synced_files();
+    policy.private_home = state.private_home.clone();
     let timeout = policy.timeout_ms.map(Duration::from_millis);
-    Ok((policy, timeout, program, resolved))
+    Ok((policy, timeout, program, resolved, state))
+}
+
+/// The install tree of `program` (as found on PATH): what a contained view
+/// must show, read-only, for it to start. A toolchain under the home
+/// (`moat_policy::HOME_TOOLCHAINS`: rustup's `~/.cargo/bin` needs
+/// `~/.rustup` too) as a whole; an npm package from its package root
+/// (`…/node_modules/[@scope/]name`, its dependencies included); anything
+/// else by its directory. A symlinked program brings its bin directory, and
+/// a script its interpreter's tree (`#!/usr/bin/env node` → node's).
+fn install_tree(
+    program: &Path,
+    path_var: &std::ffi::OsStr,
+    home: &Path,
+    shim: &Path,
+) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let add = |p: PathBuf, out: &mut Vec<PathBuf>| {
+        let too_broad = p.components().count() < 3 || home.starts_with(&p);
+        // Visible at workspace-contained anyway: the system runtime.
+        let system = moat_linux::view::SYSTEM_RUNTIME
+            .iter()
+            .any(|r| p.starts_with(Path::new("/").join(r)));
+        if !too_broad && !system && p.exists() && !out.contains(&p) {
+            out.push(p);
+        }
+    };
+    let tree_of = |file: &Path, out: &mut Vec<PathBuf>| {
+        let Ok(canon) = std::fs::canonicalize(file) else {
+            return;
+        };
+        if let Ok(rel) = canon.strip_prefix(home) {
+            if let Some(t) = moat_policy::toolchain_containing(rel) {
+                for e in t.entries {
+                    add(home.join(e), out);
+                }
+                return;
+            }
+        }
+        let comps: Vec<_> = canon.components().collect();
+        if let Some(i) = comps.iter().rposition(|c| c.as_os_str() == "node_modules") {
+            let scoped = comps
+                .get(i + 1)
+                .is_some_and(|c| c.as_os_str().to_string_lossy().starts_with('@'));
+            let end = (i + if scoped { 3 } else { 2 }).min(comps.len());
+            add(comps[..end].iter().collect(), out);
+        } else if let Some(dir) = canon.parent() {
+            add(dir.to_path_buf(), out);
+        }
+    };
+    // The program itself, and the bin directory of a symlinked one.
+    if program
+        .symlink_metadata()
+        .is_ok_and(|m| m.file_type().is_symlink())
+    {
+        if let Some(bin) = program.parent() {
+            add(bin.to_path_buf(), &mut out);
+        }
+    }
+    tree_of(program, &mut out);
+    // A script's interpreter.
+    let head = std::fs::File::open(program).ok().and_then(|f| {
+        use std::io::Read;
+        let mut b = [0u8; 256];
+        let n = f.take(256).read(&mut b).ok()?;
+        let line = String::from_utf8_lossy(&b[..n]).lines().next()?.to_string();
+        line.strip_prefix("#!").map(str::to_string)
+    });
+    if let Some(line) = head {
+        let mut words = line.split_whitespace();
+        let interp = words.next().map(PathBuf::from);
+        let interp = match (interp, words.next()) {
+            (Some(e), Some(name)) if e.file_name().is_some_and(|n| n == "env") => {
+                std::env::split_paths(path_var)
+                    .filter(|d| d.is_absolute() && d != shim)
+                    .map(|d| d.join(name))
+                    .find(|c| is_executable(c))
+            }
+            (Some(i), _) => Some(i),
+            _ => None,
+        };
+        if let Some(i) = interp {
+            tree_of(&i, &mut out);
+        }
+    }
+    out
 }
 
 /// Adds the in-sandbox shims to `policy` (they are part of its hash).
@@ -347,30 +372,38 @@ fn with_shims(policy: Policy, shims: Vec<moat_policy::ShimSpec>) -> Result<Polic
 
 /// `moat run TOOL [ARGS...]`.
 pub fn run(a: RunArgs) -> ExitCode {
-    let reporting = Reporting {
-        json: a.json,
-        events: a.events,
-        audit_log: a.audit_log.clone(),
-        no_audit: a.no_audit,
-        quiet: a.quiet,
-    };
+    let reporting = Reporting::from(&a.report);
     let mut it = a.tool_and_args.iter();
     let Some(tool) = it.next().map(|t| t.to_string_lossy().into_owned()) else {
         return refuse_early(&reporting, "name a tool: moat run TOOL [ARGS...]");
     };
     let args: Vec<OsString> = it.cloned().collect();
     let argv1 = args.first().map(|s| s.to_string_lossy().into_owned());
-    match resolve_tool(&tool, argv1.as_deref(), &a) {
-        Ok((policy, timeout, program, resolved)) => {
+    match resolve_tool(&tool, argv1.as_deref(), &a, !a.dry_run) {
+        Ok((policy, timeout, program, resolved, state)) => {
             if a.dry_run {
-                println!("{}", resolved.render());
-                println!("program: {}", program.display());
-                println!("policy_hash: {}", policy.hash());
+                outln!("{}", resolved.render());
+                outln!("program: {}", program.display());
+                outln!("policy_hash: {}", policy.hash());
+                if policy.level.is_sandboxed() {
+                    // Which of the user's own settings the tool will see,
+                    // and what was kept out (names only, never values).
+                    for c in moat_config::redacted_user_configs(&policy.home) {
+                        let removed = if c.removed.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (removed: {})", c.removed.join(", "))
+                        };
+                        outln!("user_config: ~/{}{removed}", c.rel.display());
+                    }
+                }
                 return ExitCode::SUCCESS;
             }
             let mut command = vec![program.into_os_string()];
             command.extend(args);
-            run_resolved(Ok((policy, timeout)), &reporting, &command)
+            let code = run_resolved(Ok((policy, timeout)), &reporting, &command);
+            state.finish();
+            code
         }
         Err(e) => refuse_early(&reporting, &e),
     }
@@ -381,10 +414,11 @@ pub fn run(a: RunArgs) -> ExitCode {
 /// table has it). Any other name runs the normal command line.
 pub fn is_shim_name(name: &str) -> bool {
     if crate::nested::inside_sandbox() {
-        return std::fs::read_to_string(moat_linux::plan::SANDBOX_SHIM_TABLE)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Vec<moat_policy::ShimSpec>>(&t).ok())
-            .is_some_and(|table| table.iter().any(|s| s.name == name));
+        // Inside a sandbox moat only runs under another name through a
+        // symlink to it: the session's shims, or shims installed on the host
+        // (`moat shim install node`) that a readable host shows. Every such
+        // name dispatches; one the table lacks (a launcher) passes through.
+        return true;
     }
     catalogue().map(|c| c.get(name).is_some()).unwrap_or(false)
 }
@@ -405,31 +439,61 @@ pub fn shim_main(name: &str, args: Vec<OsString>) -> ExitCode {
 }
 
 fn in_sandbox_shim(name: &str, args: Vec<OsString>) -> ExitCode {
+    use std::os::unix::fs::MetadataExt;
     // The table the host wrote into the view when it resolved the session:
     // which program each shim runs and with which class (the user's own
     // profiles included — their files are not visible in here).
-    let table: Vec<moat_policy::ShimSpec> =
-        std::fs::read_to_string(moat_linux::plan::SANDBOX_SHIM_TABLE)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
-    let Some(spec) = table.into_iter().find(|s| s.name == name) else {
-        eprintln!("moat: {name}: no shim of that name in this session");
-        return ExitCode::from(127);
+    // A session without shims (`moat exec`) has no table: every name passes
+    // through. A table that exists but cannot be read or parsed fails closed:
+    // running a leaf tool without its class would be a quiet downgrade.
+    let table: Vec<moat_policy::ShimSpec> = match std::fs::read_to_string(
+        moat_linux::plan::SANDBOX_SHIM_TABLE,
+    ) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            eprintln!(
+                    "moat: {name}: cannot read the session's shim table {}: {e}; not running {name} without its network class",
+                    moat_linux::plan::SANDBOX_SHIM_TABLE
+                );
+            return ExitCode::from(126);
+        }
+        Ok(t) => match serde_json::from_str(&t) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!(
+                    "moat: {name}: the session's shim table {} does not parse: {e}",
+                    moat_linux::plan::SANDBOX_SHIM_TABLE
+                );
+                return ExitCode::from(126);
+            }
+        },
     };
+    // No entry: a launcher (or a name without a profile) reached through a
+    // host-installed shim. It passes through with the caller's class, as if
+    // the shim were not there.
+    let spec = table.into_iter().find(|s| s.name == name);
     let argv1 = args.first().map(|s| s.to_string_lossy().into_owned());
-    let class = spec.class_for(argv1.as_deref());
+    let class = spec.as_ref().and_then(|s| s.class_for(argv1.as_deref()));
+    let wanted = spec.as_ref().map_or(name, |s| s.program.as_str());
     let path_var = std::env::var_os("PATH").unwrap_or_default();
     let skip: Vec<PathBuf> = vec![moat_linux::plan::SANDBOX_SHIMS.into(), "/moat/bin".into()];
+    // moat itself, by inode: a host shim dir on PATH holds symlinks to the
+    // same binary that is bound at /moat/bin/moat; exec'ing one of those
+    // would loop back here.
+    let me = std::fs::metadata("/proc/self/exe")
+        .ok()
+        .map(|m| (m.dev(), m.ino()));
+    let is_moat = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .is_some_and(|m| Some((m.dev(), m.ino())) == me)
+    };
     let program = std::env::split_paths(&path_var)
         .filter(|d| d.is_absolute() && !skip.contains(d))
-        .map(|d| d.join(&spec.program))
-        .find(|c| is_executable(c));
+        .map(|d| d.join(wanted))
+        .find(|c| is_executable(c) && !is_moat(c));
     let Some(program) = program else {
-        eprintln!(
-            "moat: {name}: {} not found in the sandbox's view",
-            spec.program
-        );
+        eprintln!("moat: {name}: {wanted} not found in the sandbox's view");
         return ExitCode::from(127);
     };
     if let Some(c) = class {
@@ -467,7 +531,7 @@ pub fn profile(cmd: ProfileCommand) -> ExitCode {
                         .get(n)
                         .and_then(|p| p.description.clone())
                         .unwrap_or_default();
-                    println!("{n:<8} {origin:<10} {desc}");
+                    outln!("{n:<8} {origin:<10} {desc}");
                 }
                 ExitCode::SUCCESS
             }
@@ -475,11 +539,11 @@ pub fn profile(cmd: ProfileCommand) -> ExitCode {
         },
         ProfileCommand::Show { tool, subcommand } => {
             let a = RunArgs::default();
-            match resolve_tool(&tool, subcommand.as_deref(), &a) {
-                Ok((policy, _, program, resolved)) => {
-                    println!("{}", resolved.render());
-                    println!("program      {}", program.display());
-                    println!("policy_hash  {}", policy.hash());
+            match resolve_tool(&tool, subcommand.as_deref(), &a, false) {
+                Ok((policy, _, program, resolved, _)) => {
+                    outln!("{}", resolved.render());
+                    outln!("program      {}", program.display());
+                    outln!("policy_hash  {}", policy.hash());
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(&e),
@@ -495,7 +559,7 @@ pub fn profile(cmd: ProfileCommand) -> ExitCode {
                     for w in &p.warnings {
                         eprintln!("warning: {w}");
                     }
-                    println!("ok: profile {} for program {}", p.name, p.program);
+                    outln!("ok: profile {} for program {}", p.name, p.program);
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(&e.to_string()),
@@ -534,7 +598,7 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                 let link = dir.join(t);
                 if let Ok(target) = std::fs::read_link(&link) {
                     if std::fs::canonicalize(&target).ok() == Some(exe.clone()) {
-                        println!("{} already shimmed", link.display());
+                        outln!("{} already shimmed", link.display());
                         continue;
                     }
                 }
@@ -547,7 +611,7 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                 if let Err(e) = std::os::unix::fs::symlink(&exe, &link) {
                     return fail(&format!("{}: {e}", link.display()));
                 }
-                println!("{} -> {}", link.display(), exe.display());
+                outln!("{} -> {}", link.display(), exe.display());
             }
             let on_path = std::env::var_os("PATH")
                 .map(|p| std::env::split_paths(&p).any(|d| d == dir))
@@ -575,7 +639,7 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                     .collect();
                 names.sort();
                 for n in names {
-                    println!("{}", dir.join(n).display());
+                    outln!("{}", dir.join(n).display());
                 }
             }
             ExitCode::SUCCESS
@@ -594,7 +658,7 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                 if let Err(e) = std::fs::remove_file(&link) {
                     return fail(&format!("{}: {e}", link.display()));
                 }
-                println!("removed {}", link.display());
+                outln!("removed {}", link.display());
             }
             ExitCode::SUCCESS
         }
@@ -610,7 +674,7 @@ pub fn trust(dir: Option<PathBuf>, list: bool, untrust: bool) -> ExitCode {
         return match store.list() {
             Ok(entries) => {
                 for (p, e) in entries {
-                    println!("{}  {}  {}", e.trusted_at, e.sha256, p.display());
+                    outln!("{}  {}  {}", e.trusted_at, e.sha256, p.display());
                 }
                 ExitCode::SUCCESS
             }
@@ -630,11 +694,11 @@ pub fn trust(dir: Option<PathBuf>, list: bool, untrust: bool) -> ExitCode {
     if untrust {
         return match store.untrust(&path) {
             Ok(true) => {
-                println!("untrusted {}", path.display());
+                outln!("untrusted {}", path.display());
                 ExitCode::SUCCESS
             }
             Ok(false) => {
-                println!("{} was not trusted", path.display());
+                outln!("{} was not trusted", path.display());
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e.to_string()),
@@ -644,14 +708,14 @@ pub fn trust(dir: Option<PathBuf>, list: bool, untrust: bool) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(&e.to_string()),
     };
-    print!(
+    out!(
         "{}",
         render_grants(&project).trim_end_matches("Trust this project file? [y/N] ")
     );
-    println!();
+    outln!();
     match store.trust(&project.path, &project.digest) {
         Ok(()) => {
-            println!("trusted {} at {}", project.path.display(), project.digest);
+            outln!("trusted {} at {}", project.path.display(), project.digest);
             ExitCode::SUCCESS
         }
         Err(e) => fail(&e.to_string()),

@@ -38,6 +38,8 @@ pub struct Settings {
     pub protected_opt_in: Vec<PathBuf>,
     pub paths: Vec<PathSpec>,
     pub timeout_ms: Option<u64>,
+    /// `--upstream-proxy` as given, without credentials (flags only).
+    pub upstream_proxy: Option<String>,
 }
 
 impl Settings {
@@ -58,6 +60,7 @@ impl Settings {
             network: self.network,
             net_class: self.net_class,
             timeout_ms: self.timeout_ms,
+            upstream_proxy: self.upstream_proxy.clone(),
             ..Settings::default()
         }
     }
@@ -69,6 +72,7 @@ impl Settings {
             network: None,
             net_class: None,
             timeout_ms: None,
+            upstream_proxy: None,
             ..self.clone()
         }
     }
@@ -87,6 +91,7 @@ impl Settings {
         out.network = over.network.or(self.network);
         out.net_class = over.net_class.or(self.net_class);
         out.timeout_ms = over.timeout_ms.or(self.timeout_ms);
+        out.upstream_proxy = over.upstream_proxy.clone().or(self.upstream_proxy.clone());
         extend_unique(&mut out.allow_domains, &over.allow_domains);
         extend_unique(&mut out.deny_domains, &over.deny_domains);
         extend_unique(&mut out.pass_env, &over.pass_env);
@@ -121,6 +126,13 @@ pub(crate) fn access_str(a: Access) -> &'static str {
 pub(crate) struct RawMount {
     pub path: String,
     pub mode: String,
+    /// Profiles only: what to create when the path is missing (`dir`,
+    /// `file`); read by `profile.rs`, see [`crate::FirstUse`].
+    #[serde(default)]
+    pub create: Option<String>,
+    /// Profiles only: the tool replaces this file by an atomic rename.
+    #[serde(default)]
+    pub replaced_by_rename: bool,
 }
 
 /// The overridable keys shared by a profile's `[subcommands.X]`, the user
@@ -429,6 +441,19 @@ impl RawOverrides {
                     .iter()
                     .map(|p| ("rw".to_string(), p.as_str(), Some("rw"))),
             );
+        if !matches!(ctx.kind, Kind::Profile) {
+            if let Some(m) = self
+                .mounts
+                .iter()
+                .find(|m| m.create.is_some() || m.replaced_by_rename)
+            {
+                return Err(ctx.invalid(
+                    &format!("mounts[{}]", m.path),
+                    q(&m.path),
+                    "create and replaced_by_rename belong in a tool profile; create the path yourself",
+                ));
+            }
+        }
         for (key, raw, mode) in mounts {
             let access = match mode {
                 Some("ro") => Access::ReadOnly,

@@ -20,10 +20,12 @@ pub mod mounts;
 pub mod netns;
 pub mod plan;
 pub mod probe;
+pub mod pty;
 pub mod run;
 mod sweep;
 pub mod sys;
 pub mod tree;
+pub mod view;
 
 pub use confine::Enforcement;
 pub use plan::{build as build_plan, Plan, PlanError};

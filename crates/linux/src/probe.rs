@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::sys;
 
 /// What kind of filesystem object a path is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Dir,
@@ -87,8 +87,18 @@ pub struct HostFacts {
     /// moat's configuration (profiles, config): read-only wherever a
     /// writable part of the view contains it.
     pub moat_readonly: Vec<PathBuf>,
+    /// The user's tool configuration files, redacted (relative to HOME,
+    /// contents): copied under the sandbox HOME. Filled in by the caller.
+    pub home_config_copies: Vec<(PathBuf, String)>,
+    /// moat's config/state directories that do not exist and could not be
+    /// created (the plan refuses if the command could create them).
+    pub moat_missing: Vec<PathBuf>,
     /// moat's own binary (canonical), probed in proxy mode.
     pub moat_exe: Option<PathBuf>,
+    /// Toolchain installs under the invoking user's home (rustup, pyenv…),
+    /// probed at the levels that read the whole host: (home-relative entry,
+    /// canonical host path, kind). The plan mirrors them under the sandbox HOME.
+    pub home_toolchains: Vec<(PathBuf, PathBuf, Kind)>,
     /// moat itself already runs under a seccomp filter (probed only when
     /// Landlock looks absent, to explain why: a nested sandbox).
     pub under_seccomp: bool,
@@ -282,7 +292,17 @@ impl HostFacts {
         f.probe_secrets(policy);
         f.probe_sockets();
         f.probe_workspace(policy);
+        f.probe_write_protected_in_grants(policy);
         f.probe_moat_dirs();
+        if policy.level != Level::WorkspaceContained && policy.home != Path::new("/") {
+            for rel in moat_policy::toolchain_entries() {
+                if let Some((c, k)) = resolve(&policy.home.join(rel)) {
+                    if matches!(k, Kind::Dir | Kind::File) {
+                        f.home_toolchains.push((rel.into(), c, k));
+                    }
+                }
+            }
+        }
         if let Ok(target) = fs::canonicalize("/etc/resolv.conf") {
             if target.starts_with("/run")
                 && lstat_kind(Path::new("/etc/resolv.conf")) == Some(Kind::Symlink)
@@ -311,11 +331,26 @@ impl HostFacts {
         let home = get("HOME");
         let config = get("XDG_CONFIG_HOME").or_else(|| home.as_ref().map(|h| h.join(".config")));
         let state = get("XDG_STATE_HOME").or_else(|| home.as_ref().map(|h| h.join(".local/state")));
-        if let Some(c) = config.and_then(|d| fs::canonicalize(d.join("moat")).ok()) {
-            self.moat_readonly.push(c);
+        // Both always exist before a run (created if missing, 0700): a
+        // directory that does not exist cannot be bound read-only or hidden,
+        // and a command that could create it could plant a config or trust
+        // store the next run would obey.
+        let ensure = |d: PathBuf| -> Result<PathBuf, PathBuf> {
+            use std::os::unix::fs::DirBuilderExt;
+            let _ = fs::DirBuilder::new().recursive(true).mode(0o700).create(&d);
+            fs::canonicalize(&d).map_err(|_| d)
+        };
+        match config.map(|d| ensure(d.join("moat"))) {
+            Some(Ok(c)) => self.moat_readonly.push(c),
+            Some(Err(d)) => self.moat_missing.push(d),
+            None => {}
         }
-        if let Some(s) = state.and_then(|d| fs::canonicalize(d.join("moat")).ok()) {
-            self.moat_hidden.insert(s, Kind::Dir);
+        match state.map(|d| ensure(d.join("moat"))) {
+            Some(Ok(s)) => {
+                self.moat_hidden.insert(s, Kind::Dir);
+            }
+            Some(Err(d)) => self.moat_missing.push(d),
+            None => {}
         }
     }
 
@@ -422,6 +457,56 @@ impl HostFacts {
         ] {
             if let Some((c, k)) = resolve(Path::new(p)) {
                 self.sockets.insert(c, k);
+            }
+        }
+    }
+
+    /// Write-protected and protected home paths strictly beneath a writable
+    /// grant (`--rw ~/.config` must not let the command plant
+    /// `~/.config/autostart/…` or `~/.config/gh/hosts.yml` for the host to
+    /// use later): existing ones are read-only, missing ones swept (by their
+    /// first missing component beneath the grant). A grant of the path
+    /// itself, or inside it, opts it in.
+    fn probe_write_protected_in_grants(&mut self, policy: &Policy) {
+        use moat_policy::Access;
+        let home = &policy.home;
+        for g in policy
+            .paths
+            .iter()
+            .filter(|g| g.access == Access::ReadWrite)
+        {
+            // The full list at every level: a `--rw` grant is a writable
+            // part even when the workspace is not.
+            let rels = moat_policy::WRITE_PROTECTED_HOME_PATHS
+                .iter()
+                .map(|r| (*r, true))
+                .chain(PROTECTED_HOME_PATHS.iter().map(|r| (*r, false)));
+            for (rel, write_protected) in rels {
+                let p = home.join(rel);
+                if p == g.path || !p.starts_with(&g.path) {
+                    continue;
+                }
+                match lstat_kind(&p) {
+                    Some(k) if write_protected => {
+                        self.workspace_write_protected.insert(p, k);
+                    }
+                    // An existing protected path is a secret: a stand-in.
+                    Some(_) => {}
+                    None => {
+                        let mut cur = g.path.clone();
+                        if let Ok(below) = p.strip_prefix(&g.path) {
+                            for c in below.components() {
+                                cur.push(c);
+                                if lstat_kind(&cur).is_none() {
+                                    break;
+                                }
+                            }
+                        }
+                        if !self.workspace_missing.contains(&cur) {
+                            self.workspace_missing.push(cur);
+                        }
+                    }
+                }
             }
         }
     }

@@ -698,3 +698,77 @@ pub fn borrow_stdio(fd: RawFd) -> Option<std::os::fd::BorrowedFd<'static>> {
     // command's setup closes them), so a 'static borrow is sound.
     Some(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
 }
+
+/// TIOCGWINSZ: the window size of the terminal at `fd`.
+pub fn get_winsize(fd: RawFd) -> io::Result<libc::winsize> {
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct we own.
+    if unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ws)
+}
+
+/// TIOCSWINSZ: sets the window size of the terminal at `fd` (the kernel
+/// sends SIGWINCH to its foreground process group).
+pub fn set_winsize(fd: RawFd, ws: &libc::winsize) -> io::Result<()> {
+    // SAFETY: TIOCSWINSZ reads one `winsize` from a struct we own.
+    if unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, ws as *const libc::winsize) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// TIOCSCTTY: makes the terminal at `fd` this session's controlling terminal.
+pub fn set_controlling_tty(fd: RawFd) -> io::Result<()> {
+    // SAFETY: integer-only ioctl.
+    if unsafe { libc::ioctl(fd, libc::TIOCSCTTY, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Takes ownership of fd `fd`, which the parent process left open for us and
+/// named (a nested run's pipe from the broker). Fails if it is not open.
+pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    if fd < 3 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: fcntl(F_GETFD) only queries the descriptor table.
+    check(unsafe { libc::fcntl(fd, libc::F_GETFD) } as libc::c_long)?;
+    // SAFETY: the fd is open (checked above) and was handed to this process
+    // by its parent for this single use; the caller reads the number once
+    // at startup, so nothing else in the process owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A pidfd for the process at the other end of a connected unix socket
+/// (`SO_PEERPIDFD`, Linux >= 6.5): unlike the pid of `SO_PEERCRED`, it
+/// cannot come to name another process if the peer exits.
+pub fn peer_pidfd(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    /// `SO_PEERPIDFD` (asm-generic; x86_64 and aarch64).
+    const SO_PEERPIDFD: libc::c_int = 77;
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `fd`, a c_int we
+    // own, and updates `len`; the socket fd is borrowed for the call.
+    check(unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    } as libc::c_long)?;
+    if fd < 0 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: the kernel just installed `fd` in our table for us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
