@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Read libtest output (run with --show-output) for scripts/test-all.
 
-summarize PHASE LOG ALLOWFILE: append a human summary of the phase (passed,
+summarize PHASE LOG ALLOWFILE SCOPE: append a human summary of the phase (passed,
     failed, every SKIP and note line with its test) to $TESTLOG_SUMMARY and
     print "passed failed skips notes unallowed_skips" on stdout.
 noop LOG: list the tests that passed against the no-op stand-in; exit 1 if
@@ -22,23 +22,28 @@ def lines(path):
         return f.read().splitlines()
 
 
-def allowed_skips(path):
-    """Test names from the allow-list: `NAME | reason` per line, # comments."""
+SCOPES = ("any", "unprivileged")
+
+
+def allowed_skips(path, scope):
+    """Test names the allow-list accepts in a phase of SCOPE ("root" or
+    "unprivileged"): lines `NAME | any|unprivileged | reason`, # comments."""
     names = set()
     if path and os.path.exists(path):
         for line in lines(path):
             line = line.split("#", 1)[0].strip()
             if not line:
                 continue
-            name, sep, reason = line.partition("|")
-            if not sep or not reason.strip():
-                sys.exit(f"{path}: every line needs `NAME | reason`: {line!r}")
-            names.add(name.strip())
+            parts = [p.strip() for p in line.split("|", 2)]
+            if len(parts) != 3 or parts[1] not in SCOPES or not parts[2]:
+                sys.exit(f"{path}: every line needs `NAME | any|unprivileged | reason`: {line!r}")
+            if parts[1] == "any" or parts[1] == scope:
+                names.add(parts[0])
     return names
 
 
-def summarize(phase, log, allow_file):
-    allowed = allowed_skips(allow_file)
+def summarize(phase, log, allow_file, scope):
+    allowed = allowed_skips(allow_file, scope)
     passed = failed = 0
     current = "?"
     skips, notes = [], []
@@ -89,8 +94,8 @@ def noop(log):
 
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
-    if cmd == "summarize" and len(sys.argv) == 5:
-        summarize(sys.argv[2], sys.argv[3], sys.argv[4])
+    if cmd == "summarize" and len(sys.argv) == 6:
+        summarize(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     elif cmd == "noop" and len(sys.argv) == 3:
         sys.exit(noop(sys.argv[2]))
     else:
