@@ -24,6 +24,9 @@ const PROTOCOL_VERSION: &str = "1";
 pub(crate) const CAPTURE_LIMIT: usize = 1 << 20;
 /// Exit status when moat itself refuses or fails.
 pub(crate) const EXIT_MOAT_FAILED: u8 = 125;
+/// The command ran, but the post-run sweep could not neutralise something
+/// it left at a write-protected path (still live on the host).
+pub(crate) const EXIT_SWEEP_FAILED: u8 = 122;
 
 #[derive(Parser)]
 #[command(

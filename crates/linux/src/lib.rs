@@ -21,7 +21,7 @@ pub mod netns;
 pub mod plan;
 pub mod probe;
 pub mod run;
-mod sweep;
+pub mod sweep;
 pub mod sys;
 pub mod tree;
 

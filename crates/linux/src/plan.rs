@@ -126,15 +126,14 @@ pub struct Plan {
     pub broker: bool,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
-    /// Host paths that must not exist after the run (write-protected paths
-    /// the command could create because they did not exist before).
-    pub sweep: Vec<PathBuf>,
+    /// What the post-run sweep checks under each writable root
+    /// (write-protected paths that did not exist before the run, new
+    /// `.moat*` names, git dirs' executable parts).
+    pub sweep: Vec<crate::sweep::SweepRoot>,
     /// moat's own state/config directories made read-only in this view.
     pub moat_dirs: Vec<PathBuf>,
     /// Paths granted read-only (for explaining refusals).
     pub ro_grants: Vec<PathBuf>,
-    /// Directories where new `<prefix>*` entries are swept after the run.
-    pub sweep_prefixed: Vec<crate::probe::PrefixGuard>,
     pub landlock_abi: i32,
 }
 
@@ -153,6 +152,10 @@ pub enum PlanError {
     NoMoatBinary,
     #[error("{0} does not exist on the host; --ro/--rw paths must exist")]
     MissingGrant(PathBuf),
+    #[error("{0}")]
+    WorkspaceIncomplete(String),
+    #[error("{0} is write-protected (the host runs it later); no grant makes it writable. Drop the --rw (or the project file's rw entry) for it, or use --ro")]
+    GrantOnWriteProtected(PathBuf),
 }
 
 /// Builds the plan. Pure.
@@ -163,6 +166,31 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         }
     }
     let sandboxed = policy.level.is_sandboxed();
+    if sandboxed {
+        if let Some(e) = &host.incomplete {
+            return Err(PlanError::WorkspaceIncomplete(e.clone()));
+        }
+        // A grant never reaches a write-protected path (a protected home
+        // path the caller opted in, like a profile's `~/.claude`, excepted).
+        for g in policy
+            .paths
+            .iter()
+            .filter(|g| g.access == Access::ReadWrite)
+        {
+            let opted = policy
+                .protected_opt_in
+                .iter()
+                .any(|o| g.path.starts_with(o));
+            if !opted
+                && host
+                    .workspace_write_protected
+                    .keys()
+                    .any(|w| g.path.starts_with(w))
+            {
+                return Err(PlanError::GrantOnWriteProtected(g.path.clone()));
+            }
+        }
+    }
     let mut plan = Plan {
         level: policy.level,
         network: policy.network.mode,
@@ -193,7 +221,6 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         env: command_env(policy, host),
         cwd: policy.workspace.clone(),
         sweep: Vec::new(),
-        sweep_prefixed: Vec::new(),
         moat_dirs: Vec::new(),
         ro_grants: policy
             .paths
@@ -409,11 +436,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     // 3. Write-protected workspace entries: read-only binds over themselves.
     // `.git` itself is bound read-write: that makes it a mount point, which
     // cannot be renamed or removed, so its protected children stay put.
-    let explicit = |p: &Path| policy.paths.iter().any(|g| g.path == p);
     for (p, kind) in &host.workspace_write_protected {
-        if explicit(p) {
-            continue;
-        }
         let git_dir = *p == policy.workspace.join(".git") && *kind == Kind::Dir;
         layered.push(host_bind(p, *kind, true, !git_dir));
     }
@@ -436,15 +459,21 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             plan.moat_dirs.push(d.clone());
         }
     }
-    if ws_rw {
-        plan.sweep = host
-            .workspace_missing
-            .iter()
-            .filter(|p| !explicit(p))
-            .cloned()
-            .collect();
-        plan.sweep_prefixed = host.prefix_guards.clone();
-    }
+    // The sweep checks the writable roots: the workspace at the writable
+    // levels, writable grants at any level (and homes inside them).
+    let writable = |r: &Path| {
+        (ws_rw && r.starts_with(&policy.workspace))
+            || policy
+                .paths
+                .iter()
+                .any(|g| g.access == Access::ReadWrite && r.starts_with(&g.path))
+    };
+    plan.sweep = host
+        .sweep
+        .iter()
+        .filter(|s| writable(&s.root))
+        .cloned()
+        .collect();
 
     // 4. Stand-ins for secrets wherever the view would show them.
     let opted_in = |c: &Path| {

@@ -16,6 +16,7 @@
 
 mod duration;
 mod env;
+pub mod gitconfig;
 mod nested;
 mod protected;
 
@@ -30,8 +31,9 @@ pub use duration::{parse_duration, DurationError};
 pub use env::{is_secret_env_name, SAFE_BASE_ENV};
 pub use nested::{Bounds, Widening};
 pub use protected::{
-    is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
-    WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_HOME_PATHS, WRITE_PROTECTED_WORKSPACE_NAMES,
+    is_inert_hook_name, is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
+    WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_GIT_WORKTREE_PATHS, WRITE_PROTECTED_HOME_PATHS,
+    WRITE_PROTECTED_WORKSPACE_NAMES,
 };
 
 /// Version of the policy semantics; bumps whenever a level's meaning changes.

@@ -59,10 +59,12 @@ fn host() -> HostFacts {
         ]
         .into_iter()
         .collect(),
-        workspace_missing: vec![
-            PathBuf::from("/home/u/proj/.git/config"),
-            PathBuf::from("/home/u/proj/.bashrc"),
-        ],
+        sweep: vec![crate::sweep::SweepRoot {
+            root: PathBuf::from("/home/u/proj"),
+            missing: vec![PathBuf::from(".bashrc")],
+            gitdirs: vec![PathBuf::from(".git")],
+            ..Default::default()
+        }],
         proc_entries: vec!["sys".into(), "kcore".into()],
         env: vec![
             ("PATH".into(), "/usr/bin:/bin".into()),
@@ -151,13 +153,7 @@ fn workspace_write_golden() {
         "ro /home/u/proj/.git/hooks",
     ];
     assert_eq!(t, expected, "{t:#?}");
-    assert_eq!(
-        plan.sweep,
-        vec![
-            PathBuf::from("/home/u/proj/.git/config"),
-            PathBuf::from("/home/u/proj/.bashrc")
-        ]
-    );
+    assert_eq!(plan.sweep, host().sweep);
     assert!(plan.new_netns);
     assert_eq!(plan.seccomp.socket_families, Some(vec![libc::AF_UNIX]));
     assert_eq!(plan.landlock.read, vec![PathBuf::from("/")]);
