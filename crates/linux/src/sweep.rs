@@ -98,7 +98,7 @@ pub fn sweep(roots: &[SweepRoot], tag: &str) -> SweepReport {
         euid: nix::unistd::geteuid().as_raw(),
     };
     for r in roots {
-        match sys::open_path_nofollow(libc::AT_FDCWD, &r.root) {
+        match open_root(&r.root) {
             Ok(fd) => s.sweep_root(r, &fd),
             Err(e) => s.fail(&r.root, format!("cannot open the root: {e}")),
         }
@@ -109,6 +109,17 @@ pub fn sweep(roots: &[SweepRoot], tag: &str) -> SweepReport {
         let _ = chmod_fd(&fd, mode);
     }
     s.report
+}
+
+/// An O_PATH fd for a root (a canonical path moat chose): no symlink on the
+/// way, and a directory.
+fn open_root(root: &Path) -> io::Result<OwnedFd> {
+    let fd = sys::open_path_nofollow(libc::AT_FDCWD, root)?;
+    let st = nix::sys::stat::fstat(&fd)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+    }
+    Ok(fd)
 }
 
 /// Lists `dir` (an O_PATH fd) through its /proc magic link: the exact
@@ -686,7 +697,7 @@ impl Sweeper {
 /// Each entry: (path relative to `root`, kind, whether it is an executable
 /// part to keep read-only rather than a git dir or a directory on the way).
 pub fn git_parts(root: &Path, rel: &Path) -> io::Result<Vec<GitPart>> {
-    let root_fd = sys::open_path_nofollow(libc::AT_FDCWD, root)?;
+    let root_fd = open_root(root)?;
     let mut out = Vec::new();
     collect_gitdir(&root_fd, rel, &mut out, 0)?;
     Ok(out)
@@ -809,4 +820,77 @@ fn collect_modules(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("moat-sweep-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d.canonicalize().unwrap()
+    }
+
+    #[test]
+    fn what_cannot_be_removed_is_a_failure_never_a_success() {
+        // procfs entries can be neither renamed nor unlinked: the sweep must
+        // say so rather than report them done.
+        let proc = PathBuf::from(format!("/proc/{}", std::process::id()));
+        let root = SweepRoot {
+            root: proc.clone(),
+            missing: vec![PathBuf::from("status")],
+            ..Default::default()
+        };
+        let r = sweep(&[root], "t");
+        assert!(r.swept.is_empty(), "{r:?}");
+        assert_eq!(r.failed.len(), 1, "{r:?}");
+        assert_eq!(r.failed[0].path, proc.join("status"), "{r:?}");
+        assert!(r.failed[0].error.contains("still present"), "{r:?}");
+    }
+
+    #[test]
+    fn a_symlink_on_the_way_is_neutralised_not_followed() {
+        let ws = tmp("ws");
+        let outside = tmp("outside");
+        std::fs::create_dir_all(outside.join("git")).unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join(".config")).unwrap();
+        let root = SweepRoot {
+            root: ws.clone(),
+            missing: vec![PathBuf::from(".config/git")],
+            ..Default::default()
+        };
+        let r = sweep(&[root], "t");
+        assert!(r.failed.is_empty(), "{r:?}");
+        assert!(outside.join("git").is_dir(), "followed the symlink");
+        assert!(std::fs::symlink_metadata(ws.join(".config")).is_err());
+        assert!(ws.join(".config.moat-quarantine-t").symlink_metadata().is_ok());
+        let _ = std::fs::remove_dir_all(&ws);
+        let _ = std::fs::remove_dir_all(&outside);
+    }
+
+    #[test]
+    fn a_user_git_dir_that_existed_is_left_alone() {
+        let ws = tmp("existing");
+        std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+        std::fs::write(ws.join(".git/hooks/pre-commit"), "USER HOOK").unwrap();
+        std::fs::write(ws.join(".git/config"), "[core]\n\tpager = less\n").unwrap();
+        let mut root = SweepRoot {
+            root: ws.clone(),
+            gitdirs: vec![PathBuf::from(".git")],
+            ..Default::default()
+        };
+        for p in git_parts(&ws, Path::new(".git")).unwrap() {
+            root.git_existing.insert(p.rel);
+        }
+        let r = sweep(&[root], "t");
+        assert_eq!(r, SweepReport::default());
+        assert!(ws.join(".git/hooks/pre-commit").exists());
+        assert_eq!(
+            std::fs::read_to_string(ws.join(".git/config")).unwrap(),
+            "[core]\n\tpager = less\n"
+        );
+        let _ = std::fs::remove_dir_all(&ws);
+    }
 }

@@ -168,7 +168,7 @@ fn parse_header(h: &str) -> Option<(String, Option<String>)> {
     if let Some(q) = h.find('"') {
         let name = h[..q].trim();
         let rest = &h[q + 1..];
-        if !rest.ends_with('"') || rest.len() < 1 {
+        if !rest.ends_with('"') {
             return None;
         }
         let mut sub = String::new();
