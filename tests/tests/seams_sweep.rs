@@ -633,3 +633,64 @@ fn a_nested_symlink_config_is_not_trusted() {
         Some("[core]\n\tfsmonitor = evil\n")
     );
 }
+
+#[test]
+fn a_nested_repository_created_by_the_command_is_kept_and_neutralised() {
+    let fx = Fixture::new();
+    host_repo(&fx, &fx.ws);
+    let (m, _) = marker(&fx, "FSMONITOR-NESTED");
+    let script = format!(
+        "mkdir -p deep/er && git init -q deep/er/sub && git -C deep/er/sub config core.fsmonitor 'touch {m};:' && \
+         git -C deep/er/sub config user.name Nested && echo hi > deep/er/sub/f && \
+         git worktree add -q wt2 2>&1 && echo INITED",
+        m = m.display()
+    );
+    let out = run(fx.sh("workspace-write", &[], &script));
+    out.expect_stdout_has("INITED");
+    let sub = fx.w("deep/er/sub");
+    assert!(
+        exists(sub.join(".git/HEAD")),
+        "the nested repository was removed\n{}",
+        out.dump()
+    );
+    let name = host_git(&fx, &sub, &["config", "--get", "user.name"]);
+    assert_eq!(
+        String::from_utf8_lossy(&name.stdout).trim(),
+        "Nested",
+        "{}",
+        out.dump()
+    );
+    let _ = host_git(&fx, &sub, &["status"]);
+    assert!(
+        !exists(&m),
+        "the host's git status in the nested repository ran its fsmonitor\n{}",
+        out.dump()
+    );
+    // A linked worktree the command added keeps working from the host.
+    let st = host_git(&fx, &fx.w("wt2"), &["status"]);
+    assert!(
+        st.status.success(),
+        "the command's worktree was broken: {st:?}\n{}",
+        out.dump()
+    );
+}
+
+#[test]
+fn a_gitfile_pointing_outside_the_workspace_git_is_neutralised() {
+    let fx = Fixture::new();
+    let (m, line) = marker(&fx, "FSMONITOR-GITFILE");
+    let script = format!(
+        "mkdir -p evil/objects evil/refs/heads sub && echo 'ref: refs/heads/main' > evil/HEAD && \
+         printf '[core]\\n\\trepositoryformatversion = 0\\n{}' > evil/config && \
+         echo \"gitdir: $PWD/evil\" > sub/.git && echo PLANTED",
+        line.replace('\t', "\\t").replace('\n', "\\n")
+    );
+    let out = run(fx.sh("workspace-write", &[], &script));
+    out.expect_stdout_has("PLANTED");
+    let _ = host_git(&fx, &fx.w("sub"), &["status"]);
+    assert!(
+        !exists(&m),
+        "the planted gitfile made the host's git run an fsmonitor\n{}",
+        out.dump()
+    );
+}

@@ -374,7 +374,7 @@ impl HostFacts {
         &mut self,
         root: &Path,
         is_home: bool,
-        nested_git: &[PathBuf],
+        nested_git: Option<&[PathBuf]>,
     ) -> Result<(), String> {
         let mut sr = SweepRoot {
             root: root.to_path_buf(),
@@ -447,6 +447,10 @@ impl HostFacts {
                 }
             }
         }
+        // The walk saw every git dir below this root before the run: new
+        // ones can be told apart after it.
+        sr.find_new_gitdirs = nested_git.is_some();
+        let nested_git = nested_git.unwrap_or(&[]);
         let mut gitdirs = vec![PathBuf::from(".git")];
         gitdirs.extend(
             nested_git
@@ -571,12 +575,8 @@ impl HostFacts {
             }
         }
         for (root, is_home) in &all {
-            let nested: Vec<PathBuf> = if root == ws {
-                nested_git.clone()
-            } else {
-                Vec::new()
-            };
-            self.write_protected_at(root, *is_home, &nested)?;
+            let nested = (root == ws).then_some(nested_git.as_slice());
+            self.write_protected_at(root, *is_home, nested)?;
         }
         Ok(())
     }

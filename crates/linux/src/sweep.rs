@@ -59,6 +59,10 @@ pub struct SweepRoot {
     /// Git dirs and executable parts that existed before the run (left as
     /// they are: they were read-only binds during it).
     pub git_existing: BTreeSet<PathBuf>,
+    /// Walk the whole root after the run for git dirs the command created
+    /// below it (`git clone`, `git init sub`): set for the workspace, whose
+    /// git dirs were all recorded by the complete walk before the run.
+    pub find_new_gitdirs: bool,
 }
 
 /// Something the sweep neutralised.
@@ -216,6 +220,11 @@ impl Sweeper {
         for rel in &r.gitdirs {
             self.sanitize_gitdir(r, root, rel, false, 0);
         }
+        if r.find_new_gitdirs {
+            for rel in self.new_gitdirs(r, root) {
+                self.sanitize_gitdir(r, root, &rel, false, 0);
+            }
+        }
         for rel in &r.missing {
             if let Some((parent, name)) = self.open_parent(r, root, rel) {
                 self.neutralise_if_present(
@@ -252,6 +261,60 @@ impl Sweeper {
                 );
             }
         }
+    }
+
+    /// Every `.git` below the root that was not there before the run, by
+    /// the same rules as the walk before it (no symlink or mount followed,
+    /// `node_modules` and git dirs' insides skipped; readdir's d_type only).
+    fn new_gitdirs(&mut self, r: &SweepRoot, root: &OwnedFd) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        let mut stack = vec![PathBuf::new()];
+        while let Some(rel) = stack.pop() {
+            let dir = if rel.as_os_str().is_empty() {
+                root.try_clone()
+            } else {
+                open_rel(root, &rel)
+            };
+            let dir = match dir {
+                Ok(fd) => fd,
+                // Not ours and not searchable: the command could not have
+                // created anything inside either.
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
+                Err(e) => {
+                    self.fail(
+                        &r.root.join(&rel),
+                        format!("cannot open it to look for new git dirs: {e}"),
+                    );
+                    continue;
+                }
+            };
+            self.grant_access(&dir, 0o500);
+            let rd = match std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())) {
+                Ok(rd) => rd,
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
+                Err(e) => {
+                    self.fail(
+                        &r.root.join(&rel),
+                        format!("cannot list it to look for new git dirs: {e}"),
+                    );
+                    continue;
+                }
+            };
+            for e in rd.flatten() {
+                let name = e.file_name();
+                let child = rel.join(&name);
+                if name == ".git" {
+                    if !rel.as_os_str().is_empty() && !r.git_existing.contains(&child) {
+                        found.push(child);
+                    }
+                } else if name != "node_modules"
+                    && e.file_type().map(|t| t.is_dir()).unwrap_or(false)
+                {
+                    stack.push(child);
+                }
+            }
+        }
+        found
     }
 
     /// Opens the parent of `rel` component by component. An intermediate
@@ -399,8 +462,12 @@ impl Sweeper {
         let existed = r.git_existing.contains(rel);
         if kind != Kind::Dir {
             // A gitfile or symlink sends git to a git dir of the command's
-            // choosing, anywhere.
-            if !existed {
+            // choosing, anywhere; a gitfile `git worktree add` or `git
+            // submodule add` wrote (pointing into the root's own
+            // `.git/worktrees` or `.git/modules`, which are checked too) stays.
+            if !existed
+                && !(kind == Kind::File && self.gitfile_is_ours(r, root, &parent, &name, rel))
+            {
                 self.neutralise(
                     &parent,
                     &abs,
@@ -436,6 +503,43 @@ impl Sweeper {
                 );
             }
         }
+    }
+
+    /// Whether the gitfile `name` (in `parent`, at `rel`) points to a git
+    /// dir inside the root's own `.git/worktrees/` or `.git/modules/`,
+    /// resolved by the kernel without symlinks and beneath the root.
+    fn gitfile_is_ours(
+        &mut self,
+        r: &SweepRoot,
+        root: &OwnedFd,
+        parent: &OwnedFd,
+        name: &OsStr,
+        rel: &Path,
+    ) -> bool {
+        let Ok(bytes) = read_small(parent, name, 4096) else {
+            return false;
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let Some(target) = text.trim_end_matches(['\n', '\r']).strip_prefix("gitdir: ") else {
+            return false;
+        };
+        let target = Path::new(target);
+        let rel_target = if target.is_absolute() {
+            match target.strip_prefix(&r.root) {
+                Ok(t) => t.to_path_buf(),
+                Err(_) => return false,
+            }
+        } else {
+            rel.parent().unwrap_or(Path::new("")).join(target)
+        };
+        let Ok(fd) = open_rel(root, &rel_target) else {
+            return false;
+        };
+        let Ok(real) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+            return false;
+        };
+        let own = r.root.join(".git");
+        real.starts_with(own.join("worktrees")) || real.starts_with(own.join("modules"))
     }
 
     fn sanitize_part(&mut self, gd: &OwnedFd, abs: &Path, part: &OsStr, in_modules: bool) {
@@ -865,7 +969,10 @@ mod tests {
         assert!(r.failed.is_empty(), "{r:?}");
         assert!(outside.join("git").is_dir(), "followed the symlink");
         assert!(std::fs::symlink_metadata(ws.join(".config")).is_err());
-        assert!(ws.join(".config.moat-quarantine-t").symlink_metadata().is_ok());
+        assert!(ws
+            .join(".config.moat-quarantine-t")
+            .symlink_metadata()
+            .is_ok());
         let _ = std::fs::remove_dir_all(&ws);
         let _ = std::fs::remove_dir_all(&outside);
     }
