@@ -437,6 +437,11 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     // `.git` itself is bound read-write: that makes it a mount point, which
     // cannot be renamed or removed, so its protected children stay put.
     for (p, kind) in &host.workspace_write_protected {
+        // A protected home path the caller opted in (a profile's
+        // `~/.claude` when the workspace is HOME) is theirs to write.
+        if policy.protected_opt_in.iter().any(|o| p.starts_with(o)) {
+            continue;
+        }
         let git_dir = *p == policy.workspace.join(".git") && *kind == Kind::Dir;
         layered.push(host_bind(p, *kind, true, !git_dir));
     }

@@ -521,7 +521,7 @@ impl HostFacts {
                     if dir != ws {
                         nested_git.push(e.path());
                     }
-                } else if ft.is_dir() && nb != b"node_modules" {
+                } else if ft.is_dir() && !WALK_SKIP.iter().any(|s| s.as_bytes() == nb) {
                     stack.push(e.path());
                 }
             }

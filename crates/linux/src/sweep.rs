@@ -307,7 +307,7 @@ impl Sweeper {
                     if !rel.as_os_str().is_empty() && !r.git_existing.contains(&child) {
                         found.push(child);
                     }
-                } else if name != "node_modules"
+                } else if !crate::probe::WALK_SKIP.iter().any(|s| name == *s)
                     && e.file_type().map(|t| t.is_dir()).unwrap_or(false)
                 {
                     stack.push(child);
@@ -465,9 +465,9 @@ impl Sweeper {
             // choosing, anywhere; a gitfile `git worktree add` or `git
             // submodule add` wrote (pointing into the root's own
             // `.git/worktrees` or `.git/modules`, which are checked too) stays.
-            if !existed
-                && !(kind == Kind::File && self.gitfile_is_ours(r, root, &parent, &name, rel))
-            {
+            let kept = existed
+                || (kind == Kind::File && self.gitfile_is_ours(r, root, &parent, &name, rel));
+            if !kept {
                 self.neutralise(
                     &parent,
                     &abs,
