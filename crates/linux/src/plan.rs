@@ -181,12 +181,13 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
                 .protected_opt_in
                 .iter()
                 .any(|o| g.path.starts_with(o));
-            if !opted
-                && host
-                    .workspace_write_protected
-                    .keys()
-                    .any(|w| g.path.starts_with(w))
-            {
+            // (A git dir itself is bound read-write; only its parts are not.)
+            let reaches = |(w, k): (&PathBuf, &Kind)| {
+                let git_dir =
+                    w.file_name() == Some(std::ffi::OsStr::new(".git")) && *k == Kind::Dir;
+                !git_dir && g.path.starts_with(w)
+            };
+            if !opted && host.workspace_write_protected.iter().any(reaches) {
                 return Err(PlanError::GrantOnWriteProtected(g.path.clone()));
             }
         }
