@@ -694,3 +694,50 @@ fn a_gitfile_pointing_outside_the_workspace_git_is_neutralised() {
         out.dump()
     );
 }
+
+/// A path the sweep cannot neutralise (here: made immutable on the host
+/// while the command runs, which only root can do) is never reported done:
+/// red on stderr, `sweep_failed` in `--json`, exit 122.
+#[test]
+fn what_the_sweep_cannot_remove_fails_the_run_with_122_contract() {
+    if euid() != 0 {
+        skip("needs root to make a file immutable (chattr +i) during the run");
+        return;
+    }
+    let fx = Fixture::new();
+    let go = fx.w("go");
+    let mut c = fx.sh(
+        "workspace-write",
+        &["--json", "--timeout", "60s"],
+        "echo x > .mcp.json && echo READY > ready; while [ ! -e go ]; do sleep 0.05; done; echo DONE",
+    );
+    c.stdout(std::process::Stdio::piped());
+    let child = spawn(c);
+    let ready = fx.w("ready");
+    let limit = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !exists(&ready) && std::time::Instant::now() < limit {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let st = Command::new("chattr")
+        .arg("+i")
+        .arg(fx.w(".mcp.json"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "chattr +i failed");
+    write(&go, "go\n");
+    let out = child.wait();
+    let _ = Command::new("chattr")
+        .arg("-i")
+        .arg(fx.w(".mcp.json"))
+        .status();
+    out.expect_code(122);
+    let v = out.json();
+    let failed = v["sweep_failed"].to_string();
+    assert!(failed.contains(".mcp.json"), "{}", out.dump());
+    assert!(out.stderr.contains("NOT NEUTRALISED"), "{}", out.dump());
+    assert!(
+        v["swept"].is_null() || !v["swept"].to_string().contains(".mcp.json"),
+        "reported done: {}",
+        out.dump()
+    );
+}
