@@ -467,7 +467,13 @@ impl HostFacts {
                 )
             })?;
             for gp in &parts {
-                sr.git_existing.insert(gp.rel.clone());
+                if gp.kind == Kind::Symlink {
+                    if let Ok(t) = fs::read_link(root.join(&gp.rel)) {
+                        sr.git_links.insert(gp.rel.clone(), t);
+                    }
+                } else {
+                    sr.git_existing.insert(gp.rel.clone());
+                }
                 // `.git` itself: a dir is bound read-write over itself (a
                 // mount point cannot be renamed away with its protected
                 // children); a gitfile or symlink stays as it is.

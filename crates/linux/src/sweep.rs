@@ -59,6 +59,9 @@ pub struct SweepRoot {
     /// Git dirs and executable parts that existed before the run (left as
     /// they are: they were read-only binds during it).
     pub git_existing: BTreeSet<PathBuf>,
+    /// Executable parts that were symlinks before the run, with their
+    /// targets: still "existing" only while they point at the same place.
+    pub git_links: std::collections::BTreeMap<PathBuf, PathBuf>,
     /// Walk the whole root after the run for git dirs the command created
     /// below it (`git clone`, `git init sub`): set for the workspace, whose
     /// git dirs were all recorded by the complete walk before the run.
@@ -113,6 +116,21 @@ pub fn sweep(roots: &[SweepRoot], tag: &str) -> SweepReport {
         let _ = chmod_fd(&fd, mode);
     }
     s.report
+}
+
+/// Whether the entry `name` in `parent` (at `rel`) was there before the
+/// run: a recorded file or directory (read-only during it), or a recorded
+/// symlink that still points where it pointed.
+fn existed(r: &SweepRoot, parent: &OwnedFd, name: &OsStr, rel: &Path) -> bool {
+    if r.git_existing.contains(rel) {
+        return true;
+    }
+    match r.git_links.get(rel) {
+        Some(target) => nix::fcntl::readlinkat(parent, name)
+            .map(|t| Path::new(&t) == target)
+            .unwrap_or(false),
+        None => false,
+    }
 }
 
 /// An O_PATH fd for a root (a canonical path moat chose): no symlink on the
@@ -304,7 +322,8 @@ impl Sweeper {
                 let name = e.file_name();
                 let child = rel.join(&name);
                 if name == ".git" {
-                    if !rel.as_os_str().is_empty() && !r.git_existing.contains(&child) {
+                    let known = r.git_existing.contains(&child) || r.git_links.contains_key(&child);
+                    if !rel.as_os_str().is_empty() && !known {
                         found.push(child);
                     }
                 } else if !crate::probe::WALK_SKIP.iter().any(|s| name == *s)
@@ -459,13 +478,13 @@ impl Sweeper {
             Ok(Some(st)) => kind_of(&st),
             Err(e) => return self.fail(&abs, format!("cannot stat it: {e}")),
         };
-        let existed = r.git_existing.contains(rel);
+        let was_there = existed(r, &parent, &name, rel);
         if kind != Kind::Dir {
             // A gitfile or symlink sends git to a git dir of the command's
             // choosing, anywhere; a gitfile `git worktree add` or `git
             // submodule add` wrote (pointing into the root's own
             // `.git/worktrees` or `.git/modules`, which are checked too) stays.
-            let kept = existed
+            let kept = was_there
                 || (kind == Kind::File && self.gitfile_is_ours(r, root, &parent, &name, rel));
             if !kept {
                 self.neutralise(
@@ -484,7 +503,7 @@ impl Sweeper {
         self.grant_access(&gd, 0o100);
         for part in WRITE_PROTECTED_GIT_PATHS {
             let prel = rel.join(part);
-            if r.git_existing.contains(&prel) {
+            if existed(r, &gd, OsStr::new(part), &prel) {
                 continue;
             }
             self.sanitize_part(&gd, &r.root.join(&prel), OsStr::new(part), in_modules);
@@ -494,7 +513,7 @@ impl Sweeper {
         if let Ok(Some(st)) = lstat_at(&gd, OsStr::new("modules")) {
             if kind_of(&st) == Kind::Dir {
                 self.walk_modules(r, root, &mrel, depth + 1);
-            } else if !r.git_existing.contains(&mrel) {
+            } else if !existed(r, &gd, OsStr::new("modules"), &mrel) {
                 self.neutralise(
                     &gd,
                     &r.root.join(&mrel),
@@ -591,7 +610,7 @@ impl Sweeper {
         let w = OsStr::new("worktrees");
         match lstat_at(gd, w) {
             Ok(Some(st)) if kind_of(&st) == Kind::Dir => {}
-            Ok(Some(_)) if !r.git_existing.contains(&wrel) => {
+            Ok(Some(_)) if !existed(r, gd, w, &wrel) => {
                 return self.neutralise(gd, &wabs, w, "not a directory where git keeps worktrees")
             }
             _ => return,
@@ -610,7 +629,7 @@ impl Sweeper {
             let tabs = r.root.join(&trel);
             match lstat_at(&wfd, &n) {
                 Ok(Some(st)) if kind_of(&st) == Kind::Dir => {}
-                Ok(Some(_)) if !r.git_existing.contains(&trel) => {
+                Ok(Some(_)) if !existed(r, &wfd, &n, &trel) => {
                     self.neutralise(
                         &wfd,
                         &tabs,
@@ -631,7 +650,7 @@ impl Sweeper {
             self.grant_access(&tfd, 0o100);
             for part in WRITE_PROTECTED_GIT_WORKTREE_PATHS {
                 let prel = trel.join(part);
-                if r.git_existing.contains(&prel) || *part == "gitdir" {
+                if existed(r, &tfd, OsStr::new(part), &prel) || *part == "gitdir" {
                     // `gitdir` only points back at the worktree's `.git`
                     // file (read by `git worktree list/prune`).
                     continue;
@@ -705,7 +724,7 @@ impl Sweeper {
                     }
                 }
                 Ok(Some(_))
-                    if !r.git_existing.contains(&erel)
+                    if !existed(r, &dir, &n, &erel)
                         && !n.as_bytes().windows(17).any(|w| w == b".moat-quarantine-") =>
                 {
                     self.neutralise(
@@ -998,6 +1017,40 @@ mod tests {
             std::fs::read_to_string(ws.join(".git/config")).unwrap(),
             "[core]\n\tpager = less\n"
         );
+        let _ = std::fs::remove_dir_all(&ws);
+    }
+
+    #[test]
+    fn a_users_symlinked_hooks_dir_counts_only_while_unchanged() {
+        let ws = tmp("links");
+        std::fs::create_dir_all(ws.join(".git")).unwrap();
+        std::fs::create_dir_all(ws.join("shared-hooks")).unwrap();
+        std::os::unix::fs::symlink("../shared-hooks", ws.join(".git/hooks")).unwrap();
+        let mut root = SweepRoot {
+            root: ws.clone(),
+            gitdirs: vec![PathBuf::from(".git")],
+            ..Default::default()
+        };
+        for p in git_parts(&ws, Path::new(".git")).unwrap() {
+            if p.kind == Kind::Symlink {
+                let t = std::fs::read_link(ws.join(&p.rel)).unwrap();
+                root.git_links.insert(p.rel, t);
+            } else {
+                root.git_existing.insert(p.rel);
+            }
+        }
+        // Unchanged: left alone.
+        assert_eq!(
+            sweep(std::slice::from_ref(&root), "a"),
+            SweepReport::default()
+        );
+        // Replaced by a real directory holding a hook: the hook goes.
+        std::fs::remove_file(ws.join(".git/hooks")).unwrap();
+        std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+        std::fs::write(ws.join(".git/hooks/pre-commit"), "evil").unwrap();
+        let r = sweep(&[root], "b");
+        assert!(r.failed.is_empty(), "{r:?}");
+        assert!(!ws.join(".git/hooks/pre-commit").exists(), "{r:?}");
         let _ = std::fs::remove_dir_all(&ws);
     }
 }
