@@ -735,6 +735,12 @@ fn what_the_sweep_cannot_remove_fails_the_run_with_122_contract() {
     let failed = v["sweep_failed"].to_string();
     assert!(failed.contains(".mcp.json"), "{}", out.dump());
     assert!(out.stderr.contains("NOT NEUTRALISED"), "{}", out.dump());
+    let log = read(fx.home.join(".local/state/moat/audit.jsonl")).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("sandbox.sweep_failed") && l.contains(".mcp.json")),
+        "the audit log does not record the failure:\n{log}"
+    );
     assert!(
         v["swept"].is_null() || !v["swept"].to_string().contains(".mcp.json"),
         "reported done: {}",
