@@ -747,3 +747,24 @@ fn what_the_sweep_cannot_remove_fails_the_run_with_122_contract() {
         out.dump()
     );
 }
+
+#[test]
+fn a_listable_but_unsearchable_directory_stops_the_run() {
+    // `chmod a-x config`: the walk sees the `.env` name but cannot stat it;
+    // a later command (same owner) could add the bit back and read it.
+    let fx = Fixture::new();
+    write(fx.w("config/.env"), &format!("TOKEN={}\n", fx.env_secret));
+    std::fs::set_permissions(fx.w("config"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = run(fx.sh(
+        "workspace-write",
+        &[],
+        "chmod u+x config; cat config/.env; echo RAN",
+    ));
+    std::fs::set_permissions(fx.w("config"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    out.expect_absent(&fx.env_secret, "config/.env behind chmod a-x");
+    if euid() != 0 {
+        out.expect_code(125);
+    } else {
+        out.expect_stdout_has("RAN");
+    }
+}

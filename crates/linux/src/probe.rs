@@ -517,8 +517,20 @@ impl HostFacts {
                 if nb == b".env" || nb == b".envrc" || nb.starts_with(b".env.") {
                     // Hide the resolved target: a `.env` symlink pointing out
                     // of the workspace is covered wherever it points.
-                    if let Some((c, k)) = resolve(&e.path()) {
-                        self.workspace_protected.insert(c, k);
+                    match resolve(&e.path()) {
+                        Some((c, k)) => {
+                            self.workspace_protected.insert(c, k);
+                        }
+                        // Listed but not searchable (`chmod a-x`): the
+                        // command could add the bit back and read it.
+                        None if lstat_kind(&e.path()).is_none() && !unenterable(&dir) => {
+                            return Err(unlistable(
+                                &dir,
+                                &std::io::Error::from_raw_os_error(libc::EACCES),
+                            ));
+                        }
+                        // A dangling symlink: nothing to hide yet.
+                        None => {}
                     }
                     continue;
                 }
