@@ -296,8 +296,12 @@ impl Sweeper {
             let dir = match dir {
                 Ok(fd) => fd,
                 // Not ours and not searchable: the command could not have
-                // created anything inside either.
-                Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
+                // created anything inside either. Another filesystem mounted
+                // on the host inside the workspace is not followed (README
+                // Limitations); the command cannot add host mounts.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EXDEV)) => {
+                    continue
+                }
                 Err(e) => {
                     self.fail(
                         &r.root.join(&rel),
