@@ -768,3 +768,27 @@ fn a_listable_but_unsearchable_directory_stops_the_run() {
         out.expect_stdout_has("RAN");
     }
 }
+
+#[test]
+fn a_fifo_planted_as_git_config_cannot_hang_the_sweep() {
+    let fx = Fixture::new();
+    let mut c = fx.sh(
+        "workspace-write",
+        &[],
+        "git init -q && rm .git/config && mkfifo .git/config && mkfifo .git/commondir && echo PLANTED",
+    );
+    c.env("GIT_CONFIG_NOSYSTEM", "1");
+    let out = spawn(c).wait_limit(std::time::Duration::from_secs(60));
+    out.expect_stdout_has("PLANTED");
+    assert!(out.code.is_some(), "moat hung on a FIFO\n{}", out.dump());
+    assert!(
+        std::fs::symlink_metadata(fx.w(".git/config")).is_err(),
+        "{}",
+        out.dump()
+    );
+    assert!(
+        std::fs::symlink_metadata(fx.w(".git/commondir")).is_err(),
+        "{}",
+        out.dump()
+    );
+}

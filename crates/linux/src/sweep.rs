@@ -187,10 +187,20 @@ pub(crate) fn open_dir(dir: &OwnedFd, name: &OsStr) -> io::Result<OwnedFd> {
     )
 }
 
+/// Reads a small regular file: O_NONBLOCK so a FIFO the command planted
+/// cannot hang the sweep, and anything but a regular file is refused.
 fn read_small(dir: &OwnedFd, name: &OsStr, limit: u64) -> io::Result<Vec<u8>> {
-    let fd = sys::openat_beneath(dir.as_raw_fd(), Path::new(name), libc::O_RDONLY)?;
+    let fd = sys::openat_beneath(
+        dir.as_raw_fd(),
+        Path::new(name),
+        libc::O_RDONLY | libc::O_NONBLOCK,
+    )?;
     let mut f = std::fs::File::from(fd);
-    if f.metadata()?.len() > limit {
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
+    if meta.len() > limit {
         return Err(io::Error::other("too large"));
     }
     let mut buf = Vec::new();
