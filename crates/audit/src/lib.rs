@@ -10,6 +10,7 @@
 //! reordering of a line breaks the chain and [`verify`] names the first
 //! broken line.
 
+mod aggregate;
 mod denials;
 mod envelope;
 mod log;
@@ -17,6 +18,7 @@ mod redact;
 mod table;
 mod time;
 
+pub use aggregate::{DecisionAggregator, MAX_DISTINCT_DECISIONS};
 pub use denials::{parse_denials, Denial, MAX_DENIALS};
 pub use envelope::{default_log_path, event, session_id_from_env, RunContext};
 pub use log::{

@@ -3,14 +3,15 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
-use std::fs::{DirBuilder, File, OpenOptions};
+use std::fs::{DirBuilder, File};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::{AtFlags, Flock, FlockArg, OFlag};
+use nix::sys::stat::Mode;
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -32,8 +33,12 @@ pub enum AuditError {
     },
     #[error("audit log {path}: cannot take the lock: {errno}")]
     Lock { path: PathBuf, errno: Errno },
-    #[error("audit log {path}: {reason}; run `moat audit verify --log {path}`")]
+    #[error("audit log {path}: {reason}; moat does not extend a damaged log (that would hide the damage): run `moat audit verify --log {path}` to see where it breaks, then move the file aside (keep it as evidence) and moat starts a new log")]
     Corrupt { path: PathBuf, reason: String },
+    #[error("audit log {path} {reason}")]
+    Unsafe { path: PathBuf, reason: String },
+    #[error("audit log {path}: the append could not be verified: {reason}")]
+    NotRecorded { path: PathBuf, reason: String },
     #[error("audit log {path}, line {line}: not a JSON event: {source}")]
     BadLine {
         path: PathBuf,
@@ -79,26 +84,88 @@ pub struct AuditLog {
 
 impl AuditLog {
     /// Opens (creating it 0600, and missing parent directories 0700) the log
-    /// at `path` for appending.
+    /// at `path` for appending — only if no other user could have shaped it,
+    /// in the spirit of ssh's `StrictModes`:
+    ///
+    /// - every directory on the way to it (resolved) belongs to this user or
+    ///   root and is not writable by group or others, unless sticky (`/tmp`):
+    ///   nobody else can swap a directory or plant the file;
+    /// - the last component is opened with `O_NOFOLLOW` from its directory:
+    ///   a symlink there is refused, never followed;
+    /// - the file is a regular file of this user, not writable by group or
+    ///   others (`/dev/full`, `/dev/null`, a FIFO are not logs).
     pub fn open(path: &Path) -> Result<AuditLog, AuditError> {
         let io = |source| AuditError::Io {
             path: path.to_path_buf(),
             source,
         };
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(parent)
-                .map_err(io)?;
+        let unsafe_log = |reason: String| AuditError::Unsafe {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let name = path
+            .file_name()
+            .ok_or_else(|| unsafe_log("names no file".into()))?;
+        // Missing directories are created (0700) by the checked walk below,
+        // one step at a time, never through a symlink it refused.
+        let parent = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(parent) => parent.to_path_buf(),
+            None => PathBuf::from("."),
+        };
+        let parent = if parent.is_absolute() {
+            parent
+        } else {
+            std::env::current_dir().map_err(io)?.join(parent)
+        };
+        let uid = nix::unistd::geteuid().as_raw();
+        let parent = resolve_checked(&parent, uid).map_err(|e| match e {
+            Checked::Io(source) => io(source),
+            Checked::Unsafe(reason) => unsafe_log(reason),
+        })?;
+        let dir = File::open(&parent).map_err(io)?;
+        // The directory actually opened passes too (it was not swapped).
+        if let Some(reason) = unsafe_dir(&dir.metadata().map_err(io)?, uid) {
+            return Err(unsafe_log(format!("{}: {reason}", parent.display())));
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600) // std adds O_CLOEXEC
-            .open(path)
-            .map_err(io)?;
+        let flags = OFlag::O_RDWR
+            | OFlag::O_APPEND
+            | OFlag::O_CREAT
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NOCTTY
+            | OFlag::O_CLOEXEC;
+        // Look before opening: opening a device or FIFO can have effects.
+        match nix::sys::stat::fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG => {
+                return Err(unsafe_log(not_regular(st.st_mode)));
+            }
+            Ok(_) | Err(Errno::ENOENT) => {}
+            Err(e) => return Err(io(e.into())),
+        }
+        let fd = nix::fcntl::openat(&dir, name, flags, Mode::from_bits_truncate(0o600))
+            .map_err(|e| match e {
+                Errno::ELOOP => unsafe_log(
+                    "is a symbolic link; moat never follows one for its audit log (pass the real path)"
+                        .into(),
+                ),
+                e => io(e.into()),
+            })?;
+        let file = File::from(fd);
+        let meta = file.metadata().map_err(io)?;
+        if !meta.file_type().is_file() {
+            return Err(unsafe_log(not_regular(meta.mode())));
+        }
+        if meta.uid() != uid {
+            return Err(unsafe_log(format!(
+                "belongs to uid {}, not to uid {uid} who runs moat",
+                meta.uid()
+            )));
+        }
+        if others_may_write(&meta, uid) {
+            return Err(unsafe_log(format!(
+                "is writable by group or others (mode {:o}); chmod 600 it",
+                meta.mode() & 0o7777
+            )));
+        }
         Ok(AuditLog {
             path: path.to_path_buf(),
             file,
@@ -119,7 +186,8 @@ impl AuditLog {
     /// A log whose last line is incomplete or not an event is refused
     /// ([`AuditError::Corrupt`]) rather than extended. A failed write is
     /// rolled back (the file is cut back to its old length) so no partial
-    /// line stays behind. There is no fsync: an event survives a crash of
+    /// line stays behind. A written batch is read back (length and last
+    /// line) before this returns `Ok`. There is no fsync: an event survives a crash of
     /// moat, not necessarily one of the machine.
     pub fn append(&self, events: &[Value]) -> Result<(), AuditError> {
         if events.is_empty() {
@@ -157,9 +225,188 @@ impl AuditLog {
             let _ = locked.set_len(len);
             return Err(io(e));
         }
+        // Read it back: the file grew by exactly this batch and its last
+        // line is the one written (a file that swallows writes records
+        // nothing).
+        let not_recorded = |reason: String| AuditError::NotRecorded {
+            path: self.path.clone(),
+            reason,
+        };
+        let grown = locked.metadata().map_err(io)?.len();
+        if grown != len + buf.len() as u64 {
+            return Err(not_recorded(format!(
+                "the file is {grown} bytes after appending {} bytes to {len}",
+                buf.len()
+            )));
+        }
+        let (last, last_seq) = last_line_state(&locked, grown, &self.path)?;
+        if last != prev || last_seq != seq {
+            return Err(not_recorded(format!(
+                "its last line is seq {last_seq}, not the seq {seq} just written"
+            )));
+        }
         // Dropping `locked` unlocks (and closes the duplicate descriptor).
         Ok(())
     }
+}
+
+/// Why a directory on the way to the log could let someone else shape it.
+fn unsafe_dir(meta: &std::fs::Metadata, uid: u32) -> Option<String> {
+    if meta.uid() != uid && meta.uid() != 0 {
+        return Some(format!(
+            "belongs to uid {}, neither to uid {uid} who runs moat nor to root; keep the audit log in a directory of your own",
+            meta.uid()
+        ));
+    }
+    let sticky = meta.mode() & 0o1000 != 0;
+    if others_may_write(meta, uid) && !sticky {
+        return Some(format!(
+            "is writable by others, or by a group shared with other users, without the sticky bit (mode {:o}); chmod go-w it or keep the log elsewhere",
+            meta.mode() & 0o7777
+        ));
+    }
+    None
+}
+
+/// Whether anyone but `uid` (and root) may write `meta`'s object: it is
+/// world-writable, or group-writable by a group that is not `uid`'s private
+/// group (as Debian's ssh allows: with the user-private-group umask 002,
+/// `~/.local` is 0775 and only its owner is in its group).
+fn others_may_write(meta: &std::fs::Metadata, uid: u32) -> bool {
+    meta.mode() & 0o002 != 0 || (meta.mode() & 0o020 != 0 && !group_is_private(meta.gid(), uid))
+}
+
+/// `gid` is the primary group of `uid` alone and lists no other member.
+fn group_is_private(gid: u32, uid: u32) -> bool {
+    let (Ok(passwd), Ok(group)) = (
+        std::fs::read_to_string("/etc/passwd"),
+        std::fs::read_to_string("/etc/group"),
+    ) else {
+        return false;
+    };
+    let mut name = None;
+    for line in passwd.lines() {
+        let f: Vec<&str> = line.split(':').collect();
+        let (Some(u), Some(g)) = (
+            f.get(2).and_then(|v| v.parse::<u32>().ok()),
+            f.get(3).and_then(|v| v.parse::<u32>().ok()),
+        ) else {
+            continue;
+        };
+        if u == uid {
+            name = f.first().copied();
+        }
+        if g == gid && u != uid {
+            return false; // another account's primary group
+        }
+    }
+    let Some(name) = name else { return false };
+    group.lines().any(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        f.get(2).and_then(|v| v.parse::<u32>().ok()) == Some(gid)
+            && f.first() == Some(&name)
+            && f.get(3)
+                .is_none_or(|m| m.split(',').all(|m| m.is_empty() || m == name))
+    })
+}
+
+enum Checked {
+    Io(std::io::Error),
+    Unsafe(String),
+}
+
+/// Most symlinks followed while resolving the log's directory (as the
+/// kernel's own limit).
+const MAX_SYMLINKS: usize = 40;
+
+/// Resolves the absolute directory `dir` like realpath(3), creating missing
+/// directories (0700) on the way, and checking every step: each directory passed through must pass [`unsafe_dir`], and each
+/// symlink followed must belong to `uid` or root — a symlink another user
+/// planted (`/tmp/logs -> /etc/cron.d`) is refused, not followed.
+fn resolve_checked(dir: &Path, uid: u32) -> Result<PathBuf, Checked> {
+    use std::ffi::OsString;
+    use std::path::Component;
+    let push_all = |todo: &mut Vec<OsString>, p: &Path| {
+        for c in p.components().rev() {
+            match c {
+                Component::Normal(n) => todo.push(n.to_os_string()),
+                Component::ParentDir => todo.push("..".into()),
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            }
+        }
+    };
+    let check = |path: &Path, meta: &std::fs::Metadata| match unsafe_dir(meta, uid) {
+        Some(reason) => Err(Checked::Unsafe(format!("{}: {reason}", path.display()))),
+        None => Ok(()),
+    };
+    let mut cur = PathBuf::from("/");
+    check(&cur, &std::fs::metadata(&cur).map_err(Checked::Io)?)?;
+    let mut todo = Vec::new();
+    push_all(&mut todo, dir);
+    let mut hops = 0;
+    while let Some(name) = todo.pop() {
+        if name == ".." {
+            cur.pop();
+            continue;
+        }
+        let next = cur.join(&name);
+        let meta = match std::fs::symlink_metadata(&next) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // Create it here, in a directory already checked.
+                match DirBuilder::new().mode(0o700).create(&next) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(Checked::Io(e)),
+                }
+                std::fs::symlink_metadata(&next).map_err(Checked::Io)?
+            }
+            other => other.map_err(Checked::Io)?,
+        };
+        if meta.file_type().is_symlink() {
+            if meta.uid() != uid && meta.uid() != 0 {
+                return Err(Checked::Unsafe(format!(
+                    "{}: a symlink of uid {}, neither of uid {uid} who runs moat nor of root; moat does not follow it",
+                    next.display(),
+                    meta.uid()
+                )));
+            }
+            hops += 1;
+            if hops > MAX_SYMLINKS {
+                return Err(Checked::Io(std::io::Error::from_raw_os_error(
+                    Errno::ELOOP as i32,
+                )));
+            }
+            let target = std::fs::read_link(&next).map_err(Checked::Io)?;
+            if target.is_absolute() {
+                cur = PathBuf::from("/");
+            }
+            push_all(&mut todo, &target);
+            continue;
+        }
+        if !meta.is_dir() {
+            return Err(Checked::Io(std::io::Error::from_raw_os_error(
+                Errno::ENOTDIR as i32,
+            )));
+        }
+        check(&next, &meta)?;
+        cur = next;
+    }
+    Ok(cur)
+}
+
+fn not_regular(mode: u32) -> String {
+    let kind = match mode & nix::libc::S_IFMT {
+        0o020000 => "a character device",
+        0o060000 => "a block device",
+        0o010000 => "a FIFO",
+        0o140000 => "a socket",
+        0o040000 => "a directory",
+        0o120000 => {
+            "a symbolic link; moat never follows one for its audit log (pass the real path)"
+        }
+        _ => "not a regular file",
+    };
+    format!("is {kind}, not a regular file: a run must be recorded in a file that keeps it")
 }
 
 fn lock_exclusive(file: File, path: &Path) -> Result<Flock<File>, AuditError> {
@@ -444,5 +691,63 @@ mod tests {
             "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         );
         assert_eq!(GENESIS.len(), chain_hash(b"x").len());
+    }
+
+    #[test]
+    fn open_refuses_what_others_could_shape() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let target = tmp.path().join("victim");
+        std::fs::write(&target, "x\n").expect("write");
+        let link = tmp.path().join("link.jsonl");
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+        let err = AuditLog::open(&link).expect_err("a symlink is refused");
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).expect("mkdir");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let err = AuditLog::open(&open.join("a.jsonl")).expect_err("world-writable dir");
+        assert!(err.to_string().contains("sticky"), "{err}");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+        AuditLog::open(&open.join("a.jsonl")).expect("sticky dir is fine");
+
+        let loose = tmp.path().join("loose.jsonl");
+        std::fs::write(&loose, "").expect("write");
+        std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let err = AuditLog::open(&loose).expect_err("world-writable log");
+        assert!(err.to_string().contains("chmod 600"), "{err}");
+
+        for dev in ["/dev/null", "/dev/full"] {
+            let err = AuditLog::open(Path::new(dev)).expect_err("device");
+            assert!(err.to_string().contains("character device"), "{err}");
+        }
+        assert_eq!(
+            std::fs::read_to_string(&target).ok().as_deref(),
+            Some("x\n")
+        );
+    }
+
+    #[test]
+    fn append_refuses_a_log_without_final_newline() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("audit.jsonl");
+        let log = AuditLog::open(&path).expect("open");
+        log.append(&[serde_json::json!({"type": "a"})])
+            .expect("append");
+        let text = std::fs::read_to_string(&path).expect("read");
+        std::fs::write(&path, text.trim_end()).expect("cut newline");
+        let err = log
+            .append(&[serde_json::json!({"type": "b"})])
+            .expect_err("refused");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("moat audit verify") && msg.contains("move the file aside"),
+            "{msg}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&path).ok().as_deref(),
+            Some(text.trim_end())
+        );
     }
 }

@@ -50,6 +50,9 @@ struct Session {
     proxy: Option<moat_proxy::ProxyHandle>,
     proxy_error: Option<String>,
     audit_error: Option<String>,
+    /// Proxy decisions folded per target for the log and `--json`, in
+    /// bounded memory.
+    decisions: Arc<Mutex<moat_audit::DecisionAggregator>>,
     /// What a nested run inherits (absent under danger-full-access).
     outer: Option<crate::nested::Outer>,
     broker: Option<crate::nested::Broker>,
@@ -73,6 +76,23 @@ impl Session {
                     )
                 });
             }
+        }
+    }
+
+    /// Records `events` and fails when they are not on record: what comes
+    /// before the launch must be, or the run does not happen.
+    fn record_required(&mut self, events: &[Value]) -> Result<(), String> {
+        for ev in events {
+            emit(&self.sink, ev);
+        }
+        match &self.audit {
+            Some(log) => log.append(events).map_err(|e| {
+                format!(
+                    "cannot record the run in the audit log, so it does not happen: {e}; \
+                     fix the log, pass --audit-log PATH, or --no-audit"
+                )
+            }),
+            None => Ok(()),
         }
     }
 }
@@ -125,6 +145,7 @@ impl RunObserver for Session {
         }
         let sink = self.sink.clone();
         let ctx = self.ctx.clone();
+        let decisions = self.decisions.clone();
         let on_decision: moat_proxy::OnDecision = Box::new(move |rec| {
             let ev = moat_audit::event(
                 &ctx,
@@ -132,6 +153,12 @@ impl RunObserver for Session {
                 fields(serde_json::to_value(&rec).unwrap_or(Value::Null)),
             );
             emit(&sink, &ev);
+            if let Ok(mut agg) = decisions.lock() {
+                agg.add(
+                    serde_json::to_value(&rec).unwrap_or(Value::Null),
+                    &moat_audit::now_rfc3339(),
+                );
+            }
         });
         match moat_proxy::start(http, socks, config, on_decision) {
             Ok(h) => self.proxy = Some(h),
@@ -409,7 +436,11 @@ pub fn run_resolved(
         }
         session.proxy_config = Some(config);
     }
-    session.record(&[resolved]);
+    // The start of the run is on record (appended and read back) before
+    // anything runs: a run that cannot be recorded does not happen.
+    if let Err(e) = session.record_required(&[resolved]) {
+        return refuse(mode, &id, &session_id, Some(&policy), &e, &sink);
+    }
     let opts = RunOptions {
         argv: command.to_vec(),
         output: match mode {
@@ -423,10 +454,13 @@ pub fn run_resolved(
         tag: id.clone(),
     };
     let mut outcome = moat_linux::run(&plan, &opts, &mut session);
+    // Stops the proxy; its own per-request list is not used (the folded
+    // decisions below saw every request, in bounded memory).
+    drop(session.proxy.take().map(|h| h.shutdown()));
     let requests = session
-        .proxy
-        .take()
-        .map(|h| h.shutdown())
+        .decisions
+        .lock()
+        .map(|agg| agg.records())
         .unwrap_or_default();
     if let Some(b) = session.broker.take() {
         b.shutdown();
@@ -458,12 +492,7 @@ pub fn run_resolved(
     // Live subscribers saw each decision as it happened; the log gets them now.
     let decision_events: Vec<Value> = requests
         .iter()
-        .map(|r| {
-            session.event(
-                "network.decision",
-                serde_json::to_value(r).unwrap_or(Value::Null),
-            )
-        })
+        .map(|r| session.event("network.decision", r.clone()))
         .collect();
     let finished = if outcome.status == RunStatus::FailedToStart {
         session.event(
@@ -540,6 +569,7 @@ impl Session {
             proxy: None,
             proxy_error: None,
             audit_error: None,
+            decisions: Arc::default(),
             outer: Some(outer),
             broker: None,
         }
@@ -639,12 +669,12 @@ fn result_json(
     policy: &Policy,
     o: &RunOutcome,
     denied: &[Value],
-    requests: &[moat_proxy::DecisionRecord],
+    requests: &[Value],
 ) -> Value {
     let enforced = policy.level.is_sandboxed() && o.status != RunStatus::FailedToStart;
     let mut network = json!({"mode": policy.network.mode.as_str()});
     if policy.network.mode == NetworkMode::Proxy {
-        network["requests"] = serde_json::to_value(requests).unwrap_or(Value::Null);
+        network["requests"] = Value::Array(requests.to_vec());
     }
     let mut v = json!({
         "execution_id": id,

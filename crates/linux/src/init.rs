@@ -108,6 +108,7 @@ fn setup(args: &InitArgs<'_>) -> Result<(), String> {
         return Ok(());
     }
     sys::wipe_environ_block().map_err(|e| format!("clear the init's environment: {e}"))?;
+    sys::wipe_argv_block().map_err(|e| format!("clear the init's command line: {e}"))?;
     fs::write("/proc/self/setgroups", "deny")
         .map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
     fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid))

@@ -130,13 +130,59 @@ fn dirent_kind(ft: &fs::FileType) -> Kind {
     }
 }
 
-/// The home directory of `uid` in /etc/passwd (no NSS: moat links statically).
-fn passwd_home(uid: u32) -> Option<PathBuf> {
-    let text = fs::read_to_string("/etc/passwd").ok()?;
-    text.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() >= 7 && f[2].parse::<u32>().ok() == Some(uid)).then(|| PathBuf::from(f[5]))
-    })
+/// Every home directory named in /etc/passwd, with the uid it belongs to
+/// (no NSS: moat links statically; accounts only a directory service
+/// knows are found through /home).
+fn passwd_homes() -> Vec<(u32, PathBuf)> {
+    let Ok(text) = fs::read_to_string("/etc/passwd") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            let uid = f.get(2)?.parse::<u32>().ok()?;
+            let home = Path::new(f.get(5)?);
+            (f.len() >= 7 && home.is_absolute()).then(|| (uid, home.to_path_buf()))
+        })
+        .collect()
+}
+
+/// The homes on this host whose protected paths moat hides or
+/// write-protects, among those `shown` accepts (at `workspace-contained`
+/// only what may be visible, so the launch path stays short): the policy's
+/// HOME, the caller's passwd home (canonical: $HOME can be set to anything
+/// by whoever launched moat), every passwd entry's home that is a real
+/// directory (`/root`, `/var/lib/postgresql`, service accounts…), and
+/// every directory in /home (accounts from a directory service). Sorted,
+/// deduplicated.
+pub fn host_homes(uid: u32, policy_home: &Path, shown: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+    let mut homes = vec![policy_home.to_path_buf()];
+    for (owner, home) in passwd_homes() {
+        if !shown(&home) {
+            continue;
+        }
+        if owner == uid {
+            if let Ok(c) = fs::canonicalize(&home) {
+                homes.push(c);
+            }
+        }
+        if lstat_kind(&home) == Some(Kind::Dir) {
+            homes.push(home);
+        }
+    }
+    if shown(Path::new("/home")) {
+        if let Ok(rd) = fs::read_dir("/home") {
+            homes.extend(
+                rd.flatten()
+                    .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                    .map(|e| e.path()),
+            );
+        }
+    }
+    homes.retain(|h| shown(h));
+    homes.sort();
+    homes.dedup();
+    homes
 }
 
 /// Whether this process already runs under a seccomp filter.
@@ -278,26 +324,26 @@ impl HostFacts {
     }
 
     fn probe_secrets(&mut self, policy: &Policy) {
-        // Every home on the host when running as root (root can read them
-        // all); an unprivileged caller's kernel already keeps it out of
-        // other users' 0700 homes.
-        // $HOME can be set to anything by whoever launched moat; the
-        // account's home from /etc/passwd holds the real keys.
-        let mut homes = vec![policy.home.clone()];
-        if let Some(h) = passwd_home(self.uid).and_then(|h| fs::canonicalize(h).ok()) {
-            homes.push(h);
-        }
-        if self.uid == 0 {
-            homes.push(PathBuf::from("/root"));
-            if let Ok(rd) = fs::read_dir("/home") {
-                homes.extend(rd.flatten().map(|e| e.path()));
-            }
-        }
-        homes.sort();
-        homes.dedup();
+        // Every home on the host, whoever runs moat: as root they are all
+        // readable, and an unprivileged caller may still read a home (and a
+        // secret in it) that another user left group/world-readable.
         let shown = |p: &Path| may_be_visible(policy, p);
-        for home in homes.iter().filter(|h| shown(h)) {
+        let homes = host_homes(self.uid, &policy.home, shown);
+        for home in &homes {
+            // Most homes (service accounts) hold none of these: one lstat of
+            // a missing first component (`.config`) rules out every path
+            // under it, keeping the launch path short.
+            let mut missing: Vec<&str> = Vec::new();
             for rel in PROTECTED_HOME_PATHS {
+                if let Some((first, _)) = rel.split_once('/') {
+                    if missing.contains(&first) {
+                        continue;
+                    }
+                    if lstat_kind(&home.join(first)).is_none() {
+                        missing.push(first);
+                        continue;
+                    }
+                }
                 let p = home.join(rel);
                 if let Some((c, k)) = resolve(&p) {
                     if home == &policy.home {
@@ -578,17 +624,16 @@ impl HostFacts {
         }
         // Home directories inside a writable root get the home lists too
         // (a workspace of /home must not let the command write
-        // /home/u/.bashrc).
-        let mut homes = vec![policy.home.clone(), PathBuf::from("/root")];
-        if let Ok(rd) = fs::read_dir("/home") {
-            homes.extend(rd.flatten().map(|e| e.path()));
-        }
+        // /home/u/.bashrc). Homes come from the passwd database and /home.
+        let homes = host_homes(self.uid, &policy.home, |h| {
+            roots.iter().any(|r| h.starts_with(r))
+        });
         let mut all: Vec<(PathBuf, bool)> = roots
             .iter()
             .map(|r| (r.clone(), homes.contains(r)))
             .collect();
         for h in homes {
-            if roots.iter().any(|r| h.starts_with(r)) && !all.iter().any(|(r, _)| *r == h) {
+            if !all.iter().any(|(r, _)| *r == h) {
                 all.push((h, true));
             }
         }

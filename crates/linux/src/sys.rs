@@ -409,22 +409,59 @@ pub fn set_not_dumpable() -> io::Result<()> {
 /// /proc/self/environ shows) with zeros. The supervisor's environment is
 /// copied into every forked child; the init must not carry it.
 pub fn wipe_environ_block() -> io::Result<()> {
+    // Fields 50/51 of proc(5)'s stat: env_start, env_end.
+    wipe_stat_block(50, 51, "env_start/env_end")
+}
+
+/// Overwrites this process's original argument block (what
+/// /proc/self/cmdline shows) with zeros: the init is a fork of the
+/// supervisor, whose command line (`--env K=V`, an upstream proxy URL…) the
+/// sandboxed command must not read from /proc/1/cmdline.
+pub fn wipe_argv_block() -> io::Result<()> {
+    // Fields 48/49: arg_start, arg_end.
+    wipe_stat_block(48, 49, "arg_start/arg_end")
+}
+
+/// Zeroes the memory between the addresses in /proc/self/stat fields
+/// `start_field` and `end_field` (numbered from 1 as in proc(5)).
+fn wipe_stat_block(start_field: usize, end_field: usize, what: &str) -> io::Result<()> {
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     let after = stat.rfind(')').map(|i| &stat[i + 2..]).unwrap_or("");
     let fields: Vec<&str> = after.split_whitespace().collect();
     // Fields are numbered from 1 in proc(5); `after` starts at field 3.
     let field = |n: usize| fields.get(n - 3).and_then(|s| s.parse::<usize>().ok());
-    let (Some(start), Some(end)) = (field(50), field(51)) else {
-        return Err(io::Error::other("no env_start/env_end in /proc/self/stat"));
+    let (Some(start), Some(end)) = (field(start_field), field(end_field)) else {
+        return Err(io::Error::other(format!("no {what} in /proc/self/stat")));
     };
     if end > start && end - start < (1 << 24) {
-        // SAFETY: [env_start, env_end) is this process's own initial
-        // environment block on the main stack, mapped writable. After this the
-        // libc `environ` strings read as empty; nothing in the init reads the
-        // environment (the command's is prepared before the fork).
+        // SAFETY: [start, end) is this process's own initial argument or
+        // environment block on the main stack (the kernel's arg_start..
+        // arg_end / env_start..env_end), mapped writable. After this the
+        // libc `environ` and saved argv strings read as empty; nothing in
+        // the init reads them (the command's argv and environment are
+        // prepared before the fork).
         unsafe { std::ptr::write_bytes(start as *mut u8, 0, end - start) };
     }
     Ok(())
+}
+
+/// Whether the running kernel implements syscall `nr` (anything but
+/// ENOSYS). Called with every argument all-ones — an invalid fd, pointer and
+/// flag set — so a syscall that exists refuses the call (EBADF, EFAULT,
+/// EINVAL…) rather than doing something. Only for syscalls above the
+/// floor's review, in a test.
+pub fn kernel_knows_syscall(nr: i64) -> io::Result<bool> {
+    let all = -1i64;
+    // SAFETY: integer arguments only; every pointer argument is the invalid
+    // address -1, which the kernel checks and refuses with EFAULT.
+    let ret = unsafe { libc::syscall(nr, all, all, all, all, all, all) };
+    if ret >= 0 {
+        return Ok(true);
+    }
+    match io::Error::last_os_error().raw_os_error() {
+        Some(libc::ENOSYS) => Ok(false),
+        _ => Ok(true),
+    }
 }
 
 /// Block or unblock `signals` for the calling thread; returns the old mask.

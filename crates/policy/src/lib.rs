@@ -18,6 +18,7 @@ mod duration;
 mod env;
 pub mod gitconfig;
 mod nested;
+pub mod pathser;
 mod protected;
 
 use std::collections::BTreeMap;
@@ -239,6 +240,7 @@ pub struct PolicyRequest {
 /// An extra host path in the view, with its access.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PathGrant {
+    #[serde(with = "pathser")]
     pub path: PathBuf,
     pub access: Access,
 }
@@ -263,7 +265,9 @@ pub struct Policy {
     pub policy_version: &'static str,
     pub level: Level,
     pub network: NetworkPolicy,
+    #[serde(with = "pathser")]
     pub workspace: PathBuf,
+    #[serde(with = "pathser")]
     pub home: PathBuf,
     /// Extra host paths, sorted by path.
     pub paths: Vec<PathGrant>,
@@ -283,6 +287,7 @@ pub struct Policy {
     /// Home-relative paths shown as empty read-only stand-ins.
     pub protected_home_paths: Vec<&'static str>,
     /// Protected paths the caller opted in with `--ro`/`--rw`.
+    #[serde(with = "pathser::vec")]
     pub protected_opt_in: Vec<PathBuf>,
     /// Workspace names that stay read-only at writable levels.
     pub write_protected: Vec<&'static str>,

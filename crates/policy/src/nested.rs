@@ -16,9 +16,12 @@ use crate::{Access, Level, NetworkMode, PathGrant, Policy, PROTECTED_HOME_PATHS}
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bounds {
     pub level: Level,
+    #[serde(with = "crate::pathser")]
     pub workspace: PathBuf,
+    #[serde(with = "crate::pathser")]
     pub home: PathBuf,
     pub paths: Vec<PathGrant>,
+    #[serde(with = "crate::pathser::vec")]
     pub protected_opt_in: Vec<PathBuf>,
     pub network: NetworkMode,
     pub allow: Vec<String>,

@@ -273,3 +273,54 @@ fn workspace_inside_protected_path_is_refused_unless_opted_in() {
     r.ro = vec!["/home/u/.aws".into()];
     assert!(Policy::resolve(r).is_ok());
 }
+
+fn non_utf8(prefix: &str, byte: u8) -> std::path::PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let mut bytes = prefix.as_bytes().to_vec();
+    bytes.push(byte);
+    std::path::PathBuf::from(std::ffi::OsString::from_vec(bytes))
+}
+
+#[test]
+fn non_utf8_paths_hash_differently() {
+    let with_ws = |ws: std::path::PathBuf| {
+        let mut r = req();
+        r.workspace = ws;
+        Policy::resolve(r).unwrap()
+    };
+    let a = with_ws(non_utf8("/home/u/proj-", 0xff));
+    let b = with_ws(non_utf8("/home/u/proj-", 0xfe));
+    assert_ne!(a.canonical_value(), serde_json::Value::Null);
+    assert_ne!(a.hash(), b.hash(), "{}", a.canonical_json());
+    // The path is in the canonical form, losslessly.
+    assert_eq!(
+        a.canonical_value()["workspace"],
+        serde_json::json!({"bytes_hex": "2f686f6d652f752f70726f6a2dff"})
+    );
+    // A UTF-8 path keeps its plain string form.
+    let plain = Policy::resolve(req()).unwrap();
+    assert_eq!(plain.canonical_value()["workspace"], "/home/u/proj");
+
+    // Grants and opted-in protected paths too.
+    let with_ro = |p: std::path::PathBuf| {
+        let mut r = req();
+        r.ro = vec![p];
+        Policy::resolve(r).unwrap()
+    };
+    let c = with_ro(non_utf8("/data/x-", 0x80));
+    let d = with_ro(non_utf8("/data/x-", 0x81));
+    assert_ne!(c.hash(), d.hash());
+    assert_ne!(c.hash(), plain.hash());
+}
+
+#[test]
+fn a_string_path_never_collides_with_an_encoded_one() {
+    let mut r = req();
+    // A UTF-8 path that spells what a non-UTF-8 one is encoded as.
+    r.workspace = "/home/u/{\"bytes_hex\":\"ff\"}".into();
+    let text = Policy::resolve(r).unwrap();
+    let mut r = req();
+    r.workspace = non_utf8("/home/u/", 0xff);
+    let bytes = Policy::resolve(r).unwrap();
+    assert_ne!(text.hash(), bytes.hash());
+}

@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use server::ProxyHandle;
+pub use server::{ProxyHandle, MAX_KEPT_RECORDS};
 pub use stdio::{socks_connect, socks_relay, socks_stdio};
 pub use upstream::{parse_upstream, Upstream};
 

@@ -12,6 +12,11 @@ use tokio::sync::{oneshot, watch};
 
 use crate::{DecisionRecord, OnDecision, ProxyConfig, Records};
 
+/// Most records a [`ProxyHandle`] keeps for `shutdown`/`records` (every
+/// record still reaches `on_decision`): a command making endless requests
+/// must not grow moat's memory without bound.
+pub const MAX_KEPT_RECORDS: usize = 1024;
+
 /// How long `shutdown` waits for connection tasks to notice the stop.
 const DRAIN_TASKS: Duration = Duration::from_secs(2);
 
@@ -25,7 +30,8 @@ pub struct ProxyHandle {
 impl ProxyHandle {
     /// Closes the listeners and every open connection (carried connections
     /// are recorded with their byte counts so far), joins the runtime thread
-    /// and returns all records in the order they were emitted.
+    /// and returns the records in the order they were emitted (the first
+    /// [`MAX_KEPT_RECORDS`]).
     pub fn shutdown(mut self) -> Vec<DecisionRecord> {
         self.stop_and_join();
         let mut g = self.records.lock().unwrap_or_else(|e| e.into_inner());
@@ -67,7 +73,9 @@ impl Shared {
     fn emit(&self, rec: DecisionRecord) {
         let mut g = self.records.lock().unwrap_or_else(|e| e.into_inner());
         (self.on_decision)(rec.clone());
-        g.push(rec);
+        if g.len() < MAX_KEPT_RECORDS {
+            g.push(rec);
+        }
     }
 }
 
