@@ -792,3 +792,21 @@ fn a_fifo_planted_as_git_config_cannot_hang_the_sweep() {
         out.dump()
     );
 }
+
+#[test]
+fn a_hook_cannot_be_live_even_during_the_run_in_a_repo_without_hooks() {
+    // Prevention: an existing .git without `hooks` gets an empty read-only
+    // one before the run, so a host `git commit` during the run cannot run
+    // a hook the command planted.
+    let fx = Fixture::new();
+    host_repo(&fx, &fx.ws);
+    std::fs::remove_dir_all(fx.w(".git/hooks")).unwrap();
+    let out = run(fx.sh(
+        "workspace-write",
+        &[],
+        "mkdir -p .git/hooks; if echo evil > .git/hooks/pre-commit; then echo WRITTEN; else echo BLOCKED; fi",
+    ));
+    out.expect_stdout_has("BLOCKED");
+    assert!(!out.stdout.contains("WRITTEN"), "{}", out.dump());
+    assert!(!exists(fx.w(".git/hooks/pre-commit")), "{}", out.dump());
+}

@@ -505,6 +505,8 @@ impl HostFacts {
                 .map(Path::to_path_buf),
         );
         for rel in gitdirs {
+            // Best effort: without it the sweep still removes new hooks.
+            let _ = crate::sweep::ensure_hooks_dir(root, &rel);
             let parts = crate::sweep::git_parts(root, &rel).map_err(|e| {
                 format!(
                     "cannot read the git dir {}: {e}; moat must know its hooks and config before the run. Fix its permissions (chmod -R u+rwX '{}'), then run again",

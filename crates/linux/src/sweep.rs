@@ -826,6 +826,28 @@ impl Sweeper {
     }
 }
 
+/// Prevention rather than sweeping: an existing git dir without `hooks`
+/// gets the empty `hooks` directory `git init` would have made, so it is a
+/// read-only mount during the run and no hook can be live on the host even
+/// for a moment. (Nothing similar exists for `commondir`: an empty one makes
+/// git fail.) Returns whether it created one.
+pub fn ensure_hooks_dir(root: &Path, rel: &Path) -> io::Result<bool> {
+    let root_fd = open_root(root)?;
+    let Ok(gd) = open_rel(&root_fd, rel) else {
+        // Missing, a gitfile or a symlink: nothing to prepare.
+        return Ok(false);
+    };
+    if lstat_at(&gd, OsStr::new("hooks"))?.is_some() {
+        return Ok(false);
+    }
+    nix::sys::stat::mkdirat(
+        &gd,
+        "hooks",
+        nix::sys::stat::Mode::from_bits_truncate(0o755),
+    )?;
+    Ok(true)
+}
+
 /// The executable parts of the git dir at `rel` (and of its worktrees and
 /// submodules) that exist now, with their kinds: before the run these are
 /// made read-only and remembered, so the sweep leaves them alone. Fixed
