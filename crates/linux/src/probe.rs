@@ -1,6 +1,8 @@
 //! Reads the host facts a plan depends on (what exists where, which kernel
 //! features are present). This is the only I/O before planning; the plan
-//! itself is a pure function of (Policy, HostFacts).
+//! itself is a pure function of (Policy, HostFacts). Its one write: the
+//! empty `hooks` directory an existing git dir lacks (see
+//! `sweep::ensure_hooks_dir`), so a read-only mount can cover it.
 
 use std::collections::BTreeMap;
 use std::fs;
