@@ -482,8 +482,14 @@ pub fn run_resolved(
             json!({"path": f.path, "error": f.error}),
         ));
         if mode != Mode::Events {
+            use std::io::IsTerminal;
+            let (red, reset) = if std::io::stderr().is_terminal() {
+                ("\x1b[31m", "\x1b[0m")
+            } else {
+                ("", "")
+            };
             eprintln!(
-                "\x1b[31mmoat: NOT NEUTRALISED: {} ({}); the host may run it. Remove it by hand before using this directory outside moat.\x1b[0m",
+                "{red}moat: NOT NEUTRALISED: {} ({}); the host may run it. Remove it by hand before using this directory outside moat.{reset}",
                 f.path.display(),
                 f.error
             );
