@@ -43,6 +43,12 @@ pub const GIT_CONFIG_ALLOWED_KEYS: &[&str] = &[
     "remote.*.tagopt",
     "remote.*.prune",
     "remote.*.prunetags",
+    // Partial clones (`git clone --filter=…`): which remote promises the
+    // missing objects, and the filter. Fetching from a remote is already
+    // what `remote.*.url` allows.
+    "remote.*.promisor",
+    "remote.*.partialclonefilter",
+    "extensions.partialclone",
     "branch.*.remote",
     "branch.*.pushremote",
     "branch.*.merge",
