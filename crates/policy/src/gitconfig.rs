@@ -332,6 +332,18 @@ mod tests {
     }
 
     #[test]
+    fn clone_and_submodule_configs_are_kept_whole() {
+        let text = "[core]\n\trepositoryformatversion = 1\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = true\n\
+                    [remote \"origin\"]\n\turl = https://github.com/x/y.git\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n\
+                    \tpromisor = true\n\tpartialclonefilter = blob:none\n[extensions]\n\tpartialclone = origin\n\
+                    [branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n\
+                    [submodule \"lib/x\"]\n\turl = ../x.git\n\tactive = true\n";
+        let (out, dropped) = sanitize(text, false).unwrap();
+        assert!(dropped.is_empty(), "{dropped:?}");
+        assert_eq!(parse(&out).unwrap(), parse(text).unwrap());
+    }
+
+    #[test]
     fn program_running_keys_are_dropped() {
         let text = "[core]\n\tbare = false\n\tfsmonitor = touch /tmp/x\n\thooksPath = /tmp\n[core] sshCommand = evil\n\
                     [filter \"a\"]\n\tclean = evil\n[diff \"x\"]\n\ttextconv = evil\n[include]\n\tpath = /x\n\
