@@ -609,7 +609,7 @@ fn git_init_hooks_positive_control() {
 }
 
 #[test]
-fn a_nested_symlink_config_is_not_trusted() {
+fn a_git_config_symlink_is_moved_aside_not_followed() {
     // `.git/config` as a symlink to a file outside: moved aside, the
     // target untouched.
     let fx = Fixture::new();
