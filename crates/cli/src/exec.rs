@@ -348,34 +348,35 @@ pub fn run_resolved(
         Err(e) => return refuse(mode, &id, &session_id, None, &e, &sink),
     };
     // A nested run: the broker checked the request, and this process checks
-    // the policy it actually resolved, against the same outer bounds.
-    if let Some(b) = std::env::var_os(crate::nested::BOUNDS_ENV) {
-        // A nested run dies with the outer supervisor that launched it,
-        // even if that one is SIGKILLed (its init then takes the sandbox).
-        let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
-        let parent_ok = std::env::var("MOAT_BROKER_PID")
-            .ok()
-            .and_then(|p| p.parse::<u32>().ok())
-            == Some(std::os::unix::process::parent_id());
-        if !parent_ok {
-            return refuse(
-                mode,
-                &id,
-                &session_id,
-                Some(&policy),
-                "nested run refused: the outer moat is gone",
-                &sink,
-            );
+    // the view it actually builds against the outer run's view.
+    let (mut policy, timeout) = (policy, timeout);
+    let handoff = match crate::nested::read_handoff() {
+        None => None,
+        Some(Err(e)) => return refuse(mode, &id, &session_id, Some(&policy), &e, &sink),
+        Some(Ok(h)) => {
+            // A nested run dies with the outer supervisor that launched it,
+            // even if that one is SIGKILLed (its init then takes the sandbox).
+            let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+            let parent_ok = std::env::var("MOAT_BROKER_PID")
+                .ok()
+                .and_then(|p| p.parse::<u32>().ok())
+                == Some(std::os::unix::process::parent_id());
+            if !parent_ok {
+                return refuse(
+                    mode,
+                    &id,
+                    &session_id,
+                    Some(&policy),
+                    "nested run refused: the outer moat is gone",
+                    &sink,
+                );
+            }
+            if let Err(e) = crate::nested::inherit_policy(&h, &mut policy) {
+                return refuse(mode, &id, &session_id, Some(&policy), &e, &sink);
+            }
+            Some(h)
         }
-        let bounds: Result<moat_policy::Bounds, _> = serde_json::from_str(&b.to_string_lossy());
-        let verdict = match bounds {
-            Ok(b) => policy.within(&b).map_err(|e| e.to_string()),
-            Err(e) => Err(format!("nested run refused: unreadable outer bounds: {e}")),
-        };
-        if let Err(e) = verdict {
-            return refuse(mode, &id, &session_id, Some(&policy), &e, &sink);
-        }
-    }
+    };
     let ctx = RunContext {
         execution_id: id.clone(),
         session_id: session_id.clone(),
@@ -410,6 +411,9 @@ pub fn run_resolved(
     if let Some(log) = &audit {
         facts.add_hidden_file(log.path());
     }
+    if let Some(h) = &handoff {
+        crate::nested::apply_handoff(h, &mut facts);
+    }
     let plan = match moat_linux::build_plan(&policy, &facts) {
         Ok(p) => p,
         Err(e) => {
@@ -423,7 +427,15 @@ pub fn run_resolved(
             return refuse(mode, &id, &session_id, Some(&policy), &e.to_string(), &sink);
         }
     };
+    if let Some(h) = &handoff {
+        if let Err(e) = moat_linux::view::check_nested(&h.outer, &policy, &plan.view) {
+            return refuse(mode, &id, &session_id, Some(&policy), &e.to_string(), &sink);
+        }
+    }
     let mut session = Session::new(ctx, audit, sink.clone(), command, &policy);
+    if let Some(o) = &mut session.outer {
+        o.view = Some(plan.view.clone());
+    }
     if policy.network.mode == NetworkMode::Proxy {
         let mut config = moat_proxy::ProxyConfig::new(policy.network.rules.clone());
         if let Some(u) = &policy.network.upstream_url {
@@ -556,6 +568,7 @@ impl Session {
     ) -> Session {
         let outer = crate::nested::Outer {
             policy: policy.clone(),
+            view: None,
             session_id: ctx.session_id.clone(),
             execution_id: ctx.execution_id.clone(),
             audit_log: audit.as_ref().map(|l| l.path().to_path_buf()),

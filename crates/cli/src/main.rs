@@ -56,7 +56,8 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print the resolved policy as canonical JSON, with its sha256 hash
+    /// Print the resolved policy as canonical JSON, with its sha256 hash and
+    /// the view it gives on this host (every path with its mode)
     ExplainPolicy(PolicyArgs),
     /// Read and verify the audit log
     Audit(audit_cmd::AuditArgs),
@@ -194,8 +195,20 @@ fn main() -> ExitCode {
         }
         Command::ExplainPolicy(args) => match resolve_policy(&args) {
             Ok((policy, _)) => {
+                // What the sandbox would see on this host: the same view a
+                // run builds its mounts from.
+                let env = std::env::vars_os()
+                    .map(|(k, v)| {
+                        (
+                            k.to_string_lossy().into_owned(),
+                            v.to_string_lossy().into_owned(),
+                        )
+                    })
+                    .collect();
+                let view =
+                    moat_linux::view::compute(&policy, &moat_linux::HostFacts::probe(&policy, env));
                 print_json(
-                    &json!({"policy": policy.canonical_value(), "policy_hash": policy.hash()}),
+                    &json!({"policy": policy.canonical_value(), "policy_hash": policy.hash(), "view": view}),
                 );
                 ExitCode::SUCCESS
             }

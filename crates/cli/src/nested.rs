@@ -16,18 +16,24 @@ use std::sync::{Arc, Mutex};
 
 use clap::Parser;
 use moat_linux::netns::BROKER_SOCKET;
+use moat_linux::view::View;
 use moat_policy::Policy;
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use serde_json::{json, Value};
 
 use crate::{Cli, Command, EXIT_MOAT_FAILED};
 
-/// Carries the outer run's bounds to the moat process that runs a nested
-/// request; that process refuses a policy outside them.
-pub const BOUNDS_ENV: &str = "MOAT_NESTED_BOUNDS";
+/// Names the fd (a pipe from the broker) on which the moat process that
+/// runs a nested request reads the outer run's view and the values the
+/// request passes through with --pass-env. Neither appears on a command
+/// line nor in an environment a sandbox could read back.
+pub const NESTED_FD_ENV: &str = "MOAT_NESTED_FD";
 
-/// Directories that exist only inside a sandbox (the host's are different).
-const SANDBOX_PRIVATE: &[&str] = &["/tmp", "/moat", "/proc", "/dev", "/run", "/sys"];
+/// Connections the broker serves at once; more are refused at once, so idle
+/// connections cannot each hold a host thread.
+const MAX_CONNECTIONS: usize = 16;
+/// How long a connection may take to send its request.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// True inside a moat sandbox: the broker socket exists in the view and
 /// this process already runs under a seccomp filter. Neither can be faked
@@ -93,15 +99,18 @@ fn send_request(args: Vec<OsString>) -> Result<i32, String> {
 }
 
 /// The outer side: serves nested requests (one thread each, started only
-/// when one arrives) until the run ends.
+/// when one arrives, at most [`MAX_CONNECTIONS`] at once) until the run ends.
 pub struct Broker {
     outer: Outer,
     stop: Arc<AtomicBool>,
     children: Arc<Mutex<Vec<u32>>>,
+    active: Arc<std::sync::atomic::AtomicUsize>,
     handlers: Vec<std::thread::JoinHandle<()>>,
-    /// Our side of every connection, so shutdown can end a request that
-    /// never completes (a command may even send us its own end).
-    conns: Vec<UnixStream>,
+    /// Our side of every connection being served, so shutdown can end a
+    /// request that never completes (a command may even send us its own end).
+    conns: Vec<(UnixStream, usize)>,
+    next_id: usize,
+    done: Arc<Mutex<Vec<usize>>>,
 }
 
 impl Broker {
@@ -110,19 +119,51 @@ impl Broker {
             outer,
             stop: Arc::default(),
             children: Arc::default(),
+            active: Arc::default(),
             handlers: Vec::new(),
             conns: Vec::new(),
+            next_id: 0,
+            done: Arc::default(),
         }
     }
 
-    /// Serves one nested request on its own thread.
+    /// Serves one nested request on its own thread, or refuses it at once
+    /// when [`MAX_CONNECTIONS`] are already being served.
     pub fn serve(&mut self, conn: UnixStream) {
+        // Forget what finished: its thread and our copy of its socket.
+        if let Ok(mut done) = self.done.lock() {
+            self.conns.retain(|(_, id)| !done.contains(id));
+            done.clear();
+        }
+        let (finished, running): (Vec<_>, Vec<_>) =
+            self.handlers.drain(..).partition(|h| h.is_finished());
+        for h in finished {
+            let _ = h.join();
+        }
+        self.handlers = running;
+        if self.active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            self.active.fetch_sub(1, Ordering::SeqCst);
+            let _ = conn.set_nonblocking(true);
+            reply(
+                &conn,
+                json!({"exit_code": EXIT_MOAT_FAILED, "error": format!("nested run refused: {MAX_CONNECTIONS} requests are already open")}),
+            );
+            return;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
         if let Ok(c) = conn.try_clone() {
-            self.conns.push(c);
+            self.conns.push((c, id));
         }
         let (o, c, s) = (self.outer.clone(), self.children.clone(), self.stop.clone());
-        self.handlers
-            .push(std::thread::spawn(move || handle(conn, &o, &c, &s)));
+        let (active, done) = (self.active.clone(), self.done.clone());
+        self.handlers.push(std::thread::spawn(move || {
+            handle(conn, &o, &c, &s);
+            if let Ok(mut d) = done.lock() {
+                d.push(id);
+            }
+            active.fetch_sub(1, Ordering::SeqCst);
+        }));
     }
 
     /// Refuses new requests and stops every nested run still going (they
@@ -137,7 +178,7 @@ impl Broker {
             );
         }
         // A request still being read ends now: its read sees end of file.
-        for c in &self.conns {
+        for (c, _) in &self.conns {
             let _ = c.shutdown(std::net::Shutdown::Read);
         }
         for h in self.handlers {
@@ -150,6 +191,8 @@ impl Broker {
 #[derive(Clone)]
 pub struct Outer {
     pub policy: Policy,
+    /// The outer run's view: a nested run gets at most this.
+    pub view: Option<View>,
     pub session_id: String,
     pub execution_id: String,
     /// The outer run's audit log: nested runs are always recorded there.
@@ -163,6 +206,19 @@ fn reply(conn: &UnixStream, v: Value) {
 
 fn handle(conn: UnixStream, outer: &Outer, children: &Mutex<Vec<u32>>, stop: &AtomicBool) {
     let _ = conn.set_nonblocking(false);
+    let _ = conn.set_read_timeout(Some(REQUEST_TIMEOUT));
+    // The caller's own net class (a profiled tool's shim stacks seccomp
+    // filters a process cannot remove): read before anything else, while
+    // the caller waits for our answer.
+    let caller_class = match caller_net_class(&conn) {
+        Ok(c) => c,
+        Err(e) => {
+            return reply(
+                &conn,
+                json!({"exit_code": EXIT_MOAT_FAILED, "error": format!("nested run refused: {e}")}),
+            )
+        }
+    };
     let (req, fds) = match receive(&conn) {
         Ok(r) => r,
         Err(e) => {
@@ -172,7 +228,8 @@ fn handle(conn: UnixStream, outer: &Outer, children: &Mutex<Vec<u32>>, stop: &At
             )
         }
     };
-    match run_nested(&req, fds, outer, children, stop) {
+    let _ = conn.set_read_timeout(None);
+    match run_nested(&req, fds, outer, caller_class, children, stop) {
         Ok(code) => reply(&conn, json!({"exit_code": code})),
         Err(e) => reply(&conn, json!({"exit_code": EXIT_MOAT_FAILED, "error": e})),
     }
@@ -245,10 +302,69 @@ impl Drop for Slot {
 /// a sandbox, so a command must not be able to start them without bound.
 const MAX_NESTED: usize = 8;
 
+/// The net class of the process at the other end of `conn`, from the
+/// seccomp filters stacked on it. With a pidfd (Linux >= 6.5) the answer is
+/// checked to still be about the caller (its pid cannot have been reused).
+fn caller_net_class(conn: &UnixStream) -> Result<Option<moat_policy::NetClass>, String> {
+    use std::os::fd::AsFd;
+    let filters_of = |pid: i32| -> Result<u32, String> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .map_err(|e| format!("cannot read the caller's status: {e}"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp_filters:"))
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .ok_or_else(|| {
+                "cannot read the caller's seccomp filters (needs Linux >= 5.9)".to_string()
+            })
+    };
+    let filters = match moat_linux::sys::peer_pidfd(conn.as_fd()) {
+        Ok(pidfd) => {
+            let pid_of = || -> Option<i32> {
+                let info =
+                    std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()))
+                        .ok()?;
+                info.lines()
+                    .find_map(|l| l.strip_prefix("Pid:"))
+                    .and_then(|v| v.trim().parse().ok())
+            };
+            let pid = pid_of().filter(|p| *p > 0).ok_or("the caller is gone")?;
+            let filters = filters_of(pid)?;
+            if pid_of() != Some(pid) {
+                return Err("the caller is gone".into());
+            }
+            filters
+        }
+        Err(_) => {
+            let cred =
+                nix::sys::socket::getsockopt(conn, nix::sys::socket::sockopt::PeerCredentials)
+                    .map_err(|e| format!("cannot identify the caller: {e}"))?;
+            filters_of(cred.pid())?
+        }
+    };
+    Ok(moat_linux::confine::net_class_of_filters(filters))
+}
+
+/// What the moat process that runs a nested request reads from its pipe.
+pub struct Handoff {
+    /// The outer run's view, with the caller's net class folded in.
+    pub outer: View,
+    /// `--pass-env` values from the caller's environment.
+    pub pass_env: Vec<(String, String)>,
+    /// The outer run's upstream proxy as given (credentials included): a
+    /// nested run in proxy mode uses it and cannot choose another.
+    pub upstream_url: Option<String>,
+}
+
+/// Serialises spawning a nested run: the handoff pipe's read end is
+/// inheritable only while this is held, so no other child gets it.
+static SPAWN: Mutex<()> = Mutex::new(());
+
 fn run_nested(
     req: &Value,
     fds: Vec<OwnedFd>,
     outer: &Outer,
+    caller_class: Option<moat_policy::NetClass>,
     children: &Mutex<Vec<u32>>,
     stop: &AtomicBool,
 ) -> Result<i32, String> {
@@ -271,9 +387,14 @@ fn run_nested(
         })
         .unwrap_or_default();
     let cwd = PathBuf::from(req["cwd"].as_str().unwrap_or("/"));
-    if let Some(p) = SANDBOX_PRIVATE.iter().find(|p| cwd.starts_with(p)) {
+    let Some(outer_view) = &outer.view else {
+        return Err("nested run refused: the outer run has no view to check it against".into());
+    };
+    // The caller's directory must be host content at its own path in the
+    // outer view: the sandbox's own /tmp, HOME, /run… do not exist on the host.
+    if !outer_view.shows_host_at_own_path(&cwd) {
         return Err(format!(
-            "nested run refused: {} is inside {p}, which is private to the outer sandbox; run it from a directory of the workspace",
+            "nested run refused: {} is private to the outer sandbox (not a host directory of its view); run it from a directory of the workspace",
             cwd.display()
         ));
     }
@@ -290,12 +411,17 @@ fn run_nested(
     if exec_args.no_audit || exec_args.audit_log.is_some() {
         return Err("nested run refused: --no-audit/--audit-log; nested runs are recorded in the outer run's audit log".into());
     }
+    let mut outer_view = outer_view.clone();
+    outer_view.net_class = match (outer_view.net_class, caller_class) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let home = outer.policy.home.clone();
-    let (inner, _) =
+    // A first check here (the launched moat checks the whole view again,
+    // after its own resolution, closing any race with this one).
+    let (mut inner, _) =
         crate::resolve_policy_in(&exec_args.policy, &cwd, &home).map_err(|e| format!("{e:#}"))?;
-    inner
-        .within(&outer.policy.bounds())
-        .map_err(|e| e.to_string())?;
+    moat_linux::view::inherit_policy(&outer_view, &mut inner, None).map_err(|e| e.to_string())?;
     if stop.load(Ordering::SeqCst) {
         return Err("nested run refused: the outer run is ending".into());
     }
@@ -325,22 +451,32 @@ fn run_nested(
         .position(|a| a == "exec")
         .map(|i| i + 1)
         .unwrap_or(0);
-    let mut injected: Vec<String> = match &outer.audit_log {
+    let injected: Vec<String> = match &outer.audit_log {
         Some(p) => vec!["--audit-log".into(), p.to_string_lossy().into_owned()],
         None => vec!["--no-audit".into()],
     };
     // The request's environment comes from inside the sandbox: it must not
     // shape the host-side moat process (LD_PRELOAD, XDG_*, locale paths…).
     // Only the safe base reaches that process; values the inner run passes
-    // through with --pass-env travel as --env arguments, which only the
+    // through with --pass-env travel in the handoff pipe, which only the
     // inner command's environment receives.
     let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-    for name in &exec_args.policy.pass_env {
-        if let Some(v) = get(name) {
-            injected.push("--env".into());
-            injected.push(format!("{name}={v}"));
-        }
-    }
+    let handoff = Handoff {
+        outer: outer_view,
+        pass_env: exec_args
+            .policy
+            .pass_env
+            .iter()
+            .filter_map(|n| Some((n.clone(), get(n)?)))
+            .collect(),
+        upstream_url: outer.policy.network.upstream_url.clone(),
+    };
+    let handoff = serde_json::to_vec(&json!({
+        "outer": serde_json::to_value(&handoff.outer).map_err(|e| format!("nested run: {e}"))?,
+        "pass_env": handoff.pass_env,
+        "upstream_url": handoff.upstream_url,
+    }))
+    .map_err(|e| format!("nested run: {e}"))?;
     for (k, a) in injected.into_iter().enumerate() {
         args.insert(at + k, a);
     }
@@ -357,12 +493,6 @@ fn run_nested(
         .env("MOAT_SESSION_ID", &outer.session_id)
         .env("MOAT_PARENT_EXECUTION_ID", &outer.execution_id)
         .env("MOAT_BROKER_PID", std::process::id().to_string())
-        // The launched moat checks again after its own resolution: a path
-        // swapped between this check and that one cannot widen the run.
-        .env(
-            BOUNDS_ENV,
-            serde_json::to_string(&outer.policy.bounds()).unwrap_or_default(),
-        )
         .stdin(std::process::Stdio::from(i))
         .stdout(std::process::Stdio::from(o))
         .stderr(std::process::Stdio::from(e));
@@ -371,9 +501,29 @@ fn run_nested(
             cmd.env(k, v);
         }
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("start the nested run: {e}"))?;
+    let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| format!("nested run: handoff pipe: {e}"))?;
+    cmd.env(NESTED_FD_ENV, read_end.as_raw_fd().to_string());
+    let mut child = {
+        let _spawning = SPAWN
+            .lock()
+            .map_err(|_| "nested run: spawn lock poisoned")?;
+        set_inheritable(&read_end, true)?;
+        let child = cmd.spawn();
+        set_inheritable(&read_end, false)?;
+        child.map_err(|e| format!("start the nested run: {e}"))?
+    };
+    drop(read_end);
+    // The launched moat reads all of it before anything else; if it dies
+    // first, the write fails and so does the run.
+    let mut w = std::fs::File::from(write_end);
+    let written = w.write_all(&handoff);
+    drop(w);
+    if let Err(e) = written {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!("nested run: hand the outer view over: {e}"));
+    }
     if let Ok(mut v) = children.lock() {
         v.push(child.id());
     }
@@ -387,4 +537,67 @@ fn run_nested(
     Ok(status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+fn set_inheritable(fd: &OwnedFd, inheritable: bool) -> Result<(), String> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    let flags = if inheritable {
+        FdFlag::empty()
+    } else {
+        FdFlag::FD_CLOEXEC
+    };
+    fcntl(fd, FcntlArg::F_SETFD(flags))
+        .map(|_| ())
+        .map_err(|e| format!("nested run: handoff pipe: {e}"))
+}
+
+/// In the moat process that runs a nested request: reads the handoff the
+/// broker left on [`NESTED_FD_ENV`]. None when this is not a nested run.
+pub fn read_handoff() -> Option<Result<Handoff, String>> {
+    let n = std::env::var(NESTED_FD_ENV).ok()?;
+    let res = (|| -> Result<Handoff, String> {
+        let fd: RawFd = n
+            .parse()
+            .map_err(|_| format!("bad {NESTED_FD_ENV} {n:?}"))?;
+        let fd = moat_linux::sys::take_inherited_fd(fd)
+            .map_err(|e| format!("the broker's handoff fd {fd}: {e}"))?;
+        let mut body = Vec::new();
+        std::fs::File::from(fd)
+            .take(64 << 20)
+            .read_to_end(&mut body)
+            .map_err(|e| format!("read the broker's handoff: {e}"))?;
+        let v: Value =
+            serde_json::from_slice(&body).map_err(|e| format!("unreadable handoff: {e}"))?;
+        let outer: View = serde_json::from_value(v["outer"].clone())
+            .map_err(|e| format!("unreadable outer view: {e}"))?;
+        let pass_env: Vec<(String, String)> = serde_json::from_value(v["pass_env"].clone())
+            .map_err(|e| format!("unreadable handoff: {e}"))?;
+        let upstream_url = v["upstream_url"].as_str().map(String::from);
+        Ok(Handoff {
+            outer,
+            pass_env,
+            upstream_url,
+        })
+    })();
+    Some(res.map_err(|e| format!("nested run refused: {e}")))
+}
+
+/// Applies a handoff to the nested run's host facts: the outer view's
+/// stand-ins and read-only paths, and the passed-through values.
+pub fn apply_handoff(h: &Handoff, facts: &mut moat_linux::HostFacts) {
+    moat_linux::view::inherit_facts(&h.outer, facts);
+    for (k, v) in &h.pass_env {
+        facts.env.retain(|(n, _)| n != k);
+        facts.env.push((k.clone(), v.clone()));
+    }
+}
+
+/// Narrows a nested run's policy to what the outer run allows (see
+/// [`moat_linux::view::inherit_policy`]) and gives it the outer upstream proxy.
+pub fn inherit_policy(h: &Handoff, policy: &mut Policy) -> Result<(), String> {
+    moat_linux::view::inherit_policy(&h.outer, policy, None).map_err(|e| e.to_string())?;
+    if policy.network.mode == moat_policy::NetworkMode::Proxy {
+        policy.network.upstream_url = h.upstream_url.clone();
+    }
+    Ok(())
 }

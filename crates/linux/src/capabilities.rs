@@ -88,7 +88,10 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
     ));
     let seccomp = in_child(|| {
         sys::set_no_new_privs().map_err(|e| e.raw_os_error().unwrap_or(1))?;
+        // The real floor, so the probe also proves it compiles and loads.
         let prog = crate::confine::seccomp_filter(&crate::plan::SeccompSpec {
+            floor: crate::confine::SECCOMP_FLOOR.to_vec(),
+            denied_ioctls: crate::confine::DENIED_IOCTLS.to_vec(),
             socket_families: Some(vec![libc::AF_UNIX]),
             ..Default::default()
         })

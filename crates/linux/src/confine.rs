@@ -225,65 +225,72 @@ const SYS_OPEN_TREE_ATTR: i64 = 467;
 pub const FLOOR_REVIEWED_UP_TO: i64 = 469;
 const _: () = assert!(FLOOR_REVIEWED_UP_TO >= SYS_OPEN_TREE_ATTR);
 
+/// The seccomp floor: syscalls every sandboxed command is refused (EPERM).
+/// The plan carries it as data (golden tests pin it); [`seccomp_filter`]
+/// builds the filter from the plan.
+pub const SECCOMP_FLOOR: &[(&str, i64)] = &[
+    ("ptrace", libc::SYS_ptrace),
+    ("process_vm_readv", libc::SYS_process_vm_readv),
+    ("process_vm_writev", libc::SYS_process_vm_writev),
+    ("bpf", libc::SYS_bpf),
+    ("perf_event_open", libc::SYS_perf_event_open),
+    ("userfaultfd", libc::SYS_userfaultfd),
+    ("keyctl", libc::SYS_keyctl),
+    ("add_key", libc::SYS_add_key),
+    ("request_key", libc::SYS_request_key),
+    ("io_uring_setup", libc::SYS_io_uring_setup),
+    ("io_uring_enter", libc::SYS_io_uring_enter),
+    ("io_uring_register", libc::SYS_io_uring_register),
+    ("mount", libc::SYS_mount),
+    ("umount2", libc::SYS_umount2),
+    ("pivot_root", libc::SYS_pivot_root),
+    ("move_mount", libc::SYS_move_mount),
+    ("open_tree", libc::SYS_open_tree),
+    ("open_tree_attr", SYS_OPEN_TREE_ATTR),
+    ("fsopen", libc::SYS_fsopen),
+    ("fsconfig", libc::SYS_fsconfig),
+    ("fsmount", libc::SYS_fsmount),
+    ("fspick", libc::SYS_fspick),
+    ("mount_setattr", libc::SYS_mount_setattr),
+    ("setns", libc::SYS_setns),
+    ("kexec_load", libc::SYS_kexec_load),
+    ("kexec_file_load", libc::SYS_kexec_file_load),
+    ("init_module", libc::SYS_init_module),
+    ("finit_module", libc::SYS_finit_module),
+    ("delete_module", libc::SYS_delete_module),
+    ("open_by_handle_at", libc::SYS_open_by_handle_at),
+    ("name_to_handle_at", libc::SYS_name_to_handle_at),
+    ("chroot", libc::SYS_chroot),
+    ("acct", libc::SYS_acct),
+    ("swapon", libc::SYS_swapon),
+    ("swapoff", libc::SYS_swapoff),
+    ("reboot", libc::SYS_reboot),
+    ("quotactl", libc::SYS_quotactl),
+    ("syslog", libc::SYS_syslog),
+    ("personality", libc::SYS_personality),
+    ("landlock_create_ruleset", libc::SYS_landlock_create_ruleset),
+    ("landlock_add_rule", libc::SYS_landlock_add_rule),
+    ("landlock_restrict_self", libc::SYS_landlock_restrict_self),
+    ("pidfd_getfd", libc::SYS_pidfd_getfd),
+    ("kcmp", libc::SYS_kcmp),
+    ("lookup_dcookie", libc::SYS_lookup_dcookie),
+    ("fanotify_init", libc::SYS_fanotify_init),
+    ("vhangup", libc::SYS_vhangup),
+];
+
+/// ioctl requests refused: terminal injection (TIOCSTI pushes bytes into the
+/// host terminal's input; TIOCLINUX can read/paste the console selection).
+pub const DENIED_IOCTLS: &[(&str, u64)] =
+    &[("TIOCSTI", libc::TIOCSTI), ("TIOCLINUX", libc::TIOCLINUX)];
+
 /// The seccomp floor as a seccompiler filter: listed syscalls fail with EPERM.
 pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, ConfineError> {
     let sc = |e: seccompiler::BackendError| ConfineError::Seccomp(e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    let always = [
-        libc::SYS_ptrace,
-        libc::SYS_process_vm_readv,
-        libc::SYS_process_vm_writev,
-        libc::SYS_bpf,
-        libc::SYS_perf_event_open,
-        libc::SYS_userfaultfd,
-        libc::SYS_keyctl,
-        libc::SYS_add_key,
-        libc::SYS_request_key,
-        libc::SYS_io_uring_setup,
-        libc::SYS_io_uring_enter,
-        libc::SYS_io_uring_register,
-        libc::SYS_mount,
-        libc::SYS_umount2,
-        libc::SYS_pivot_root,
-        libc::SYS_move_mount,
-        libc::SYS_open_tree,
-        SYS_OPEN_TREE_ATTR,
-        libc::SYS_fsopen,
-        libc::SYS_fsconfig,
-        libc::SYS_fsmount,
-        libc::SYS_fspick,
-        libc::SYS_mount_setattr,
-        libc::SYS_setns,
-        libc::SYS_kexec_load,
-        libc::SYS_kexec_file_load,
-        libc::SYS_init_module,
-        libc::SYS_finit_module,
-        libc::SYS_delete_module,
-        libc::SYS_open_by_handle_at,
-        libc::SYS_name_to_handle_at,
-        libc::SYS_chroot,
-        libc::SYS_acct,
-        libc::SYS_swapon,
-        libc::SYS_swapoff,
-        libc::SYS_reboot,
-        libc::SYS_quotactl,
-        libc::SYS_syslog,
-        libc::SYS_personality,
-        libc::SYS_landlock_create_ruleset,
-        libc::SYS_landlock_add_rule,
-        libc::SYS_landlock_restrict_self,
-        libc::SYS_pidfd_getfd,
-        libc::SYS_kcmp,
-        libc::SYS_lookup_dcookie,
-        libc::SYS_fanotify_init,
-        libc::SYS_vhangup,
-    ];
-    for nr in always {
-        rules.insert(nr, vec![]);
+    for (_, nr) in &spec.floor {
+        rules.insert(*nr, vec![]);
     }
     // clone/unshare with CLONE_NEW* flags are refused by the ABI guard in sys.
-    // Terminal injection: TIOCSTI pushes bytes into the host terminal's input,
-    // TIOCLINUX can read/paste the console selection.
     let ioctl_cmd = |cmd: u64| -> Result<SeccompRule, ConfineError> {
         SeccompRule::new(vec![SeccompCondition::new(
             1,
@@ -294,10 +301,14 @@ pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, Con
         .map_err(sc)?])
         .map_err(sc)
     };
-    rules.insert(
-        libc::SYS_ioctl,
-        vec![ioctl_cmd(libc::TIOCSTI)?, ioctl_cmd(libc::TIOCLINUX)?],
-    );
+    if !spec.denied_ioctls.is_empty() {
+        let ioctls = spec
+            .denied_ioctls
+            .iter()
+            .map(|(_, cmd)| ioctl_cmd(*cmd))
+            .collect::<Result<Vec<_>, _>>()?;
+        rules.insert(libc::SYS_ioctl, ioctls);
+    }
     if let Some(families) = &spec.socket_families {
         // One rule whose conditions are ANDed: the family is none of the allowed.
         let conditions = families
@@ -359,20 +370,42 @@ pub fn apply_seccomp(program: &seccompiler::BpfProgram) -> Result<Enforcement, C
 /// that would serve). Stacks on the session's filters: it only narrows.
 pub fn apply_net_class(class: moat_policy::NetClass) -> Result<(), ConfineError> {
     use moat_policy::NetClass;
-    let spec = SeccompSpec {
-        socket_families: None,
-        denied_families: match class {
-            NetClass::NetDenied => vec![libc::AF_INET, libc::AF_INET6, libc::AF_PACKET],
-            _ => Vec::new(),
-        },
-        deny_listen: class == NetClass::NetConnect,
+    let spec = |denied_families: Vec<i32>, deny_listen: bool| SeccompSpec {
+        denied_families,
+        deny_listen,
+        ..Default::default()
     };
-    if spec.denied_families.is_empty() && !spec.deny_listen {
-        return Ok(());
-    }
+    // The number of filters stacked on the session's own tells a nested
+    // run's broker which class its caller runs under (a process can add
+    // filters, never remove one): net-connect adds one, net-denied two.
+    let filters = match class {
+        NetClass::NetDenied => vec![
+            spec(vec![libc::AF_INET, libc::AF_INET6], false),
+            spec(vec![libc::AF_PACKET], false),
+        ],
+        NetClass::NetConnect => vec![spec(Vec::new(), true)],
+        NetClass::NetListen | NetClass::Unconfined => return Ok(()),
+    };
     sys::set_no_new_privs().map_err(ConfineError::NoNewPrivs)?;
-    let prog = seccomp_filter(&spec)?;
-    seccompiler::apply_filter(&prog).map_err(|e| ConfineError::Seccomp(e.to_string()))
+    for f in filters {
+        let prog = seccomp_filter(&f)?;
+        seccompiler::apply_filter(&prog).map_err(|e| ConfineError::Seccomp(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Filters every sandboxed command runs under (the ABI guard and the floor).
+pub const SESSION_FILTERS: u32 = 2;
+
+/// The net class a process inside a sandbox runs under, read from the number
+/// of seccomp filters stacked on the session's (see [`apply_net_class`]).
+/// A process may add filters of its own; that only ever reads as stricter.
+pub fn net_class_of_filters(filters: u32) -> Option<moat_policy::NetClass> {
+    match filters.saturating_sub(SESSION_FILTERS) {
+        0 => None,
+        1 => Some(moat_policy::NetClass::NetConnect),
+        _ => Some(moat_policy::NetClass::NetDenied),
+    }
 }
 
 #[cfg(test)]

@@ -7,8 +7,9 @@ use std::path::{Component, Path, PathBuf};
 use moat_policy::Level;
 use serde::Serialize;
 
-use crate::plan::{visible, MountOp, Plan};
+use crate::plan::Plan;
 use crate::probe::Kind;
+use crate::view::{Mode, Why};
 
 /// Why moat refused an access, as a stable code plus a short phrase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -84,16 +85,9 @@ pub fn absolute(cwd: &Path, p: &str) -> PathBuf {
     out
 }
 
-/// The deepest mount op covering `path`.
-fn covering<'a>(plan: &'a Plan, path: &Path) -> Option<&'a MountOp> {
-    plan.mounts
-        .iter()
-        .filter(|op| path.starts_with(op.target()))
-        .max_by_key(|op| op.target().components().count())
-}
-
 /// Explains a refusal of `path` with `errno` ("EROFS", "EACCES", "EPERM",
-/// "ENOENT"), or None when moat's policy did not cause it.
+/// "ENOENT"), or None when moat's policy did not cause it. Asks the run's
+/// view, the one description of what the sandbox sees.
 pub fn explain(
     plan: &Plan,
     path: &str,
@@ -104,36 +98,33 @@ pub fn explain(
         return None;
     }
     let abs = absolute(&plan.cwd, path);
-    if plan.moat_dirs.iter().any(|d| abs.starts_with(d)) && errno != "ENOENT" {
-        return Some(DenyReason::MoatState);
-    }
-    let op = covering(plan, &abs);
-    if let Some(MountOp::StandIn { target, kind }) = op {
+    let view = &plan.view;
+    let entry = view.mode_at(&abs);
+    if let Some(x) = entry {
+        if matches!(x.why, Why::MoatState | Why::MoatConfig) && errno != "ENOENT" {
+            return Some(DenyReason::MoatState);
+        }
         // The stand-in itself, or something "inside" an empty directory.
-        if *target == abs || *kind == Kind::Dir {
+        if x.mode == Mode::Hidden && (x.path == abs || x.kind == Kind::Dir) {
             return Some(DenyReason::Protected);
         }
     }
     match errno {
         "EROFS" | "EACCES" | "EPERM" => {
             let writable = plan.landlock.write.iter().any(|w| abs.starts_with(w));
-            match op {
-                Some(MountOp::Bind {
-                    readonly: true,
-                    target,
-                    ..
-                }) if plan.ro_grants.iter().any(|g| g == target) => Some(DenyReason::ReadOnlyGrant),
-                Some(MountOp::Bind {
-                    readonly: true,
-                    target,
-                    ..
-                }) if writable && *target != plan.cwd => Some(DenyReason::WriteProtected),
+            match entry {
+                Some(x) if x.mode == Mode::Read && x.why == Why::Grant => {
+                    Some(DenyReason::ReadOnlyGrant)
+                }
+                Some(x) if x.mode == Mode::WriteProtected && writable => {
+                    Some(DenyReason::WriteProtected)
+                }
                 _ if !writable && errno != "EPERM" => Some(DenyReason::OutsideWritable),
                 _ => None,
             }
         }
         "ENOENT" => {
-            if !visible(&abs, &plan.mounts) && host_exists(&abs) {
+            if !view.shows_host(&abs) && host_exists(&abs) {
                 Some(DenyReason::OutsideView)
             } else {
                 None

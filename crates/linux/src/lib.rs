@@ -24,6 +24,7 @@ pub mod run;
 pub mod sweep;
 pub mod sys;
 pub mod tree;
+pub mod view;
 
 pub use confine::Enforcement;
 pub use plan::{build as build_plan, Plan, PlanError};

@@ -1,25 +1,20 @@
-//! Turns (Policy, HostFacts) into a Plan: the ordered list of mounts, the
-//! Landlock rules, the seccomp spec and the command's environment. Pure: no
-//! I/O, so golden tests can assert exactly what a level builds.
+//! Turns (Policy, HostFacts) into a Plan: the run's [`View`] (what the
+//! sandbox sees, computed once in `view`) translated to the ordered list of
+//! mounts and the Landlock rules, plus the seccomp spec (its floor as data)
+//! and the command's environment. Pure: no I/O, so golden tests can assert
+//! exactly what a level builds.
 
 use std::path::{Path, PathBuf};
 
-use moat_policy::{is_secret_env_name, Access, Level, NetworkMode, Policy, SAFE_BASE_ENV};
+use moat_policy::{is_secret_env_name, Level, NetworkMode, Policy, SAFE_BASE_ENV};
 use serde::Serialize;
 
 use crate::probe::{HostFacts, Kind, PROC_MASKED, PROC_READ_ONLY};
+use crate::view::{Mode, View, Why, BUILT_BY_MOAT, SYSTEM_RUNTIME};
+pub use crate::view::{SANDBOX_HOME, SANDBOX_MOAT_BIN};
 
-/// Where the ephemeral HOME lives inside every sandboxed level.
-pub const SANDBOX_HOME: &str = "/moat/home";
 /// Default PATH when the caller has none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// Host top-level directories visible at workspace-contained: the system runtime.
-const SYSTEM_RUNTIME: &[&str] = &[
-    "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc",
-];
-/// Host top-level entries never bound from the host: the sandbox builds its own.
-const BUILT_BY_MOAT: &[&str] = &["proc", "dev", "sys", "tmp", "run", "moat"];
 /// Device nodes bound from the host into the sandbox's /dev.
 pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -84,9 +79,14 @@ pub struct LandlockSpec {
     pub deny_tcp_bind: bool,
 }
 
-/// The seccomp floor.
+/// The seccomp filter of one run, as data: the floor every sandboxed command
+/// gets, and what the network mode and a tool's net class add.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SeccompSpec {
+    /// Syscalls refused outright (EPERM), by name and number.
+    pub floor: Vec<(&'static str, i64)>,
+    /// ioctl requests refused (EPERM), by name and number.
+    pub denied_ioctls: Vec<(&'static str, u64)>,
     /// When set, socket() is refused for every address family not listed.
     pub socket_families: Option<Vec<i32>>,
     /// socket() is refused for these families (a tool's net class).
@@ -102,8 +102,6 @@ pub struct ProxyPlan {
     pub moat_bin: PathBuf,
 }
 
-/// moat's own binary inside the view.
-pub const SANDBOX_MOAT_BIN: &str = "/moat/bin/moat";
 /// Where in-sandbox tool shims live (first on PATH when a run has shims).
 pub const SANDBOX_SHIMS: &str = "/moat/shims";
 /// What each in-sandbox shim runs and with which net class (JSON).
@@ -130,10 +128,8 @@ pub struct Plan {
     /// (write-protected paths that did not exist before the run, new
     /// `.moat*` names, git dirs' executable parts).
     pub sweep: Vec<crate::sweep::SweepRoot>,
-    /// moat's own state/config directories made read-only in this view.
-    pub moat_dirs: Vec<PathBuf>,
-    /// Paths granted read-only (for explaining refusals).
-    pub ro_grants: Vec<PathBuf>,
+    /// What the sandbox sees; the mounts and Landlock rules translate it.
+    pub view: View,
     pub landlock_abi: i32,
 }
 
@@ -156,6 +152,8 @@ pub enum PlanError {
     WorkspaceIncomplete(String),
     #[error("{0} is write-protected (the host runs it later); no grant makes it writable. Drop the --rw (or the project file's rw entry) for it, or use --ro")]
     GrantOnWriteProtected(PathBuf),
+    #[error("moat's own directory {0} is missing and could not be created, and the command could create it (it lies in a writable part of the view); create it (mkdir -p {0}) or point XDG_CONFIG_HOME/XDG_STATE_HOME outside the writable paths")]
+    MoatDirUnprotected(PathBuf),
 }
 
 /// Builds the plan. Pure.
@@ -175,7 +173,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         for g in policy
             .paths
             .iter()
-            .filter(|g| g.access == Access::ReadWrite)
+            .filter(|g| g.access == moat_policy::Access::ReadWrite)
         {
             let opted = policy
                 .protected_opt_in
@@ -192,6 +190,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             }
         }
     }
+    let view = crate::view::compute(policy, host);
     let mut plan = Plan {
         level: policy.level,
         network: policy.network.mode,
@@ -202,6 +201,8 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         mounts: Vec::new(),
         landlock: LandlockSpec::default(),
         seccomp: SeccompSpec {
+            floor: crate::confine::SECCOMP_FLOOR.to_vec(),
+            denied_ioctls: crate::confine::DENIED_IOCTLS.to_vec(),
             socket_families: match policy.network.mode {
                 NetworkMode::Disabled => Some(vec![libc::AF_UNIX]),
                 // Inside the proxy's network namespace only loopback exists;
@@ -222,16 +223,14 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         env: command_env(policy, host),
         cwd: policy.workspace.clone(),
         sweep: Vec::new(),
-        moat_dirs: Vec::new(),
-        ro_grants: policy
-            .paths
-            .iter()
-            .filter(|g| g.access == Access::ReadOnly)
-            .map(|g| g.path.clone())
-            .collect(),
+        view: View {
+            entries: Vec::new(),
+            ..view.clone()
+        },
         landlock_abi: host.landlock_abi,
     };
     if !sandboxed {
+        plan.view = view;
         return Ok(plan);
     }
     if host.landlock_abi < 1 && host.under_seccomp {
@@ -249,7 +248,6 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
 
     let whole_host = policy.level != Level::WorkspaceContained;
     let mut base = Vec::new();
-    let mut layered = Vec::new();
 
     // 1. The skeleton: host top-level entries, and what moat builds itself.
     for e in &host.root_entries {
@@ -349,15 +347,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     // moat's own binary, read-only at /moat/bin/moat: ssh's ProxyCommand in
     // proxy mode, and nested `moat exec` calls (which reach the outer
     // supervisor through the broker socket) at every level.
-    if let Some(exe) = &host.moat_exe {
-        layered.push(MountOp::Bind {
-            source: exe.clone(),
-            target: SANDBOX_MOAT_BIN.into(),
-            kind: Kind::File,
-            recursive: false,
-            readonly: true,
-            device: false,
-        });
+    if host.moat_exe.is_some() {
         let mut env: std::collections::BTreeMap<String, String> = plan.env.drain(..).collect();
         let path = env.entry("PATH".into()).or_default();
         if !path.split(':').any(|d| d == "/moat/bin") {
@@ -409,132 +399,36 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             mode: 0o755,
         });
     }
-    if policy.network.mode == NetworkMode::Unmanaged {
-        // DNS on the host network: keep resolv.conf working when it points into /run.
-        if let Some(t) = &host.resolv_conf_in_run {
-            layered.push(host_bind(t, Kind::File, false, true));
+
+    // 2. The view's host paths, stand-ins and read-only binds, as mounts.
+    // The skeleton above already lays down the system and what moat builds.
+    for d in &host.moat_missing {
+        if view.host_mode(d).is_some_and(|x| x.mode == Mode::Write) {
+            return Err(PlanError::MoatDirUnprotected(d.clone()));
         }
     }
-
-    // 2. The workspace and extra paths, at their host paths.
-    let ws_rw = policy.level.workspace_writable();
-    layered.push(host_bind(&policy.workspace, Kind::Dir, true, !ws_rw));
-    for g in &policy.paths {
-        let kind = host.grant_kinds.get(&g.path).copied().unwrap_or(Kind::Dir);
-        layered.push(host_bind(&g.path, kind, true, g.access == Access::ReadOnly));
-        // Tools look under $HOME, which is the sandbox's own: a grant under
-        // the real home (`--rw ~/.cache/pip`, a profile's `~/.claude`) also
-        // appears at the same place under the sandbox HOME.
-        if let Some(mirror) = in_sandbox_home(policy, &g.path) {
-            let mut op = host_bind(&g.path, kind, true, g.access == Access::ReadOnly);
-            if let MountOp::Bind { target, .. } = &mut op {
-                *target = mirror;
-            }
-            layered.push(op);
-        }
-    }
-
-    // 3. Write-protected workspace entries: read-only binds over themselves.
-    // `.git` itself is bound read-write: that makes it a mount point, which
-    // cannot be renamed or removed, so its protected children stay put.
-    for (p, kind) in &host.workspace_write_protected {
-        // A protected home path the caller opted in (a profile's
-        // `~/.claude` when the workspace is HOME) is theirs to write.
-        if policy.protected_opt_in.iter().any(|o| p.starts_with(o)) {
+    let mut all_ops: Vec<MountOp> = base.clone();
+    for x in &view.entries {
+        if matches!(x.why, Why::System | Why::Sandbox) {
             continue;
         }
-        let git_dir = *p == policy.workspace.join(".git") && *kind == Kind::Dir;
-        layered.push(host_bind(p, *kind, true, !git_dir));
-    }
-    // moat's configuration: read-only wherever a writable bind would
-    // otherwise let the command change it (a profile could widen later runs).
-    let writable_binds: Vec<PathBuf> = layered
-        .iter()
-        .filter_map(|op| match op {
-            MountOp::Bind {
-                target,
-                readonly: false,
-                ..
-            } => Some(target.clone()),
-            _ => None,
-        })
-        .collect();
-    for d in &host.moat_readonly {
-        if writable_binds.iter().any(|w| d.starts_with(w)) {
-            layered.push(host_bind(d, Kind::Dir, true, true));
-            plan.moat_dirs.push(d.clone());
-        }
-    }
-    // The sweep checks the writable roots: the workspace at the writable
-    // levels, writable grants at any level (and homes inside them).
-    let writable = |r: &Path| {
-        (ws_rw && r.starts_with(&policy.workspace))
-            || policy
-                .paths
-                .iter()
-                .any(|g| g.access == Access::ReadWrite && r.starts_with(&g.path))
-    };
-    plan.sweep = host
-        .sweep
-        .iter()
-        .filter(|s| writable(&s.root))
-        .cloned()
-        .collect();
-
-    // 4. Stand-ins for secrets wherever the view would show them.
-    let opted_in = |c: &Path| {
-        policy.paths.iter().any(|g| g.path == c)
-            || policy
-                .protected_opt_in
-                .iter()
-                .any(|o| host.home_protected.get(o).map(|t| t == c).unwrap_or(false) || o == c)
-    };
-    let mut all_ops: Vec<MountOp> = base.iter().chain(layered.iter()).cloned().collect();
-    let mut stand_ins = Vec::new();
-    // moat's own state (audit log, trust store) is outside every view: no
-    // grant opts it in, so a command can neither read, lock nor change it.
-    for (p, kind) in &host.moat_hidden {
-        if visible(p, &all_ops) {
-            stand_ins.push(MountOp::StandIn {
-                target: p.clone(),
-                kind: *kind,
-            });
-        }
-        plan.moat_dirs.push(p.clone());
-    }
-    let secrets = host
-        .secrets
-        .iter()
-        .chain(&host.workspace_protected)
-        .chain(&host.sockets);
-    for (p, kind) in secrets {
-        if opted_in(p) || !visible(p, &all_ops) {
-            continue;
-        }
-        let kind = if *kind == Kind::Dir {
-            Kind::Dir
-        } else {
-            Kind::File
-        };
-        stand_ins.push(MountOp::StandIn {
-            target: p.clone(),
-            kind,
+        let Some(source) = &x.host else { continue };
+        all_ops.push(match x.mode {
+            Mode::Hidden => MountOp::StandIn {
+                target: x.path.clone(),
+                kind: x.kind,
+            },
+            Mode::Built => continue,
+            Mode::Read | Mode::Write | Mode::WriteProtected => MountOp::Bind {
+                source: source.clone(),
+                target: x.path.clone(),
+                kind: x.kind,
+                recursive: x.kind == Kind::Dir,
+                readonly: x.mode != Mode::Write,
+                device: false,
+            },
         });
     }
-    // Directly visible sockets dirs (e.g. XDG_RUNTIME_DIR outside /run) are
-    // covered above; drop duplicates that a parent stand-in already hides.
-    stand_ins.sort_by(|a, b| a.target().cmp(b.target()));
-    stand_ins.dedup_by(|b, a| {
-        b.target().starts_with(a.target())
-            && matches!(
-                a,
-                MountOp::StandIn {
-                    kind: Kind::Dir,
-                    ..
-                }
-            )
-    });
-    all_ops.extend(stand_ins);
     let pins = pins_for(&all_ops);
     all_ops.extend(pins);
 
@@ -546,6 +440,18 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     rest.sort_by_key(|op| op.target().components().count());
     all_ops.extend(rest);
     plan.mounts = all_ops;
+    // The sweep checks the writable roots the probe recorded (the workspace
+    // at the writable levels, writable grants at any level, homes inside
+    // them), as far as this view shows them writable.
+    plan.sweep = host
+        .sweep
+        .iter()
+        .filter(|s| {
+            view.host_mode(&s.root)
+                .is_some_and(|x| x.mode == Mode::Write)
+        })
+        .cloned()
+        .collect();
 
     // Landlock: rules matching the view.
     let mut ll = LandlockSpec {
@@ -572,27 +478,16 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     }
     ll.write
         .extend(["/tmp".into(), SANDBOX_HOME.into(), "/dev/shm".into()]);
-    if ws_rw {
-        ll.write.push(policy.workspace.clone());
+    for w in view.writable() {
+        if !ll.write.iter().any(|x| x == w) {
+            ll.write.push(w.to_path_buf());
+        }
     }
-    ll.write.extend(
-        policy
-            .paths
-            .iter()
-            .filter(|g| g.access == Access::ReadWrite)
-            .map(|g| g.path.clone()),
-    );
-    ll.write.extend(
-        policy
-            .paths
-            .iter()
-            .filter(|g| g.access == Access::ReadWrite)
-            .filter_map(|g| in_sandbox_home(policy, &g.path)),
-    );
     ll.devices.push("/dev".into());
     ll.read.sort();
     ll.read.dedup();
     plan.landlock = ll;
+    plan.view = view;
     Ok(plan)
 }
 
@@ -603,20 +498,22 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
 /// protected mount is therefore bound over itself (read-write), which makes
 /// it a mount point: rename and rmdir of a mount point fail with EBUSY.
 fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
-    let writable: Vec<&Path> = ops
+    // (target, host source) of every writable directory bind.
+    let writable: Vec<(&Path, &Path)> = ops
         .iter()
         .filter_map(|op| match op {
             MountOp::Bind {
+                source,
                 target,
                 readonly: false,
                 device: false,
                 kind: Kind::Dir,
                 ..
-            } => Some(target.as_path()),
+            } => Some((target.as_path(), source.as_path())),
             _ => None,
         })
         .collect();
-    let mut pins: Vec<PathBuf> = Vec::new();
+    let mut pins: Vec<(PathBuf, PathBuf)> = Vec::new();
     for op in ops {
         let protected = matches!(
             op,
@@ -627,10 +524,10 @@ fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
         }
         let t = op.target();
         // The deepest writable bind strictly containing the target.
-        let Some(w) = writable
+        let Some((w, source)) = writable
             .iter()
-            .filter(|w| t != **w && t.starts_with(w))
-            .max_by_key(|w| w.components().count())
+            .filter(|(w, _)| t != *w && t.starts_with(w))
+            .max_by_key(|(w, _)| w.components().count())
         else {
             continue;
         };
@@ -642,22 +539,28 @@ fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
             let already = ops
                 .iter()
                 .any(|o| o.target() == dir && matches!(o, MountOp::Bind { .. }));
-            if !already && !pins.iter().any(|p| p == dir) {
-                pins.push(dir.to_path_buf());
+            if !already && !pins.iter().any(|(p, _)| p == dir) {
+                // A pin under a mirrored grant binds the host directory the
+                // mirror shows there.
+                let host = match dir.strip_prefix(w) {
+                    Ok(rel) => source.join(rel),
+                    Err(_) => dir.to_path_buf(),
+                };
+                pins.push((dir.to_path_buf(), host));
             }
             a = dir.parent();
         }
     }
     pins.into_iter()
-        .map(|p| host_bind(&p, Kind::Dir, true, false))
+        .map(|(target, source)| MountOp::Bind {
+            source,
+            target,
+            kind: Kind::Dir,
+            recursive: true,
+            readonly: false,
+            device: false,
+        })
         .collect()
-}
-
-/// Where a grant under the real home also appears under the sandbox HOME.
-fn in_sandbox_home(policy: &Policy, path: &Path) -> Option<PathBuf> {
-    let rel = path.strip_prefix(&policy.home).ok()?;
-    (!rel.as_os_str().is_empty() && policy.home != Path::new("/"))
-        .then(|| Path::new(SANDBOX_HOME).join(rel))
 }
 
 fn host_bind(path: &Path, kind: Kind, recursive: bool, readonly: bool) -> MountOp {
@@ -669,22 +572,6 @@ fn host_bind(path: &Path, kind: Kind, recursive: bool, readonly: bool) -> MountO
         readonly,
         device: false,
     }
-}
-
-/// Whether `path` shows host content in the view built by `ops`: the deepest
-/// op covering it is a host bind (not a tmpfs, stand-in or moat's own mount).
-pub fn visible(path: &Path, ops: &[MountOp]) -> bool {
-    let mut best: Option<(usize, &MountOp)> = None;
-    for op in ops {
-        let t = op.target();
-        if path.starts_with(t) {
-            let depth = t.components().count();
-            if best.map(|(d, _)| depth >= d).unwrap_or(true) {
-                best = Some((depth, op));
-            }
-        }
-    }
-    matches!(best, Some((_, MountOp::Bind { device: false, .. })))
 }
 
 /// The command's environment: a safe base, then `--pass-env`, then `--env`.

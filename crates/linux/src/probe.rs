@@ -15,7 +15,7 @@ use crate::sweep::{PrefixGuard, SweepRoot};
 use crate::sys;
 
 /// What kind of filesystem object a path is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Dir,
@@ -63,6 +63,10 @@ pub struct HostFacts {
     /// before the run (missing write-protected paths, `.moat*` names
     /// present, git dirs and their executable parts).
     pub sweep: Vec<SweepRoot>,
+    /// The same as absolute paths: what the sweep watches that did not
+    /// exist before the run (the view's `swept`; the sweep itself works
+    /// from `sweep`, relative to each root's directory fd).
+    pub workspace_missing: Vec<PathBuf>,
     /// Why the workspace could not be probed completely (a directory that
     /// cannot be listed): the run must not happen (exit 125).
     pub incomplete: Option<String>,
@@ -80,6 +84,9 @@ pub struct HostFacts {
     /// moat's configuration (profiles, config): read-only wherever a
     /// writable part of the view contains it.
     pub moat_readonly: Vec<PathBuf>,
+    /// moat's config/state directories that do not exist and could not be
+    /// created (the plan refuses if the command could create them).
+    pub moat_missing: Vec<PathBuf>,
     /// moat's own binary (canonical), probed in proxy mode.
     pub moat_exe: Option<PathBuf>,
     /// moat itself already runs under a seccomp filter (probed only when
@@ -268,6 +275,22 @@ impl HostFacts {
         f.probe_secrets(policy);
         f.probe_sockets();
         f.probe_workspace(policy);
+        f.probe_write_protected_in_grants(policy);
+        f.workspace_missing = f
+            .sweep
+            .iter()
+            .flat_map(|r| {
+                let new_gitdirs = r
+                    .gitdirs
+                    .iter()
+                    .filter(|g| !r.git_existing.contains(*g) && !r.git_links.contains_key(*g));
+                r.missing
+                    .iter()
+                    .chain(new_gitdirs)
+                    .map(|m| r.root.join(m))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         f.probe_moat_dirs();
         if let Ok(target) = fs::canonicalize("/etc/resolv.conf") {
             if target.starts_with("/run")
@@ -297,11 +320,26 @@ impl HostFacts {
         let home = get("HOME");
         let config = get("XDG_CONFIG_HOME").or_else(|| home.as_ref().map(|h| h.join(".config")));
         let state = get("XDG_STATE_HOME").or_else(|| home.as_ref().map(|h| h.join(".local/state")));
-        if let Some(c) = config.and_then(|d| fs::canonicalize(d.join("moat")).ok()) {
-            self.moat_readonly.push(c);
+        // Both always exist before a run (created if missing, 0700): a
+        // directory that does not exist cannot be bound read-only or hidden,
+        // and a command that could create it could plant a config or trust
+        // store the next run would obey.
+        let ensure = |d: PathBuf| -> Result<PathBuf, PathBuf> {
+            use std::os::unix::fs::DirBuilderExt;
+            let _ = fs::DirBuilder::new().recursive(true).mode(0o700).create(&d);
+            fs::canonicalize(&d).map_err(|_| d)
+        };
+        match config.map(|d| ensure(d.join("moat"))) {
+            Some(Ok(c)) => self.moat_readonly.push(c),
+            Some(Err(d)) => self.moat_missing.push(d),
+            None => {}
         }
-        if let Some(s) = state.and_then(|d| fs::canonicalize(d.join("moat")).ok()) {
-            self.moat_hidden.insert(s, Kind::Dir);
+        match state.map(|d| ensure(d.join("moat"))) {
+            Some(Ok(s)) => {
+                self.moat_hidden.insert(s, Kind::Dir);
+            }
+            Some(Err(d)) => self.moat_missing.push(d),
+            None => {}
         }
     }
 
@@ -408,6 +446,80 @@ impl HostFacts {
         ] {
             if let Some((c, k)) = resolve(Path::new(p)) {
                 self.sockets.insert(c, k);
+            }
+        }
+    }
+
+    /// Write-protected and protected home paths strictly beneath a writable
+    /// grant (`--rw ~/.config` must not let the command plant
+    /// `~/.config/autostart/…` or `~/.config/gh/hosts.yml` for the host to
+    /// use later): existing ones are read-only, missing ones swept (by their
+    /// first missing component beneath the grant). A grant of the path
+    /// itself, or inside it, opts it in.
+    fn probe_write_protected_in_grants(&mut self, policy: &Policy) {
+        use moat_policy::Access;
+        let home = &policy.home;
+        for g in policy
+            .paths
+            .iter()
+            .filter(|g| g.access == Access::ReadWrite)
+        {
+            // The full list at every level: a `--rw` grant is a writable
+            // part even when the workspace is not.
+            let rels = moat_policy::WRITE_PROTECTED_HOME_PATHS
+                .iter()
+                .map(|r| (*r, true))
+                .chain(PROTECTED_HOME_PATHS.iter().map(|r| (*r, false)));
+            for (rel, write_protected) in rels {
+                let p = home.join(rel);
+                if p == g.path || !p.starts_with(&g.path) {
+                    continue;
+                }
+                match lstat_kind(&p) {
+                    Some(k) if write_protected => {
+                        self.workspace_write_protected.insert(p, k);
+                    }
+                    // An existing protected path is a secret: a stand-in.
+                    Some(_) => {}
+                    None => {
+                        // The first missing component, swept from the
+                        // grant's root, recorded only when every component
+                        // before it is a real directory (the sweep never
+                        // follows a symlink).
+                        let Ok(below) = p.strip_prefix(&g.path) else {
+                            continue;
+                        };
+                        let mut cur = PathBuf::new();
+                        let mut real_dirs = true;
+                        for c in below.components() {
+                            cur.push(c);
+                            match lstat_kind(&g.path.join(&cur)) {
+                                None => break,
+                                Some(Kind::Dir) => {}
+                                Some(_) => {
+                                    real_dirs = false;
+                                    break;
+                                }
+                            }
+                        }
+                        if !real_dirs {
+                            continue;
+                        }
+                        let i = match self.sweep.iter().position(|r| r.root == g.path) {
+                            Some(i) => i,
+                            None => {
+                                self.sweep.push(SweepRoot {
+                                    root: g.path.clone(),
+                                    ..Default::default()
+                                });
+                                self.sweep.len() - 1
+                            }
+                        };
+                        if !self.sweep[i].missing.contains(&cur) {
+                            self.sweep[i].missing.push(cur);
+                        }
+                    }
+                }
             }
         }
     }

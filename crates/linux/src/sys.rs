@@ -753,3 +753,43 @@ pub fn create_excl_at(dirfd: RawFd, name: &Path, mode: libc::mode_t) -> io::Resu
     // SAFETY: fresh fd from the kernel.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
+
+/// Takes ownership of fd `fd`, which the parent process left open for us and
+/// named (a nested run's pipe from the broker). Fails if it is not open.
+pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    if fd < 3 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: fcntl(F_GETFD) only queries the descriptor table.
+    check(unsafe { libc::fcntl(fd, libc::F_GETFD) } as libc::c_long)?;
+    // SAFETY: the fd is open (checked above) and was handed to this process
+    // by its parent for this single use; the caller reads the number once
+    // at startup, so nothing else in the process owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A pidfd for the process at the other end of a connected unix socket
+/// (`SO_PEERPIDFD`, Linux >= 6.5): unlike the pid of `SO_PEERCRED`, it
+/// cannot come to name another process if the peer exits.
+pub fn peer_pidfd(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    /// `SO_PEERPIDFD` (asm-generic; x86_64 and aarch64).
+    const SO_PEERPIDFD: libc::c_int = 77;
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `fd`, a c_int we
+    // own, and updates `len`; the socket fd is borrowed for the call.
+    check(unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    } as libc::c_long)?;
+    if fd < 0 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: the kernel just installed `fd` in our table for us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}

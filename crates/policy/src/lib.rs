@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 
 pub use duration::{parse_duration, DurationError};
 pub use env::{is_secret_env_name, SAFE_BASE_ENV};
-pub use nested::{Bounds, Widening};
+pub use nested::{covers, Widening};
 pub use protected::{
     is_inert_hook_name, is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
     WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_GIT_WORKTREE_PATHS, WRITE_PROTECTED_HOME_PATHS,

@@ -1,6 +1,6 @@
 //! Golden tests of plan building: exact mount lists and filters, no syscalls.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use moat_policy::{Level, NetworkMode, Policy, PolicyRequest};
 
@@ -59,6 +59,7 @@ fn host() -> HostFacts {
         ]
         .into_iter()
         .collect(),
+        workspace_missing: vec![PathBuf::from("/home/u/proj/.bashrc")],
         sweep: vec![crate::sweep::SweepRoot {
             root: PathBuf::from("/home/u/proj"),
             missing: vec![PathBuf::from(".bashrc")],
@@ -345,4 +346,234 @@ fn directories_above_protected_mounts_in_writable_binds_are_pinned() {
     .unwrap();
     let t = targets(&build(&ro, &h).unwrap());
     assert!(!t.contains(&"rw /home/u/.config".to_string()), "{t:#?}");
+}
+
+/// The seccomp floor is data in the plan: this pins it. A syscall added to
+/// (or dropped from) the floor changes this list on purpose.
+#[test]
+fn seccomp_floor_golden() {
+    let plan = build(&policy(Level::WorkspaceWrite, None), &host()).unwrap();
+    let names: Vec<&str> = plan.seccomp.floor.iter().map(|(n, _)| *n).collect();
+    let expected = [
+        "ptrace",
+        "process_vm_readv",
+        "process_vm_writev",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "keyctl",
+        "add_key",
+        "request_key",
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+        "mount",
+        "umount2",
+        "pivot_root",
+        "move_mount",
+        "open_tree",
+        "open_tree_attr",
+        "fsopen",
+        "fsconfig",
+        "fsmount",
+        "fspick",
+        "mount_setattr",
+        "setns",
+        "kexec_load",
+        "kexec_file_load",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "open_by_handle_at",
+        "name_to_handle_at",
+        "chroot",
+        "acct",
+        "swapon",
+        "swapoff",
+        "reboot",
+        "quotactl",
+        "syslog",
+        "personality",
+        "landlock_create_ruleset",
+        "landlock_add_rule",
+        "landlock_restrict_self",
+        "pidfd_getfd",
+        "kcmp",
+        "lookup_dcookie",
+        "fanotify_init",
+        "vhangup",
+    ];
+    assert_eq!(names, expected, "{names:#?}");
+    let ioctls: Vec<&str> = plan.seccomp.denied_ioctls.iter().map(|(n, _)| *n).collect();
+    assert_eq!(ioctls, ["TIOCSTI", "TIOCLINUX"]);
+    // Numbers match the names (no list was copied by hand).
+    assert!(plan.seccomp.floor.contains(&("ptrace", libc::SYS_ptrace)));
+    // The same floor at every sandboxed level and network mode.
+    for (level, net) in [
+        (Level::ReadOnly, Some(NetworkMode::Proxy)),
+        (Level::WorkspaceContained, None),
+    ] {
+        let mut h = host();
+        h.moat_exe = Some("/usr/bin/moat".into());
+        let p = build(&policy(level, net), &h).unwrap();
+        assert_eq!(p.seccomp.floor, plan.seccomp.floor);
+    }
+    // The filter builds from the data.
+    assert!(crate::confine::seccomp_filter(&plan.seccomp).is_ok());
+}
+
+fn with_grants(level: Level, ro: &[&str], rw: &[&str]) -> Policy {
+    Policy::resolve(PolicyRequest {
+        level: Some(level),
+        workspace: "/home/u/proj".into(),
+        home: "/home/u".into(),
+        ro: ro.iter().map(PathBuf::from).collect(),
+        rw: rw.iter().map(PathBuf::from).collect(),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn host_with_home_state() -> HostFacts {
+    let mut h = host();
+    h.secrets.insert("/home/u/.config/gh".into(), Kind::Dir);
+    h.secrets
+        .insert("/home/u/.cargo/credentials.toml".into(), Kind::File);
+    h.moat_hidden
+        .insert("/home/u/.local/state/moat".into(), Kind::Dir);
+    h.moat_readonly.push("/home/u/.config/moat".into());
+    for g in ["/home/u/.config", "/home/u/.cargo", "/home/u/.local"] {
+        h.grant_kinds.insert(g.into(), Kind::Dir);
+    }
+    h
+}
+
+/// A grant under the real home also shows under /moat/home; every stand-in
+/// and read-only bind of the host path is repeated there (issue 8 §3).
+#[test]
+fn mirrored_grants_carry_the_same_stand_ins_golden() {
+    let h = host_with_home_state();
+    for level in [Level::ReadOnly, Level::WorkspaceContained] {
+        let p = with_grants(level, &["/home/u/.config", "/home/u/.cargo"], &[]);
+        let t = targets(&build(&p, &h).unwrap());
+        let mine: Vec<&String> = t
+            .iter()
+            .filter(|s| s.contains(".config") || s.contains(".cargo"))
+            .collect();
+        assert_eq!(
+            mine,
+            [
+                "ro /home/u/.cargo",
+                "ro /home/u/.config",
+                "ro /moat/home/.cargo",
+                "ro /moat/home/.config",
+                "stand-in /home/u/.cargo/credentials.toml",
+                "stand-in /home/u/.config/gh",
+                "stand-in /moat/home/.cargo/credentials.toml",
+                "stand-in /moat/home/.config/gh",
+            ],
+            "{level}: {t:#?}"
+        );
+    }
+}
+
+/// `--rw ~/.config` and `--rw ~/.local`: moat's config stays read-only and
+/// its state hidden, at the host path and under /moat/home, and the
+/// directories above them are pinned in both places.
+#[test]
+fn moat_config_and_state_survive_mirrored_rw_grants_golden() {
+    let h = host_with_home_state();
+    let p = with_grants(
+        Level::WorkspaceWrite,
+        &[],
+        &["/home/u/.config", "/home/u/.local"],
+    );
+    let plan = build(&p, &h).unwrap();
+    let t = targets(&plan);
+    for want in [
+        "rw /home/u/.config",
+        "rw /moat/home/.config",
+        "ro /home/u/.config/moat",
+        "ro /moat/home/.config/moat",
+        "stand-in /home/u/.config/gh",
+        "stand-in /moat/home/.config/gh",
+        "rw /home/u/.local/state",
+        "rw /moat/home/.local/state",
+        "stand-in /home/u/.local/state/moat",
+        "stand-in /moat/home/.local/state/moat",
+    ] {
+        assert!(t.contains(&want.to_string()), "{want} missing: {t:#?}");
+    }
+    // Pins under a mirror bind the host directory it shows.
+    let pin = plan
+        .mounts
+        .iter()
+        .find(|m| m.target() == Path::new("/moat/home/.local/state"));
+    assert!(
+        matches!(pin, Some(MountOp::Bind { source, .. }) if source == Path::new("/home/u/.local/state")),
+        "{pin:?}"
+    );
+    // Explaining a refusal there asks the view.
+    let why = crate::explain::explain(
+        &plan,
+        "/moat/home/.config/moat/config.toml",
+        "EROFS",
+        |_| true,
+    );
+    assert_eq!(why, Some(crate::explain::DenyReason::MoatState));
+}
+
+/// moat's own directory missing, uncreatable, and inside a writable part:
+/// the run is refused rather than left open to a planted config.
+#[test]
+fn missing_moat_dir_in_a_writable_part_is_refused() {
+    let mut h = host();
+    h.moat_missing.push("/home/u/proj/xdg/moat".into());
+    let err = build(&policy(Level::WorkspaceWrite, None), &h).unwrap_err();
+    assert_eq!(
+        err,
+        PlanError::MoatDirUnprotected("/home/u/proj/xdg/moat".into())
+    );
+    // Read-only: nothing could create it.
+    assert!(build(&policy(Level::ReadOnly, None), &h).is_ok());
+}
+
+/// The view of workspace-write, entry by entry (path, mode, why).
+#[test]
+fn workspace_write_view_golden() {
+    let plan = build(&policy(Level::WorkspaceWrite, None), &host()).unwrap();
+    let got: Vec<String> = plan
+        .view
+        .entries
+        .iter()
+        .map(|e| format!("{:?} {:?} {}", e.mode, e.why, e.path.display()))
+        .collect();
+    let expected = [
+        "Read System /",
+        "Built Sandbox /proc",
+        "Built Sandbox /dev",
+        "Built Sandbox /sys",
+        "Built Sandbox /tmp",
+        "Built Sandbox /run",
+        "Built Sandbox /moat",
+        "Built Sandbox /moat/home",
+        "Write Workspace /home/u/proj",
+        "Write GitDir /home/u/proj/.git",
+        "WriteProtected RunsCode /home/u/proj/.git/hooks",
+        "WriteProtected RunsCode /home/u/proj/.vscode",
+        "Hidden Secret /etc/shadow",
+        "Hidden Secret /home/u/.aws",
+        "Hidden Secret /home/u/.ssh",
+        "Hidden Secret /home/u/proj/.env",
+        "Hidden Secret /root/.ssh",
+        "Hidden Socket /var/tmp/agent.sock",
+    ];
+    assert_eq!(got, expected, "{got:#?}");
+    // The view's swept paths are the sweep's, made absolute.
+    let derived: Vec<PathBuf> = plan
+        .sweep
+        .iter()
+        .flat_map(|r| r.missing.iter().map(|m| r.root.join(m)).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(plan.view.swept, derived);
 }
