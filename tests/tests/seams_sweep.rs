@@ -183,14 +183,19 @@ fn the_sweep_never_follows_a_symlink_the_command_planted() {
         std::fs::create_dir_all(target.join(d)).unwrap();
         write(target.join(d).join("keep"), "OUTSIDE\n");
     }
-    let out = run(fx.sh(
+    // moat's own config dir lives elsewhere here, so nothing protected
+    // pins ~/.config and the command can swap it for a symlink.
+    let mut c = fx.sh(
         "workspace-write",
         &[],
         &format!(
             "mv .config .config-old && ln -s {} .config && echo PLANTED",
             target.display()
         ),
-    ));
+    );
+    c.env("XDG_CONFIG_HOME", fx.root.join("xdg-config"))
+        .env("XDG_STATE_HOME", fx.root.join("xdg-state"));
+    let out = run(c);
     out.expect_stdout_has("PLANTED");
     for d in ["git", "systemd", "autostart", "fish"] {
         assert_eq!(
@@ -809,4 +814,21 @@ fn a_hook_cannot_be_live_even_during_the_run_in_a_repo_without_hooks() {
     out.expect_stdout_has("BLOCKED");
     assert!(!out.stdout.contains("WRITTEN"), "{}", out.dump());
     assert!(!exists(fx.w(".git/hooks/pre-commit")), "{}", out.dump());
+}
+
+#[test]
+fn moats_own_dirs_are_never_taken_for_the_commands() {
+    // moat creates ~/.config/moat and ~/.local/state/moat before a run; the
+    // sweep must see them as existing, not as something the command made.
+    let fx = Fixture::home_as_workspace();
+    let out = run(fx.sh("workspace-write", &[], "echo RAN"));
+    out.expect_stdout_has("RAN");
+    assert!(fx.home.join(".config/moat").is_dir(), "{}", out.dump());
+    assert!(
+        quarantined_under(&fx.home.join(".config")).is_empty(),
+        "moat swept its own dir: {:?}\n{}",
+        quarantined_under(&fx.home.join(".config")),
+        out.dump()
+    );
+    assert!(!out.stderr.contains("denied create"), "{}", out.dump());
 }

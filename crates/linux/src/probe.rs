@@ -274,6 +274,10 @@ impl HostFacts {
         f.probe_root();
         f.probe_secrets(policy);
         f.probe_sockets();
+        // moat's own dirs are created first: the workspace probe then
+        // records them as existing, so the sweep never takes them for
+        // something the command created.
+        f.probe_moat_dirs();
         f.probe_workspace(policy);
         f.probe_write_protected_in_grants(policy);
         f.workspace_missing = f
@@ -291,7 +295,6 @@ impl HostFacts {
                     .collect::<Vec<_>>()
             })
             .collect();
-        f.probe_moat_dirs();
         if let Ok(target) = fs::canonicalize("/etc/resolv.conf") {
             if target.starts_with("/run")
                 && lstat_kind(Path::new("/etc/resolv.conf")) == Some(Kind::Symlink)
