@@ -5,7 +5,8 @@
 #   bench/walk.sh [MOAT_BIN]      (default: target/release/moat, else target/debug/moat)
 #
 # For each tree: the median of RUNS runs of
-#   moat exec --policy workspace-write --no-audit -- true
+#   moat exec --policy read-only --no-audit -- true        (the walk before the run)
+#   moat exec --policy workspace-write --no-audit -- true  (+ the search for new git dirs after it)
 # minus the same run in an empty workspace (the sandbox's own start-up),
 # next to `find TREE -name '.env*'` (which also reads every directory with
 # getdents and d_type, and stats nothing). Warm page cache: both are
@@ -51,19 +52,21 @@ ms() { # median wall time in ms of "$@" over RUNS runs (after one warm-up)
   printf '%s\n' "${t[@]}" | sort -n | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1000}'
 }
 
-run_moat() { (cd "$1" && "$moat" exec --policy workspace-write --no-audit -- true); }
+run_ro() { (cd "$1" && "$moat" exec --policy read-only --no-audit -- true); }
+run_rw() { (cd "$1" && "$moat" exec --policy workspace-write --no-audit -- true); }
 run_find() { find "$1" -name '.env*' -print; }
 
 mkdir -p "$base/empty"
-empty=$(ms run_moat "$base/empty")
-echo "moat: $moat"
-echo "sandbox start-up in an empty workspace: ${empty} ms (subtracted below)"
-printf '%-14s %10s %12s %12s %8s\n' tree dirs "moat walk ms" "find ms" ratio
+empty_ro=$(ms run_ro "$base/empty"); empty_rw=$(ms run_rw "$base/empty")
+echo "moat: $moat  (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "sandbox start-up in an empty workspace: ${empty_ro} ms read-only, ${empty_rw} ms workspace-write (subtracted below)"
+printf '%-14s %8s %10s %8s %12s %8s %8s\n' tree dirs "find ms" "ro ms" "ro/find" "rw ms" "rw/find"
+sub() { awk -v a="$1" -v b="$2" 'BEGIN {w=a-b; if (w<0) w=0; printf "%.1f", w}'; }
+div() { awk -v w="$1" -v f="$2" 'BEGIN {if (f>0) printf "%.2f", w/f; else print "-"}'; }
 for kind in 10k 100k node_modules; do
   d=$base/$kind; gen "$d" "$kind"
   n=$(find "$d" -type d | wc -l)
-  m=$(ms run_moat "$d"); f=$(ms run_find "$d")
-  walk=$(awk -v a="$m" -v b="$empty" 'BEGIN {w=a-b; if (w<0) w=0; printf "%.1f", w}')
-  ratio=$(awk -v w="$walk" -v f="$f" 'BEGIN {if (f>0) printf "%.2f", w/f; else print "-"}')
-  printf '%-14s %10s %12s %12s %8s\n' "$kind" "$n" "$walk" "$f" "$ratio"
+  f=$(ms run_find "$d")
+  ro=$(sub "$(ms run_ro "$d")" "$empty_ro"); rw=$(sub "$(ms run_rw "$d")" "$empty_rw")
+  printf '%-14s %8s %10s %8s %12s %8s %8s\n' "$kind" "$n" "$f" "$ro" "$(div "$ro" "$f")" "$rw" "$(div "$rw" "$f")"
 done
