@@ -408,7 +408,7 @@ fn run_nested(
     let Command::Exec(exec_args) = cli.command else {
         return Err("nested run: only `moat exec` is brokered".into());
     };
-    if exec_args.no_audit || exec_args.audit_log.is_some() {
+    if exec_args.report.no_audit || exec_args.report.audit_log.is_some() {
         return Err("nested run refused: --no-audit/--audit-log; nested runs are recorded in the outer run's audit log".into());
     }
     let mut outer_view = outer_view.clone();

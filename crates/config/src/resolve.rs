@@ -93,6 +93,12 @@ pub struct Resolved {
     pub pass_env: Vec<Sourced<String>>,
     pub protected_opt_in: Vec<Sourced<PathBuf>>,
     pub timeout_ms: Option<Sourced<u64>>,
+    /// `--upstream-proxy` (without credentials), from a flag.
+    pub upstream_proxy: Option<Sourced<String>>,
+    /// With `MOAT_ARGS`: the paths the other sources grant, which every
+    /// `MOAT_ARGS` path must lie under once symlinks are resolved.
+    #[serde(skip)]
+    pub moat_args_base: Vec<(PathBuf, Access)>,
     /// Things that were dropped or adjusted, for `moat profile show`.
     pub notes: Vec<String>,
 }
@@ -195,6 +201,7 @@ fn merge(layers: &[Layer], home: Option<&Path>) -> Result<Resolved, ConfigError>
         source: Source::Default,
     });
     let timeout_ms = first(layers, |s| s.timeout_ms);
+    let upstream_proxy = first(layers, |s| s.upstream_proxy.clone());
     let mut notes = Vec::new();
     let rank = |get: fn(&Settings) -> bool| {
         layers
@@ -388,6 +395,8 @@ fn merge(layers: &[Layer], home: Option<&Path>) -> Result<Resolved, ConfigError>
         pass_env,
         protected_opt_in,
         timeout_ms,
+        upstream_proxy,
+        moat_args_base: Vec::new(),
         notes,
     })
 }
@@ -529,6 +538,7 @@ pub fn resolve(
 ) -> Result<Resolved, ConfigError> {
     let home = sources.home.as_deref();
     let all = layers(tool, argv1, &sources);
+    let mut moat_args_base = Vec::new();
     if let Some(m) = &sources.moat_args {
         let lower: Vec<Layer> = all
             .iter()
@@ -541,8 +551,20 @@ pub fn resolve(
             .filter(|(src, _)| matches!(src, Source::Project(_) | Source::Config(_)))
             .collect();
         check_moat_args(m, sources.flags.as_ref(), &baseline, &trusted, home)?;
+        moat_args_base = baseline
+            .ro
+            .iter()
+            .map(|p| (p.value.clone(), Access::ReadOnly))
+            .chain(
+                baseline
+                    .rw
+                    .iter()
+                    .map(|p| (p.value.clone(), Access::ReadWrite)),
+            )
+            .collect();
     }
     let mut r = merge(&all, home)?;
+    r.moat_args_base = moat_args_base;
     r.tool = tool.map(str::to_string);
     if let Some(p) = &sources.profile {
         r.program = Some(p.program.clone());
@@ -598,6 +620,9 @@ impl Resolved {
         }
         if let Some(t) = &self.timeout_ms {
             push("timeout", format!("{}ms", t.value), &t.source);
+        }
+        if let Some(u) = &self.upstream_proxy {
+            push("upstream_proxy", u.value.clone(), &u.source);
         }
         out
     }
@@ -677,6 +702,31 @@ impl Resolved {
             }
             mapped.push((canonical, access, p));
         }
+        // MOAT_ARGS may only narrow: compared on resolved paths, so a
+        // symlink inside a granted directory cannot carry a grant outside it.
+        if mapped.iter().any(|m| m.2.source == Source::MoatArgs) {
+            let mut base: Vec<(PathBuf, Access)> = Vec::new();
+            for (b, access) in &self.moat_args_base {
+                if let Ok(Some(c)) = map_path(&expand_tilde(b, &home)) {
+                    base.push((c, *access));
+                }
+            }
+            for (c, access, p) in mapped.iter().filter(|m| m.2.source == Source::MoatArgs) {
+                let covered = base.iter().any(|(b, a)| {
+                    c.starts_with(b) && (*a == Access::ReadWrite || *access == Access::ReadOnly)
+                });
+                if !covered {
+                    return Err(ConfigError::MoatArgsWidening {
+                        what: format!(
+                            "--{} {} resolves to {}, which no other source grants",
+                            access_str(*access),
+                            p.value.display(),
+                            c.display()
+                        ),
+                    });
+                }
+            }
+        }
         let opted: Vec<PathBuf> = self
             .protected_opt_in
             .iter()
@@ -726,8 +776,13 @@ impl Resolved {
             } else {
                 Vec::new()
             },
-            upstream_proxy: None,
-            net_class: Some(self.net_class.value),
+            upstream_proxy: self.upstream_proxy.as_ref().map(|u| u.value.clone()),
+            // The built-in default (no filter) is left out, so a policy
+            // resolved from flags alone hashes as it did before profiles.
+            net_class: match (&self.net_class.source, self.net_class.value) {
+                (Source::Default, NetClass::Unconfined) => None,
+                (_, c) => Some(c),
+            },
             tool: self.tool.clone(),
             ..Default::default()
         };

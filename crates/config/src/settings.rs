@@ -38,6 +38,8 @@ pub struct Settings {
     pub protected_opt_in: Vec<PathBuf>,
     pub paths: Vec<PathSpec>,
     pub timeout_ms: Option<u64>,
+    /// `--upstream-proxy` as given, without credentials (flags only).
+    pub upstream_proxy: Option<String>,
 }
 
 impl Settings {
@@ -58,6 +60,7 @@ impl Settings {
             network: self.network,
             net_class: self.net_class,
             timeout_ms: self.timeout_ms,
+            upstream_proxy: self.upstream_proxy.clone(),
             ..Settings::default()
         }
     }
@@ -69,6 +72,7 @@ impl Settings {
             network: None,
             net_class: None,
             timeout_ms: None,
+            upstream_proxy: None,
             ..self.clone()
         }
     }
@@ -87,6 +91,7 @@ impl Settings {
         out.network = over.network.or(self.network);
         out.net_class = over.net_class.or(self.net_class);
         out.timeout_ms = over.timeout_ms.or(self.timeout_ms);
+        out.upstream_proxy = over.upstream_proxy.clone().or(self.upstream_proxy.clone());
         extend_unique(&mut out.allow_domains, &over.allow_domains);
         extend_unique(&mut out.deny_domains, &over.deny_domains);
         extend_unique(&mut out.pass_env, &over.pass_env);

@@ -20,6 +20,7 @@ pub mod mounts;
 pub mod netns;
 pub mod plan;
 pub mod probe;
+pub mod pty;
 pub mod run;
 pub mod sweep;
 pub mod sys;
