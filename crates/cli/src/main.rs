@@ -44,6 +44,9 @@ const PROTOCOL_VERSION: &str = "1";
 pub(crate) const CAPTURE_LIMIT: usize = 1 << 20;
 /// Exit status when moat itself refuses or fails.
 pub(crate) const EXIT_MOAT_FAILED: u8 = 125;
+/// The command ran, but the post-run sweep could not neutralise something
+/// it left at a write-protected path (still live on the host).
+pub(crate) const EXIT_SWEEP_FAILED: u8 = 122;
 
 #[derive(Parser)]
 #[command(
@@ -53,6 +56,7 @@ pub(crate) const EXIT_MOAT_FAILED: u8 = 125;
     long_about = "moat runs one command inside a boundary the kernel enforces: the command sees the \
 workspace and what its policy grants, and nothing else. No daemon, no container engine.\n\n\
 Exit status of `moat exec`: the command's own code; 128+N if it was killed by signal N; \
+122 when something the command left at a write-protected path could not be neutralised; \
 124 on --timeout; 125 when moat refused or failed; 126 not executable; 127 not found."
 )]
 pub(crate) struct Cli {
