@@ -1,0 +1,278 @@
+//! `moat mcp`: an MCP server (stdio, JSON-RPC 2.0 one message per line)
+//! with the tools `exec`, `capabilities` and `explain_policy`, under the
+//! same ceiling and roots rule as `moat serve`.
+
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use clap::Args;
+use serde_json::{json, Value};
+
+use crate::serve::{parse_message, read_line, reply, Incoming, Line, Out, MAX_REQUEST};
+use crate::service::{ExecutionRequest, RpcError, ServerArgs, Service};
+
+/// MCP protocol revisions this server answers in (newest first).
+const MCP_VERSIONS: [&str; 3] = ["2025-06-18", "2025-03-26", "2024-11-05"];
+
+#[derive(Args)]
+pub(crate) struct McpArgs {
+    #[command(flatten)]
+    pub(crate) server: ServerArgs,
+}
+
+pub(crate) fn mcp(args: McpArgs) -> ExitCode {
+    let service = match Service::new(&args.server) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("moat mcp: {e:#}");
+            return ExitCode::from(crate::EXIT_MOAT_FAILED);
+        }
+    };
+    let out: Out = Arc::new(Mutex::new(Box::new(std::io::stdout())));
+    let mut input = std::io::stdin().lock();
+    loop {
+        let msg = match read_line(&mut input, MAX_REQUEST) {
+            Ok(Some(Line::Message(m))) => m,
+            Ok(Some(Line::TooLong)) => {
+                let e = RpcError::new(-32600, "INVALID_REQUEST", "request too large");
+                reply(&out, &Value::Null, Err(e));
+                continue;
+            }
+            Ok(None) | Err(_) => break,
+        };
+        if msg.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let (id, method, params) = match parse_message(&msg) {
+            Incoming::Request { id, method, params } => (id, method, params),
+            Incoming::Notification => continue,
+            Incoming::Bad(e) => {
+                reply(&out, &Value::Null, Err(e));
+                continue;
+            }
+        };
+        match method.as_str() {
+            "initialize" => {
+                let asked = params["protocolVersion"].as_str().unwrap_or_default();
+                let version = MCP_VERSIONS
+                    .iter()
+                    .find(|v| **v == asked)
+                    .unwrap_or(&MCP_VERSIONS[0]);
+                reply(
+                    &out,
+                    &id,
+                    Ok(json!({
+                        "protocolVersion": version,
+                        "capabilities": {"tools": {"listChanged": false}},
+                        "serverInfo": {"name": "moat", "version": env!("CARGO_PKG_VERSION")},
+                        "instructions": "Run commands with the exec tool: each runs inside moat's kernel-enforced sandbox under this server's policy. Pass command as an argv array.",
+                    })),
+                );
+            }
+            "ping" => reply(&out, &id, Ok(json!({}))),
+            "tools/list" => reply(&out, &id, Ok(json!({"tools": tools()}))),
+            "tools/call" => {
+                let (service, out) = (service.clone(), out.clone());
+                std::thread::spawn(move || {
+                    let r = call_tool(&service, &params);
+                    reply(&out, &id, r);
+                });
+            }
+            other => reply(
+                &out,
+                &id,
+                Err(RpcError::new(
+                    -32601,
+                    "METHOD_NOT_FOUND",
+                    format!("unknown method {other:?}"),
+                )),
+            ),
+        }
+    }
+    service.stop_owned(0);
+    ExitCode::SUCCESS
+}
+
+fn tools() -> Value {
+    json!([
+        {
+            "name": "exec",
+            "description": "Run a command inside moat's sandbox under the server's policy. `command` is an argv array (no shell: to use one, pass [\"bash\",\"-c\",\"...\"] explicitly). The result reports stdout, stderr, the exit code, and each access the sandbox refused with the flag that would grant it.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "array", "items": {"type": "string"}, "minItems": 1, "description": "argv: program and arguments"},
+                    "cwd": {"type": "string", "description": "working directory; must lie inside one of the server's roots"},
+                    "timeout_ms": {"type": "integer", "minimum": 1, "description": "stop the whole process tree after this many milliseconds"},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "stdin": {"type": "string", "description": "text given to the command on stdin"},
+                    "policy": {"description": "a narrower policy than the server's: a level name (read-only, workspace-write, ...) optionally with -disabled/-proxy, or {level, network}"}
+                },
+                "required": ["command"]
+            }
+        },
+        {
+            "name": "capabilities",
+            "description": "What this host's kernel lets moat guarantee (probed now).",
+            "inputSchema": {"type": "object", "properties": {}}
+        },
+        {
+            "name": "explain_policy",
+            "description": "The policy an exec with these parameters would run under, its hash, and the filesystem view it gives.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "cwd": {"type": "string"},
+                    "policy": {}
+                }
+            }
+        }
+    ])
+}
+
+/// A tool result: a text block for a model, the structured value, and
+/// whether it is an error.
+fn tool_result(text: String, structured: Value, is_error: bool) -> Value {
+    json!({
+        "content": [{"type": "text", "text": text}],
+        "structuredContent": structured,
+        "isError": is_error,
+    })
+}
+
+fn refused(reason: &str, code: &str) -> Value {
+    tool_result(
+        format!("moat refused to run the command: {reason}"),
+        json!({"refused": true, "error_code": code, "reason": reason, "exit_code": null, "denials": []}),
+        true,
+    )
+}
+
+fn call_tool(service: &Arc<Service>, params: &Value) -> Result<Value, RpcError> {
+    let args = &params["arguments"];
+    match params["name"].as_str() {
+        Some("capabilities") => {
+            let caps = crate::serve::capabilities();
+            Ok(tool_result(caps.to_string(), caps, false))
+        }
+        Some("explain_policy") => Ok(match service.explain(args) {
+            Ok(v) => tool_result(v.to_string(), v, false),
+            Err(e) => refused(&e.message, e.data["code"].as_str().unwrap_or_default()),
+        }),
+        Some("exec") => Ok(exec_tool(service, args)),
+        other => Err(RpcError::invalid_params(
+            "METHOD_NOT_FOUND",
+            format!("unknown tool {other:?}: use exec, capabilities or explain_policy"),
+        )),
+    }
+}
+
+fn exec_tool(service: &Arc<Service>, args: &Value) -> Value {
+    let command: Vec<String> = match &args["command"] {
+        Value::String(s) => {
+            return refused(
+                &format!(
+                    "command is a shell string ({s:?}); pass an argv array, e.g. [\"ls\", \"-l\"], or to use a shell say so explicitly: [\"bash\", \"-c\", {s:?}]"
+                ),
+                "INVALID_REQUEST",
+            )
+        }
+        Value::Array(a) => match a.iter().map(|x| x.as_str().map(str::to_string)).collect() {
+            Some(c) => c,
+            None => return refused("command must be an array of strings", "INVALID_REQUEST"),
+        },
+        _ => return refused("command (an argv array) is required", "INVALID_REQUEST"),
+    };
+    let env = match crate::serve::env_map(&args["env"]) {
+        Ok(e) => e,
+        Err(e) => return refused(&e.message, "INVALID_REQUEST"),
+    };
+    let req = ExecutionRequest {
+        command,
+        cwd: args["cwd"].as_str().map(str::to_string),
+        policy: args.get("policy").cloned(),
+        env,
+        stdin: args["stdin"]
+            .as_str()
+            .unwrap_or_default()
+            .as_bytes()
+            .to_vec(),
+        timeout_ms: args["timeout_ms"].as_u64(),
+    };
+    let started: Arc<Mutex<Option<Result<String, RpcError>>>> = Arc::new(Mutex::new(None));
+    {
+        let started = started.clone();
+        service.execute(
+            req,
+            0,
+            move |r| {
+                if let Ok(mut s) = started.lock() {
+                    *s =
+                        Some(r.map(|v| v["execution_id"].as_str().unwrap_or_default().to_string()));
+                }
+            },
+            None,
+        );
+    }
+    // `execute` follows the run to its end on this thread.
+    let outcome = started.lock().ok().and_then(|mut s| s.take());
+    let id = match outcome {
+        Some(Ok(id)) => id,
+        Some(Err(e)) => return refused(&e.message, e.data["code"].as_str().unwrap_or_default()),
+        None => return refused("the execution did not start", "INTERNAL_ERROR"),
+    };
+    service.wait(&id);
+    let result = service.with(&id, |r| {
+        let mut v = r.result();
+        v["stdout"] = json!(String::from_utf8_lossy(&r.stdout));
+        v["stderr"] = json!(String::from_utf8_lossy(&r.stderr));
+        v
+    });
+    match result {
+        Ok(v) => {
+            let text = model_text(&v);
+            let is_error = v["exit_code"].as_i64() != Some(0);
+            tool_result(text, v, is_error)
+        }
+        Err(e) => refused(&e.message, "INTERNAL_ERROR"),
+    }
+}
+
+/// The result written for a model: output, exit code, and each refusal
+/// with what would grant it.
+fn model_text(v: &Value) -> String {
+    let mut t = String::new();
+    let stdout = v["stdout"].as_str().unwrap_or_default();
+    let stderr = v["stderr"].as_str().unwrap_or_default();
+    if !stdout.is_empty() {
+        t.push_str(&format!("stdout:\n{stdout}\n"));
+    }
+    if !stderr.is_empty() {
+        t.push_str(&format!("stderr:\n{stderr}\n"));
+    }
+    if v["timed_out"] == json!(true) {
+        t.push_str("the command was stopped: it ran past its timeout\n");
+    }
+    match v["exit_code"].as_i64() {
+        Some(c) => t.push_str(&format!("exit code: {c}\n")),
+        None => t.push_str("exit code: none\n"),
+    }
+    if let Some(reason) = v["reason"].as_str() {
+        t.push_str(&format!("moat: {reason}\n"));
+    }
+    for d in v["denials"].as_array().into_iter().flatten() {
+        let what = d["path"]
+            .as_str()
+            .or(d["host"].as_str())
+            .or(d["target"].as_str())
+            .unwrap_or("?");
+        t.push_str(&format!(
+            "refused by the sandbox: {} {} ({}); {}\n",
+            d["operation"].as_str().unwrap_or("access"),
+            what,
+            d["reason"].as_str().unwrap_or_default(),
+            d["detail"].as_str().unwrap_or_default()
+        ));
+    }
+    t
+}
