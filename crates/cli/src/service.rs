@@ -628,7 +628,8 @@ impl Service {
     /// (moat's supervisor kills the sandbox's tree on SIGTERM).
     pub(crate) fn cancel(&self, id: &str) -> Result<Value, RpcError> {
         let pid = self.with(id, |r| {
-            if r.done {
+            // Its last event is out: nothing left to cancel.
+            if r.done || r.finished_at.is_some() {
                 None
             } else {
                 r.cancel_requested = true;
