@@ -236,11 +236,7 @@ fn session(service: &Arc<Service>, mut input: impl BufRead, out: Out, owner: u64
             )
         })
     };
-    loop {
-        let line = match read_line(&mut input, MAX_REQUEST) {
-            Ok(Some(l)) => l,
-            Ok(None) | Err(_) => break,
-        };
+    while let Ok(Some(line)) = read_line(&mut input, MAX_REQUEST) {
         let msg = match line {
             Line::TooLong => {
                 let mut e = RpcError::new(
