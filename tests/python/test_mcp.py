@@ -128,3 +128,63 @@ def test_capabilities_and_explain_policy_contract(ws):
     caps, ex = with_session(ws, ["--policy", "workspace-write"], body)
     assert caps.is_error is False and caps.structured_content["platform"] == "linux"
     assert ex.is_error is False and ex.structured_content["policy"]["level"] == "read-only"
+
+
+WRAPPED_SERVER = '''
+import sys
+from mcp.server import MCPServer
+
+server = MCPServer("wrapped")
+
+
+@server.tool()
+def hello() -> str:
+    return "hello from the wrapped server"
+
+
+@server.tool()
+def write(path: str) -> str:
+    try:
+        with open(path, "w") as f:
+            f.write("written\\n")
+        return "wrote " + path
+    except OSError as e:
+        return "refused: " + str(e)
+
+
+server.run()
+'''
+
+
+def test_wrap_runs_another_mcp_server_under_the_policy(ws):
+    import sys
+
+    server = os.path.join(ws, "server.py")
+    with open(server, "w") as f:
+        f.write(WRAPPED_SERVER)
+    host_path = f"/var/tmp/moat-wrap-{random.randint(10**8, 10**9 - 1)}"
+    inside = os.path.join(ws, "inside.txt")
+
+    async def go():
+        params = StdioServerParameters(
+            command=MOAT,
+            # The interpreter's venv is shown read-only (it may live under /tmp,
+            # which is the sandbox's own).
+            args=["mcp", "--no-audit", "--policy", "workspace-write", "--ro", sys.prefix, "--wrap", "--", sys.executable, server],
+            cwd=ws,
+        )
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                tools = {t.name for t in (await s.list_tools()).tools}
+                hi = await s.call_tool("hello", {})
+                out = await s.call_tool("write", {"path": host_path})
+                ok = await s.call_tool("write", {"path": inside})
+                return tools, text_of(hi), text_of(out), text_of(ok)
+
+    tools, hi, out, ok = asyncio.run(asyncio.wait_for(go(), 60))
+    assert tools == {"hello", "write"}
+    assert hi == "hello from the wrapped server"
+    assert out.startswith("refused:"), out
+    assert not os.path.exists(host_path), "the wrapped server wrote outside the workspace"
+    assert ok == "wrote " + inside and os.path.exists(inside)

@@ -18,9 +18,23 @@ const MCP_VERSIONS: [&str; 3] = ["2025-06-18", "2025-03-26", "2024-11-05"];
 pub(crate) struct McpArgs {
     #[command(flatten)]
     pub(crate) server: ServerArgs,
+    /// Run another stdio MCP server (the command after --) under the policy
+    /// flags instead of serving moat's own tools
+    #[arg(long, requires = "command", conflicts_with = "roots")]
+    pub(crate) wrap: bool,
+    /// With --wrap: the MCP server to run and its arguments
+    #[arg(last = true, value_name = "COMMAND")]
+    pub(crate) command: Vec<std::ffi::OsString>,
 }
 
 pub(crate) fn mcp(args: McpArgs) -> ExitCode {
+    if args.wrap {
+        return wrap(args);
+    }
+    if !args.command.is_empty() {
+        eprintln!("moat mcp: a command after -- needs --wrap");
+        return ExitCode::from(crate::EXIT_MOAT_FAILED);
+    }
     let service = match Service::new(&args.server) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -91,6 +105,20 @@ pub(crate) fn mcp(args: McpArgs) -> ExitCode {
     }
     service.stop_owned(0);
     ExitCode::SUCCESS
+}
+
+/// `--wrap`: the wrapped server is a `moat exec` of its own, its stdin and
+/// stdout the MCP client's; moat's messages go to stderr (MCP's log channel).
+fn wrap(args: McpArgs) -> ExitCode {
+    crate::exec::exec(crate::ExecArgs {
+        policy: args.server.policy,
+        report: crate::ReportArgs {
+            audit_log: args.server.audit_log,
+            no_audit: args.server.no_audit,
+            ..crate::ReportArgs::default()
+        },
+        command: args.command,
+    })
 }
 
 fn tools() -> Value {
