@@ -1,18 +1,20 @@
-//! `moat mcp`: an MCP server (stdio, JSON-RPC 2.0 one message per line)
-//! with the tools `exec`, `capabilities` and `explain_policy`, under the
+//! `moat mcp`: an MCP server on stdio, built on the official Rust SDK
+//! (`rmcp`), with the tools `exec`, `capabilities` and `explain_policy`, under the
 //! same ceiling and roots rule as `moat serve`.
 
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use clap::Args;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{json, Value};
 
-use crate::serve::{parse_message, read_line, reply, Incoming, Line, Out, MAX_REQUEST};
 use crate::service::{ExecutionRequest, RpcError, ServerArgs, Service};
-
-/// MCP protocol revisions this server answers in (newest first).
-const MCP_VERSIONS: [&str; 3] = ["2025-06-18", "2025-03-26", "2024-11-05"];
 
 #[derive(Args)]
 pub(crate) struct McpArgs {
@@ -42,69 +44,81 @@ pub(crate) fn mcp(args: McpArgs) -> ExitCode {
             return ExitCode::from(crate::EXIT_MOAT_FAILED);
         }
     };
-    let out: Out = Arc::new(Mutex::new(Box::new(std::io::stdout())));
-    let mut input = std::io::stdin().lock();
-    loop {
-        let msg = match read_line(&mut input, MAX_REQUEST) {
-            Ok(Some(Line::Message(m))) => m,
-            Ok(Some(Line::TooLong)) => {
-                let e = RpcError::new(-32600, "INVALID_REQUEST", "request too large");
-                reply(&out, &Value::Null, Err(e));
-                continue;
-            }
-            Ok(None) | Err(_) => break,
-        };
-        if msg.iter().all(u8::is_ascii_whitespace) {
-            continue;
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("moat mcp: cannot start the async runtime: {e}");
+            return ExitCode::from(crate::EXIT_MOAT_FAILED);
         }
-        let (id, method, params) = match parse_message(&msg) {
-            Incoming::Request { id, method, params } => (id, method, params),
-            Incoming::Notification => continue,
-            Incoming::Bad(e) => {
-                reply(&out, &Value::Null, Err(e));
-                continue;
-            }
-        };
-        match method.as_str() {
-            "initialize" => {
-                let asked = params["protocolVersion"].as_str().unwrap_or_default();
-                let version = MCP_VERSIONS
-                    .iter()
-                    .find(|v| **v == asked)
-                    .unwrap_or(&MCP_VERSIONS[0]);
-                reply(
-                    &out,
-                    &id,
-                    Ok(json!({
-                        "protocolVersion": version,
-                        "capabilities": {"tools": {"listChanged": false}},
-                        "serverInfo": {"name": "moat", "version": env!("CARGO_PKG_VERSION")},
-                        "instructions": "Run commands with the exec tool: each runs inside moat's kernel-enforced sandbox under this server's policy. Pass command as an argv array.",
-                    })),
-                );
-            }
-            "ping" => reply(&out, &id, Ok(json!({}))),
-            "tools/list" => reply(&out, &id, Ok(json!({"tools": tools()}))),
-            "tools/call" => {
-                let (service, out) = (service.clone(), out.clone());
-                std::thread::spawn(move || {
-                    let r = call_tool(&service, &params);
-                    reply(&out, &id, r);
-                });
-            }
-            other => reply(
-                &out,
-                &id,
-                Err(RpcError::new(
-                    -32601,
-                    "METHOD_NOT_FOUND",
-                    format!("unknown method {other:?}"),
-                )),
-            ),
+    };
+    let handler = Tools {
+        service: service.clone(),
+    };
+    let served = runtime.block_on(async move {
+        let running = handler.serve(rmcp::transport::stdio()).await?;
+        running
+            .waiting()
+            .await
+            .map(|_| ())
+            .map_err(anyhow::Error::from)
+    });
+    // The client went away: stop whatever it started, trees included.
+    service.stop_owned(0);
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("moat mcp: {e:#}");
+            ExitCode::from(crate::EXIT_MOAT_FAILED)
         }
     }
-    service.stop_owned(0);
-    ExitCode::SUCCESS
+}
+
+/// moat's MCP tools, served by the official Rust SDK.
+struct Tools {
+    service: Arc<Service>,
+}
+
+fn mcp_error(e: impl std::fmt::Display) -> ErrorData {
+    ErrorData::internal_error(e.to_string(), None)
+}
+
+impl ServerHandler for Tools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("moat", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Run commands with the exec tool: each runs inside moat's kernel-enforced sandbox \
+                 under this server's policy. Pass command as an argv array.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        serde_json::from_value(json!({ "tools": tools() })).map_err(mcp_error)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let params = json!({"name": request.name, "arguments": request.arguments});
+        let service = self.service.clone();
+        // An execution blocks until its command ends: off the async workers.
+        let result = tokio::task::spawn_blocking(move || call_tool(&service, &params))
+            .await
+            .map_err(mcp_error)?
+            .map_err(|e| ErrorData::invalid_params(e.message, Some(e.data)))?;
+        let result: CallToolResult = serde_json::from_value(result).map_err(mcp_error)?;
+        Ok(result.into())
+    }
 }
 
 /// `--wrap`: the wrapped server is a `moat exec` of its own, its stdin and
