@@ -240,6 +240,7 @@ fn exec_tool(service: &Arc<Service>, args: &Value) -> Value {
             .as_bytes()
             .to_vec(),
         timeout_ms: args["timeout_ms"].as_u64(),
+        keep_output: true,
     };
     let started: Arc<Mutex<Option<Result<String, RpcError>>>> = Arc::new(Mutex::new(None));
     {

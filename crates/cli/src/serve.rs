@@ -442,6 +442,8 @@ fn execution_request(p: &Value) -> Result<ExecutionRequest, RpcError> {
         env,
         stdin,
         timeout_ms: p["timeout_ms"].as_u64(),
+        // The output is in the event stream; the result only counts it.
+        keep_output: false,
     })
 }
 

@@ -20,6 +20,9 @@ use serde_json::{json, Map, Value};
 
 /// Output kept per stream for `moat mcp` results (the serve protocol streams it).
 pub(crate) const KEEP_OUTPUT: usize = crate::CAPTURE_LIMIT;
+/// Executions a server remembers: past this, the oldest finished ones are
+/// forgotten (a long-lived service must not grow with every run).
+pub(crate) const MAX_RECORDS: usize = 1000;
 /// moat's stderr kept per execution, for the reason of a failure to start.
 const KEEP_STDERR: usize = 64 * 1024;
 
@@ -83,6 +86,9 @@ pub(crate) struct ExecutionRequest {
     pub(crate) env: BTreeMap<String, String>,
     pub(crate) stdin: Vec<u8>,
     pub(crate) timeout_ms: Option<u64>,
+    /// Keep the output (up to [`KEEP_OUTPUT`] per stream) for the result;
+    /// otherwise it is only streamed and counted.
+    pub(crate) keep_output: bool,
 }
 
 /// One execution as the service knows it.
@@ -105,6 +111,7 @@ pub(crate) struct Record {
     pub(crate) stdout: Vec<u8>,
     pub(crate) stderr: Vec<u8>,
     pub(crate) output_truncated: bool,
+    pub(crate) keep_output: bool,
     pub(crate) denials: Vec<Value>,
     pub(crate) reason: Option<String>,
     pub(crate) cancel_requested: bool,
@@ -457,6 +464,7 @@ impl Service {
             stdout: Vec::new(),
             stderr: Vec::new(),
             output_truncated: false,
+            keep_output: req.keep_output,
             denials: Vec::new(),
             reason: None,
             cancel_requested: false,
@@ -467,6 +475,12 @@ impl Service {
         let execution = record.execution();
         if let Ok(mut r) = self.records.lock() {
             r.push(record);
+            while r.len() > MAX_RECORDS {
+                match r.iter().position(|x| x.done) {
+                    Some(i) => drop(r.remove(i)),
+                    None => break,
+                }
+            }
         }
         // The moat stderr is only needed for a failure before the first event.
         drop(stderr_buf);
@@ -500,8 +514,12 @@ impl Service {
                         (&mut r.stderr_bytes, &mut r.stderr)
                     };
                     *count += bytes.len() as u64;
-                    let room = KEEP_OUTPUT.saturating_sub(keep.len());
-                    if bytes.len() > room {
+                    let room = if r.keep_output {
+                        KEEP_OUTPUT.saturating_sub(keep.len())
+                    } else {
+                        0
+                    };
+                    if r.keep_output && bytes.len() > room {
                         r.output_truncated = true;
                     }
                     keep.extend_from_slice(&bytes[..bytes.len().min(room)]);
