@@ -5,6 +5,7 @@ cancellation of a whole tree, bad input, and the server's ceiling."""
 import base64
 import os
 import random
+import shutil
 import subprocess
 import tempfile
 
@@ -47,6 +48,7 @@ def test_every_method_contract(ws):
         assert v["moat_version"]
         caps = s.ok("getCapabilities")
         assert caps["backend"] == "moat-linux" and caps["platform"] == "linux"
+        assert set(caps["sandbox_levels"]) >= {"read-only", "workspace-write"} and "proxy" in caps["network_modes"]
         ex_pol = s.ok("explainPolicy", {"policy": "read-only"})
         assert ex_pol["policy"]["level"] == "read-only"
         assert ex_pol["policy_hash"].startswith("sha256:")
@@ -319,3 +321,48 @@ def test_socket_in_an_open_directory_is_refused(ws):
     assert r.returncode == 125
     assert b"chmod 700" in r.stderr
     assert not os.path.exists(path)
+
+
+def test_socket_peer_of_another_user_is_refused(ws):
+    # The server runs as an unprivileged user; root (who can enter its 0700
+    # directory) connects: SO_PEERCRED shows another uid, so the connection
+    # is closed before a byte is read and the request never runs.
+    import json
+    import pwd
+    import socket
+
+    user = os.environ.get("MOAT_CI_USER", "moat-ci")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to connect as a different user than the server's")
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        pytest.skip(f"no user {user} to run the server as")
+    d = tempfile.mkdtemp(prefix="moat-sock-peer-")
+    os.chown(d, pw.pw_uid, pw.pw_gid)
+    os.chmod(d, 0o700)
+    os.chmod(ws, 0o777)
+    path = os.path.join(d, "moat.sock")
+    marker = os.path.join(ws, "peer-marker")
+    p = subprocess.Popen(
+        ["runuser", "-u", user, "--", MOAT, "serve", "--no-audit", "--policy", "workspace-write", "--socket", path],
+        cwd=ws, stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(lambda: os.path.exists(path), "the socket")
+        c = socket.socket(socket.AF_UNIX)
+        c.connect(path)
+        c.settimeout(30)
+        req = {"jsonrpc": "2.0", "id": 1, "method": "execute", "params": {"command": ["touch", marker]}}
+        try:
+            c.sendall((json.dumps(req) + "\n").encode())
+            answer = c.recv(4096)
+        except (BrokenPipeError, ConnectionResetError):
+            answer = b""
+        assert answer == b"", f"the server answered another user: {answer!r}"
+        c.close()
+        assert not os.path.exists(marker)
+    finally:
+        p.kill()
+        p.wait()
+        shutil.rmtree(d, ignore_errors=True)
