@@ -466,3 +466,53 @@ pub(crate) fn env_map(v: &Value) -> Result<BTreeMap<String, String>, RpcError> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(input: &[u8], max: usize) -> Vec<Option<Vec<u8>>> {
+        let mut r = std::io::BufReader::with_capacity(4, input);
+        let mut out = Vec::new();
+        while let Some(l) = read_line(&mut r, max).unwrap() {
+            out.push(match l {
+                Line::Message(m) => Some(m),
+                Line::TooLong => None,
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn an_oversize_line_is_dropped_whole_and_the_next_one_read() {
+        let got = lines(b"short\n0123456789abcdef\nnext\nlast-too-long", 8);
+        let want = vec![Some(b"short".to_vec()), None, Some(b"next".to_vec()), None];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn envelopes_are_checked_as_rfc_0006_says() {
+        let code = |s: &str| match parse_message(s.as_bytes()) {
+            Incoming::Bad(e) => Some(e.code),
+            Incoming::Notification => Some(0),
+            Incoming::Request { .. } => None,
+        };
+        assert_eq!(code("{"), Some(-32700));
+        assert_eq!(code("[]"), Some(-32600));
+        assert_eq!(
+            code(r#"{"jsonrpc":"1.0","id":1,"method":"x"}"#),
+            Some(-32600)
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":[1],"method":"x"}"#),
+            Some(-32600)
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":1,"method":"x","params":[1]}"#),
+            Some(-32600)
+        );
+        assert_eq!(code(r#"{"jsonrpc":"2.0","method":"x"}"#), Some(0));
+        assert_eq!(code(r#"{"jsonrpc":"2.0","id":null,"method":"x"}"#), None);
+        assert_eq!(code(r#"{"jsonrpc":"2.0","id":"a","method":"x"}"#), None);
+    }
+}

@@ -1002,3 +1002,59 @@ fn policy_flags_argv(f: &PolicyFlags) -> Vec<OsString> {
     }
     a
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_names_take_runseal_composites_and_moat_short_forms() {
+        let (l, n, _, _) = parse_policy_ref(Some(&json!("workspace-write-proxy"))).unwrap();
+        assert_eq!(
+            (l, n),
+            (Some(Level::WorkspaceWrite), Some(NetworkMode::Proxy))
+        );
+        let (l, n, _, _) = parse_policy_ref(Some(&json!("ro"))).unwrap();
+        assert_eq!((l, n), (Some(Level::ReadOnly), None));
+        let (l, n, _, _) = parse_policy_ref(Some(
+            &json!({"sandbox_level": "danger-full-access", "network": {"mode": "disabled"}}),
+        ))
+        .unwrap();
+        assert_eq!(
+            (l, n),
+            (Some(Level::DangerFullAccess), Some(NetworkMode::Disabled))
+        );
+        assert!(parse_policy_ref(Some(&json!("workspace-writ"))).is_err());
+        // An unknown field is refused, never ignored (it could be a grant).
+        assert!(parse_policy_ref(Some(&json!({"filesystem": {"rw": ["/"]}}))).is_err());
+        assert!(parse_policy_ref(Some(&json!(3))).is_err());
+    }
+
+    #[test]
+    fn every_policy_flag_reaches_the_child() {
+        let f = PolicyFlags {
+            policy: Some(Level::ReadOnly),
+            network: Some(NetworkMode::Proxy),
+            cwd: Some("/w".into()),
+            ro: vec!["/r".into()],
+            rw: vec!["/x".into()],
+            env: vec![("A".into(), "b=c".into())],
+            pass_env: vec!["TOKEN".into()],
+            timeout: Some(1500),
+            allow_domain: vec!["example.com".into()],
+            deny_domain: vec!["evil.example".into()],
+            upstream_proxy: Some("http://p:3128".into()),
+            upstream_proxy_auth_file: Some("/auth".into()),
+        };
+        let argv: Vec<String> = policy_flags_argv(&f)
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            argv.join(" "),
+            "--policy read-only --network proxy --cwd /w --ro /r --rw /x --env A=b=c \
+             --pass-env TOKEN --timeout 1500ms --allow-domain example.com --deny-domain evil.example \
+             --upstream-proxy http://p:3128 --upstream-proxy-auth-file /auth"
+        );
+    }
+}
