@@ -366,3 +366,16 @@ def test_socket_peer_of_another_user_is_refused(ws):
         p.kill()
         p.wait()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_killed_service_takes_its_executions_with_it(ws):
+    # SIGKILL leaves the service no chance to clean up: each execution's
+    # supervisor must notice its parent is gone and stop its tree.
+    t = token()
+    s = serve(ws, "--policy", "workspace-write")
+    s.ok("execute", {"command": ["sh", "-c", f'setsid sleep {t} & touch up; sleep {t}1']})
+    wait_for(lambda: os.path.exists(os.path.join(ws, "up")), "the command to start")
+    wait_for(lambda: host_pids_with(f"sleep {t}"), "the processes on the host")
+    s.proc.kill()
+    s.proc.wait()
+    wait_for(lambda: host_pids_with(f"sleep {t}") == [], "the tree to go with the service")

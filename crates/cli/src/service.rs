@@ -388,7 +388,12 @@ impl Service {
             req.timeout_ms,
             &req.env,
         )?;
-        let mut child = Command::new(&self.moat)
+        let mut cmd = Command::new(&self.moat);
+        // A service killed outright still takes its executions with it: the
+        // supervisor gets SIGTERM and stops its tree. (This thread follows
+        // the execution to its end, so it outlives the child.)
+        moat_linux::sys::die_with_parent(&mut cmd, libc::SIGTERM);
+        let mut child = cmd
             .args(self.child_args(&flags, &req.command))
             .current_dir(&self.here)
             .stdin(if req.stdin.is_empty() {
