@@ -379,3 +379,16 @@ def test_a_killed_service_takes_its_executions_with_it(ws):
     s.proc.kill()
     s.proc.wait()
     wait_for(lambda: host_pids_with(f"sleep {t}") == [], "the tree to go with the service")
+
+
+def test_narrowing_a_proxy_server_to_no_network_runs(ws):
+    # The server's allow list belongs to its proxy mode: a request that
+    # narrows to `disabled` must run without it, not be refused.
+    s = serve(ws, "--network", "proxy", "--allow-domain", "example.com")
+    try:
+        ex, end = run_to_end(s, {"command": ["sh", "-c", "echo ran"], "policy": "read-only-disabled"})
+        assert end["params"]["type"] == "execution.finished" and end["params"]["exit_code"] == 0
+        res = s.ok("explainPolicy", {"policy": {"network": "disabled"}})
+        assert res["policy"]["network"]["mode"] == "disabled"
+    finally:
+        s.close()

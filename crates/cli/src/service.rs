@@ -317,6 +317,14 @@ impl Service {
         flags
             .deny_domain
             .extend(deny.iter().map(|p| p.as_str().to_string()));
+        if flags.network == Some(NetworkMode::Disabled) {
+            // The allow/deny lists and the upstream belong to proxy mode:
+            // narrowed to no network, they go (moat refuses them otherwise).
+            flags.allow_domain.clear();
+            flags.deny_domain.clear();
+            flags.upstream_proxy = None;
+            flags.upstream_proxy_auth_file = None;
+        }
         flags.timeout = match (timeout_ms, ceiling.timeout_ms) {
             (Some(r), Some(c)) => Some(r.min(c)),
             (Some(r), None) => Some(r),
@@ -435,6 +443,8 @@ impl Service {
         let first = match first {
             Some(ev) if ev["type"] == "policy.resolved" => ev,
             other => {
+                // Not a run that started: make sure its supervisor is gone.
+                let _ = child.kill();
                 let status = child.wait().ok();
                 let reason = other
                     .as_ref()
