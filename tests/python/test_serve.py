@@ -345,7 +345,7 @@ def test_socket_peer_of_another_user_is_refused(ws):
     path = os.path.join(d, "moat.sock")
     marker = os.path.join(ws, "peer-marker")
     p = subprocess.Popen(
-        ["runuser", "-u", user, "--", MOAT, "serve", "--no-audit", "--policy", "workspace-write", "--socket", path],
+        [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--", MOAT, "serve", "--no-audit", "--policy", "workspace-write", "--socket", path],
         cwd=ws, stderr=subprocess.PIPE,
     )
     try:
