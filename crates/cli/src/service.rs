@@ -16,7 +16,8 @@ use clap::Args;
 use moat_config::{domains_within, level_within, network_within, parse_level, PolicyFlags};
 use moat_policy::net::DomainPattern;
 use moat_policy::{Level, NetworkMode, Policy};
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 
 /// Output kept per stream for `moat mcp` results (the serve protocol streams it).
 pub(crate) const KEEP_OUTPUT: usize = crate::CAPTURE_LIMIT;
@@ -112,7 +113,7 @@ pub(crate) struct Record {
     pub(crate) stderr: Vec<u8>,
     pub(crate) output_truncated: bool,
     pub(crate) keep_output: bool,
-    pub(crate) denials: Vec<Value>,
+    pub(crate) denials: Vec<Denial>,
     pub(crate) reason: Option<String>,
     pub(crate) cancel_requested: bool,
     /// Events kept for getAuditEvents/tailAudit: all but output chunks.
@@ -515,15 +516,15 @@ impl Service {
         let mut next = Some(first);
         let mut finished = false;
         while let Some(ev) = next.take().or_else(|| read_event(&mut lines)) {
-            let kind = ev["type"].as_str().unwrap_or_default().to_string();
             let mut forwarded = ev.clone();
-            self.update(&id, |r| match kind.as_str() {
-                "execution.stdout" | "execution.stderr" => {
-                    let data = ev["data"].as_str().unwrap_or_default();
+            let typed =
+                serde_json::from_value::<ChildEvent>(ev.clone()).unwrap_or(ChildEvent::Other);
+            self.update(&id, |r| match typed {
+                ChildEvent::Stdout { data } | ChildEvent::Stderr { data } => {
                     let bytes = base64::engine::general_purpose::STANDARD
                         .decode(data)
                         .unwrap_or_default();
-                    let (count, keep) = if kind == "execution.stdout" {
+                    let (count, keep) = if ev["type"] == "execution.stdout" {
                         (&mut r.stdout_bytes, &mut r.stdout)
                     } else {
                         (&mut r.stderr_bytes, &mut r.stderr)
@@ -541,17 +542,23 @@ impl Service {
                     forwarded["encoding"] = json!("base64");
                     forwarded["stream_offset"] = ev["offset"].clone();
                 }
-                "sandbox.denied" => {
-                    r.denials.push(denial_of(&ev));
+                ChildEvent::Denied(mut d) => {
+                    strip_envelope(&mut d.more);
+                    r.denials.push(d);
                     r.events.push(ev.clone());
                 }
-                "execution.finished" => {
+                ChildEvent::Finished {
+                    exit_code,
+                    signal,
+                    duration_ms,
+                    timed_out,
+                    time,
+                } => {
                     finished = true;
-                    r.exit_code = ev["exit_code"].as_i64();
-                    r.signal = ev["signal"].as_i64();
-                    r.duration_ms = ev["duration_ms"].as_u64();
-                    r.finished_at = ev["time"].as_str().map(str::to_string);
-                    let timed_out = ev["timed_out"].as_bool() == Some(true);
+                    r.exit_code = exit_code;
+                    r.signal = signal;
+                    r.duration_ms = duration_ms;
+                    r.finished_at = time;
                     r.termination_reason = Some(
                         if timed_out {
                             "timeout"
@@ -572,16 +579,32 @@ impl Service {
                     .to_string();
                     r.events.push(ev.clone());
                 }
-                "execution.failed" => {
+                ChildEvent::Failed {
+                    exit_code,
+                    reason,
+                    time,
+                } => {
                     finished = true;
-                    r.exit_code = ev["exit_code"].as_i64();
-                    r.reason = ev["reason"].as_str().map(str::to_string);
-                    r.finished_at = ev["time"].as_str().map(str::to_string);
+                    r.exit_code = exit_code;
+                    r.reason = reason;
+                    r.finished_at = time;
                     r.termination_reason = Some("failed_to_start".to_string());
                     r.status = "failed".to_string();
                     r.events.push(ev.clone());
                 }
-                _ => r.events.push(ev.clone()),
+                ChildEvent::Other => {
+                    if ev["type"] == "sandbox.denied" {
+                        // A denial of a shape this server does not know:
+                        // reported as moat wrote it, never dropped.
+                        let mut more = ev.as_object().cloned().unwrap_or_default();
+                        strip_envelope(&mut more);
+                        r.denials.push(Denial {
+                            more,
+                            ..Denial::default()
+                        });
+                    }
+                    r.events.push(ev.clone())
+                }
             });
             if let Some(s) = &sink {
                 s(&forwarded);
@@ -818,24 +841,80 @@ fn refusal(reason: &str) -> RpcError {
     RpcError::domain(code, reason.to_string())
 }
 
-/// One denial in the result: moat's denial fields plus `hint` (what would
-/// grant it) under a stable name.
-fn denial_of(ev: &Value) -> Value {
-    let mut d = Map::new();
+/// One event of a child's `--events` stream, as the service reads it (the
+/// wire keeps moat's event as it is; this is what the service acts on).
+#[derive(Deserialize)]
+#[serde(tag = "type")]
+enum ChildEvent {
+    #[serde(rename = "execution.stdout")]
+    Stdout {
+        #[serde(default)]
+        data: String,
+    },
+    #[serde(rename = "execution.stderr")]
+    Stderr {
+        #[serde(default)]
+        data: String,
+    },
+    #[serde(rename = "sandbox.denied")]
+    Denied(Denial),
+    #[serde(rename = "execution.finished")]
+    Finished {
+        exit_code: Option<i64>,
+        signal: Option<i64>,
+        duration_ms: Option<u64>,
+        #[serde(default)]
+        timed_out: bool,
+        time: Option<String>,
+    },
+    #[serde(rename = "execution.failed")]
+    Failed {
+        exit_code: Option<i64>,
+        reason: Option<String>,
+        time: Option<String>,
+    },
+    #[serde(other)]
+    Other,
+}
+
+/// An access the sandbox refused, as a result reports it: what, where, why,
+/// and (`detail`) the flag that would grant it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub(crate) struct Denial {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) operation: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) target: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) errno: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) detail: Option<String>,
+    /// Anything else moat says about it (`port`, the log `line`, …), kept.
+    #[serde(flatten)]
+    pub(crate) more: serde_json::Map<String, Value>,
+}
+
+/// Removes the event envelope (RFC-0004's common fields) from a denial's
+/// own fields.
+fn strip_envelope(fields: &mut serde_json::Map<String, Value>) {
     for k in [
-        "operation",
-        "path",
-        "host",
-        "reason",
-        "errno",
-        "detail",
-        "target",
+        "type",
+        "time",
+        "execution_id",
+        "session_id",
+        "policy_hash",
+        "policy_epoch",
+        "moat_version",
+        "parent_execution_id",
     ] {
-        if let Some(v) = ev.get(k) {
-            d.insert(k.to_string(), v.clone());
-        }
+        fields.remove(k);
     }
-    Value::Object(d)
 }
 
 fn read_event(lines: &mut impl BufRead) -> Option<Value> {
@@ -1043,6 +1122,38 @@ mod tests {
         // An unknown field is refused, never ignored (it could be a grant).
         assert!(parse_policy_ref(Some(&json!({"filesystem": {"rw": ["/"]}}))).is_err());
         assert!(parse_policy_ref(Some(&json!(3))).is_err());
+    }
+
+    #[test]
+    fn child_events_are_typed_and_denials_keep_their_own_fields() {
+        let ev = json!({"type": "sandbox.denied", "execution_id": "exec_1", "time": "t",
+            "operation": "connect", "host": "example.com", "port": 443, "reason": "not_allowed",
+            "detail": "add --allow-domain example.com"});
+        let ChildEvent::Denied(mut d) = serde_json::from_value::<ChildEvent>(ev).unwrap() else {
+            panic!("not a denial");
+        };
+        strip_envelope(&mut d.more);
+        let back = serde_json::to_value(&d).unwrap();
+        assert_eq!(
+            back,
+            json!({"operation": "connect", "host": "example.com", "port": 443,
+                   "reason": "not_allowed", "detail": "add --allow-domain example.com"})
+        );
+        let fin = json!({"type": "execution.finished", "exit_code": 124, "signal": null,
+            "timed_out": true, "duration_ms": 5, "time": "t"});
+        assert!(matches!(
+            serde_json::from_value::<ChildEvent>(fin).unwrap(),
+            ChildEvent::Finished {
+                exit_code: Some(124),
+                timed_out: true,
+                ..
+            }
+        ));
+        let other = json!({"type": "network.decision", "host": "x"});
+        assert!(matches!(
+            serde_json::from_value::<ChildEvent>(other).unwrap(),
+            ChildEvent::Other
+        ));
     }
 
     #[test]
