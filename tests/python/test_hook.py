@@ -99,3 +99,20 @@ def test_malformed_input_is_denied(ws, home):
 def test_other_tools_get_no_opinion_contract(ws, home):
     r = run_hook(ws, home, hook_input(ws, "x", tool="Read"))
     assert r.returncode == 0 and r.stdout == b""
+
+
+def test_the_trusted_project_file_applies_and_an_untrusted_one_denies(ws, home):
+    with open(os.path.join(ws, ".moat.toml"), "w") as f:
+        f.write('env = { PROJECT_MARK = "from-project" }\n')
+    call = hook_input(ws, "echo probe-ran; echo mark=$PROJECT_MARK; touch bare-marker")
+    # Untrusted: moat would have to ask, and cannot here: the call is denied.
+    r = run_hook(ws, home, call)
+    out = json.loads(r.stdout)["hookSpecificOutput"]
+    assert out["permissionDecision"] == "deny" and "moat trust" in out["permissionDecisionReason"]
+    assert not os.path.exists(os.path.join(ws, "bare-marker"))
+    # Trusted: the rewritten command runs with the project's grant.
+    t = subprocess.run([MOAT, "trust", ws], input=b"y\n", env=env_for(home), capture_output=True, timeout=60)
+    assert t.returncode == 0, t.stderr
+    out = json.loads(run_hook(ws, home, call).stdout)["hookSpecificOutput"]
+    ran = subprocess.run(["bash", "-c", out["updatedInput"]["command"]], cwd=ws, env=env_for(home), capture_output=True, timeout=60)
+    assert ran.stdout.decode().splitlines()[:2] == ["probe-ran", "mark=from-project"], ran
