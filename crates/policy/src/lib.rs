@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 pub use duration::{parse_duration, DurationError};
 pub use env::{
-    is_secret_env_name, strip_url_userinfo, tool_config_env, SAFE_BASE_ENV,
+    is_secret_env_name, strip_url_credentials, strip_url_userinfo, tool_config_env, SAFE_BASE_ENV,
     TOOL_CONFIG_ENV_PREFIXES,
 };
 pub use nested::{covers, Widening};

@@ -1,0 +1,194 @@
+//! Red-team pass over the issue-10 surfaces (the user's tool configuration
+//! copied in redacted, tool-configuration environment passthrough, the
+//! proxy's credential injection, the command's terminal). Each test asserts
+//! the side effect: the secret's bytes absent inside, what a local server
+//! received, what a host terminal's reader got.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use moat_conformance::*;
+
+/// A unique secret made of ASCII letters only (a shape the redaction's
+/// "bare boolean key" rule would keep).
+fn letters_secret(tag: &str) -> String {
+    let digits = unique("");
+    let tail: String = digits
+        .chars()
+        .filter(|c| c.is_ascii_digit())
+        .map(|c| (b'a' + (c as u8 - b'0')) as char)
+        .rev()
+        .take(14)
+        .collect();
+    format!("{tag}{tail}")
+}
+
+/// Credentials in the user's configuration files written in forms other
+/// than the documented examples, and tool-configuration variables whose
+/// URL carries a token in its query, never reach the sandbox; the settings
+/// around them do.
+#[test]
+fn config_copies_and_tool_env_drop_credentials_in_every_form() {
+    let fx = Fixture::new();
+    let h = &fx.home;
+    let smtp = unique("SMTPSECRET");
+    let apikey = unique("APIKEYSECRET");
+    let continued = letters_secret("CONTINUEDSECRET");
+    let pip_query = unique("PIPQUERYSECRET");
+    let npm_query = unique("NPMQUERYSECRET");
+    let env_query = unique("ENVQUERYSECRET");
+    let uv_query = unique("UVQUERYSECRET");
+    let cargo_query = unique("CARGOQUERYSECRET");
+    write(
+        h.join(".gitconfig"),
+        &format!(
+            "[user]\n\tname = Ada Lovelace\n\
+             [sendemail]\n\tsmtpServer = smtp.example.com\n\tsmtpPass = {smtp}\n\
+             [hub]\n\tapiKey = {apikey}\n\
+             [http]\n\textraHeader = Authorization: Bearer \\\n{continued}\n"
+        ),
+    );
+    write(
+        h.join(".config/pip/pip.conf"),
+        &format!(
+            "[global]\nindex-url = https://pypi.corp.example/simple/?token={pip_query}\ntimeout = 30\n"
+        ),
+    );
+    write(
+        h.join(".npmrc"),
+        &format!("registry=https://npm.corp.example/?access_token={npm_query}\nfund=false\n"),
+    );
+    let script = "cat ~/.gitconfig ~/.config/pip/pip.conf ~/.npmrc; env; \
+                  echo \"GIT_NAME=$(git config user.name)\"; echo PROBE_DONE";
+    for level in ["read-only", "workspace-contained"] {
+        let mut c = fx.sh(level, &[], script);
+        c.env(
+            "PIP_EXTRA_INDEX_URL",
+            format!("https://pypi.corp.example/simple?private_token={env_query}"),
+        )
+        .env(
+            "UV_INDEX",
+            format!("corp=https://uv.corp.example/simple?sig={uv_query}&x=1"),
+        )
+        .env(
+            "CARGO_REGISTRIES_CORP_INDEX",
+            format!("sparse+https://cargo.corp.example/index/?auth={cargo_query}"),
+        );
+        let out = run(c);
+        out.expect_stdout_has("PROBE_DONE");
+        // The settings around the credentials still arrive (this fails
+        // against a redaction that drops whole files).
+        for kept in [
+            "GIT_NAME=Ada Lovelace",
+            "smtpServer = smtp.example.com",
+            "timeout = 30",
+            "fund = false",
+            "index-url = https://pypi.corp.example/simple/",
+            "PIP_EXTRA_INDEX_URL=https://pypi.corp.example/simple",
+            "CARGO_REGISTRIES_CORP_INDEX=sparse+https://cargo.corp.example/index/",
+        ] {
+            assert!(
+                out.stdout.contains(kept),
+                "{level}: {kept} missing\n{}",
+                out.dump()
+            );
+        }
+        for secret in [
+            &smtp,
+            &apikey,
+            &continued,
+            &pip_query,
+            &npm_query,
+            &env_query,
+            &uv_query,
+            &cargo_query,
+        ] {
+            out.expect_absent(secret, level);
+        }
+    }
+}
+
+/// A local HTTP server that answers each request by echoing its head
+/// (the way `TRACE` does on servers that allow it).
+fn echo_server() -> (u16, Arc<Mutex<Vec<String>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut c) = conn else { continue };
+            let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut buf = Vec::new();
+            let mut b = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match c.read(&mut b) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&b[..n]),
+                }
+            }
+            let head = String::from_utf8_lossy(&buf).into_owned();
+            s2.lock().unwrap().push(head.clone());
+            let _ = c.write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: message/http\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{head}",
+                    head.len()
+                )
+                .as_bytes(),
+            );
+        }
+    });
+    (port, seen)
+}
+
+/// The proxy adds the user's registry credential so the command can use it
+/// without reading it: a method whose response echoes the request (TRACE)
+/// must not carry it, while a GET still does (positive side).
+#[test]
+fn injected_registry_credential_is_not_echoed_back_by_trace() {
+    let fx = Fixture::new();
+    let secret = unique("TRACESECRET");
+    let (port, seen) = echo_server();
+    write(
+        fx.home.join(".config/pip/pip.conf"),
+        &format!("[global]\nindex-url = http://me:{secret}@127.0.0.1:{port}/simple\n"),
+    );
+    let allow = format!("127.0.0.1:{port}");
+    let script = format!(
+        "/usr/bin/curl -sS -m 20 -X TRACE http://127.0.0.1:{port}/simple/; \
+         /usr/bin/curl -sS -m 20 -o /dev/null http://127.0.0.1:{port}/simple/x/; \
+         echo PROBE_DONE"
+    );
+    let out = run(fx.sh(
+        "workspace-write",
+        &["--network", "proxy", "--allow-domain", &allow],
+        &script,
+    ));
+    out.expect_stdout_has("PROBE_DONE");
+    let heads = seen.lock().unwrap().clone();
+    let b64 = {
+        use std::process::Command;
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf %s 'me:{secret}' | base64 -w0"))
+            .output()
+            .unwrap();
+        String::from_utf8(o.stdout).unwrap()
+    };
+    assert!(
+        heads
+            .iter()
+            .any(|h| h.starts_with("GET /simple/x/") && h.contains(&b64)),
+        "the GET did not carry the credential (test setup): {heads:?}\n{}",
+        out.dump()
+    );
+    out.expect_absent(&b64, "the injected credential echoed into the sandbox");
+    assert!(
+        !heads
+            .iter()
+            .any(|h| h.starts_with("TRACE") && h.contains(&b64)),
+        "TRACE carried the credential: {heads:?}"
+    );
+}
