@@ -41,6 +41,7 @@ fn config_copies_and_tool_env_drop_credentials_in_every_form() {
     let env_query = unique("ENVQUERYSECRET");
     let uv_query = unique("UVQUERYSECRET");
     let cargo_query = unique("CARGOQUERYSECRET");
+    let commented = unique("COMMENTEDSECRET");
     write(
         h.join(".gitconfig"),
         &format!(
@@ -58,7 +59,10 @@ fn config_copies_and_tool_env_drop_credentials_in_every_form() {
     );
     write(
         h.join(".npmrc"),
-        &format!("registry=https://npm.corp.example/?access_token={npm_query}\nfund=false\n"),
+        &format!(
+            "registry=https://npm.corp.example/?access_token={npm_query}\nfund=false\n\
+             #//npm.corp.example/:_authToken={commented}\n"
+        ),
     );
     let script = "cat ~/.gitconfig ~/.config/pip/pip.conf ~/.npmrc; env; \
                   echo \"GIT_NAME=$(git config user.name)\"; echo PROBE_DONE";
@@ -104,6 +108,7 @@ fn config_copies_and_tool_env_drop_credentials_in_every_form() {
             &env_query,
             &uv_query,
             &cargo_query,
+            &commented,
         ] {
             out.expect_absent(secret, level);
         }
@@ -191,4 +196,106 @@ fn injected_registry_credential_is_not_echoed_back_by_trace() {
             .any(|h| h.starts_with("TRACE") && h.contains(&b64)),
         "TRACE carried the credential: {heads:?}"
     );
+}
+
+/// When a host terminal is among moat's stdio but the command gets no
+/// relayed terminal input (stdin is not a terminal, or moat is not in the
+/// terminal's foreground), the host terminal must not enter the sandbox:
+/// through it the command could read what the user types into that
+/// terminal for other programs (a terminal fd is open for reading and
+/// writing, and a process outside the terminal's session is not stopped by
+/// job control when it reads).
+fn host_terminal_cannot_be_read_from_inside(on_stdin: bool) {
+    let fx = Fixture::new();
+    let typed = unique("TYPEDBYUSER");
+    let stolen = fx.w("stolen");
+    let pty = Pty::open();
+    let code = format!(
+        "import os, select, sys, time\n\
+         os.write(2, b'PROBE_READY\\n')\n\
+         got = b''\n\
+         end = time.time() + 8\n\
+         while time.time() < end and b'\\n' not in got:\n\
+         \x20   for fd in (0, 1, 2):\n\
+         \x20       try:\n\
+         \x20           r, _, _ = select.select([fd], [], [], 0.05)\n\
+         \x20           if r: got += os.read(fd, 100)\n\
+         \x20       except OSError: pass\n\
+         open({stolen:?}, 'wb').write(got)\n\
+         os.write(2, b'PROBE_DONE\\n')\n",
+        stolen = stolen.display().to_string()
+    );
+    let mut c = fx.py("workspace-write", &[], &code, &[]);
+    use std::os::fd::FromRawFd;
+    // SAFETY: fresh fds from dup, each handed to exactly one Stdio.
+    unsafe {
+        let (a, b) = (libc::dup(pty.slave), libc::dup(pty.slave));
+        assert!(a >= 0 && b >= 0);
+        if on_stdin {
+            // stdin only (not moat's controlling terminal: never foreground).
+            libc::close(b);
+            c.stdin(std::process::Stdio::from_raw_fd(a))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped());
+        } else {
+            c.stdout(std::process::Stdio::from_raw_fd(a))
+                .stderr(std::process::Stdio::from_raw_fd(b));
+        }
+    }
+    let mut child = c.spawn().expect("spawn moat");
+    // Wait for the probe's marker on the terminal, then "type" a line.
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let read_err = |child: &mut std::process::Child, seen: &mut Vec<u8>| {
+        if on_stdin {
+            if let Some(e) = child.stderr.as_mut() {
+                let mut b = [0u8; 256];
+                if let Ok(n) = e.read(&mut b) {
+                    seen.extend_from_slice(&b[..n]);
+                }
+            }
+        } else {
+            seen.extend(pty.pending().0);
+        }
+    };
+    while !String::from_utf8_lossy(&seen).contains("PROBE_READY") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no PROBE_READY: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        read_err(&mut child, &mut seen);
+    }
+    let line = format!("{typed}\n");
+    // SAFETY: writing a local buffer to the master fd the Pty owns.
+    let n = unsafe { libc::write(pty.master, line.as_ptr().cast(), line.len()) };
+    assert_eq!(n as usize, line.len());
+    if on_stdin {
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_end(&mut seen);
+        }
+    }
+    let status = child.wait().expect("wait moat");
+    read_err(&mut child, &mut seen);
+    let shown = String::from_utf8_lossy(&seen).into_owned();
+    assert!(status.success(), "moat failed: {status:?}\n{shown}");
+    assert!(
+        shown.contains("PROBE_DONE"),
+        "the probe did not finish:\n{shown}"
+    );
+    let got = read(&stolen).unwrap_or_default();
+    assert!(
+        !got.contains(&typed),
+        "LEAK: the command read what was typed into the host terminal: {got:?}"
+    );
+}
+
+#[test]
+fn host_terminal_on_stdout_cannot_be_read_from_inside() {
+    host_terminal_cannot_be_read_from_inside(false);
+}
+
+#[test]
+fn host_terminal_on_stdin_outside_the_foreground_cannot_be_read_from_inside() {
+    host_terminal_cannot_be_read_from_inside(true);
 }

@@ -295,14 +295,13 @@ fn launch(
     // An interactive run: the command gets a terminal of its own inside the
     // sandbox (the host's never enters it); stderr joins it when it is a
     // terminal too.
-    let pty = (plan.sandboxed
-        && opts.output == OutputMode::Passthrough
-        && nix::unistd::isatty(std::io::stdin()).unwrap_or(false)
-        && nix::unistd::isatty(std::io::stdout()).unwrap_or(false)
-        // Only in the terminal's foreground: a backgrounded moat must not
-        // put the user's terminal in raw mode under their shell.
-        && nix::unistd::tcgetpgrp(std::io::stdin()).ok() == Some(nix::unistd::getpgrp()))
-    .then_some(stderr_is_tty);
+    // Every host terminal among moat's stdio is replaced (see pty::Attach):
+    // none enters the sandbox, foreground or not.
+    let pty = if plan.sandboxed && opts.output == OutputMode::Passthrough {
+        crate::pty::Attach::of_stdio()
+    } else {
+        None
+    };
     let wanted: &[(Stream, usize, Option<i32>)] = match opts.output {
         OutputMode::Passthrough if stderr_is_tty => &[],
         OutputMode::Passthrough => &[(Stream::Stderr, 0, Some(2))],
@@ -402,7 +401,12 @@ fn supervise(
     let mut broker: Option<std::os::unix::net::UnixListener> = None;
     // The command's own terminal, once the init has opened it.
     let mut relay: Option<crate::pty::Relay> = None;
-    if plan.sandboxed && nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
+    let plan_pty = if plan.sandboxed && opts.output == OutputMode::Passthrough {
+        crate::pty::Attach::of_stdio()
+    } else {
+        None
+    };
+    if plan_pty.is_some() {
         // Resizes of the host terminal arrive through the signalfd.
         let _ = sys::set_sigmask(libc::SIG_BLOCK, &[libc::SIGWINCH]);
     }
@@ -437,6 +441,12 @@ fn supervise(
                     .unwrap_or(PollTimeout::MAX)
             }
             None => PollTimeout::NONE,
+        };
+        // Input waits for moat to reach the terminal's foreground: look again soon.
+        let timeout = match relay.as_mut().map(|r| r.take_input_if_foreground()) {
+            Some(true) if timeout == PollTimeout::NONE => PollTimeout::from(250u16),
+            Some(true) => timeout.min(PollTimeout::from(250u16)),
+            _ => timeout,
         };
         let mut fds = vec![
             PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
@@ -502,7 +512,9 @@ fn supervise(
                     broker = Some(l);
                 }
                 Some(crate::netns::Handoff::Pty(master)) => {
-                    relay = Some(crate::pty::Relay::start(master));
+                    if let Some(attach) = plan_pty {
+                        relay = Some(crate::pty::Relay::start(master, attach));
+                    }
                 }
                 None => handoff = None,
             }
