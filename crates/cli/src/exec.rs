@@ -602,6 +602,7 @@ pub fn run_resolved(
         },
         timeout,
         tag: id.clone(),
+        stdio_from_outer_sandbox: handoff.is_some(),
     };
     let mut outcome = moat_linux::run(&plan, &opts, &mut session);
     // Stops the proxy; its own per-request list is not used (the folded

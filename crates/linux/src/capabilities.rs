@@ -238,6 +238,7 @@ fn end_to_end(
             output: crate::run::OutputMode::Capture { limit: 4096 },
             timeout: Some(std::time::Duration::from_secs(10)),
             tag: "probe".into(),
+            stdio_from_outer_sandbox: false,
         },
         &mut crate::run::NoObserver,
     );

@@ -74,6 +74,10 @@ pub struct RunOptions {
     pub timeout: Option<Duration>,
     /// Names this run in quarantined paths (the execution id).
     pub tag: String,
+    /// The stdio fds come from an outer run's sandbox (a nested run): a
+    /// terminal among them is that sandbox's own pty, not the host's, and
+    /// passes through as it is (its foreground is the outer command's).
+    pub stdio_from_outer_sandbox: bool,
 }
 
 /// How much of stderr is kept for reading refusals back.
@@ -297,11 +301,7 @@ fn launch(
     // terminal too.
     // Every host terminal among moat's stdio is replaced (see pty::Attach):
     // none enters the sandbox, foreground or not.
-    let pty = if plan.sandboxed && opts.output == OutputMode::Passthrough {
-        crate::pty::Attach::of_stdio()
-    } else {
-        None
-    };
+    let pty = own_terminal(plan, opts);
     let wanted: &[(Stream, usize, Option<i32>)] = match opts.output {
         OutputMode::Passthrough if stderr_is_tty => &[],
         OutputMode::Passthrough => &[(Stream::Stderr, 0, Some(2))],
@@ -385,6 +385,17 @@ fn launch(
     result
 }
 
+/// Which of moat's stdio fds the command gets the sandbox's own pty on:
+/// every host terminal among them, in a sandboxed run whose output passes
+/// through (see `pty::Attach`).
+fn own_terminal(plan: &Plan, opts: &RunOptions) -> Option<crate::pty::Attach> {
+    if plan.sandboxed && opts.output == OutputMode::Passthrough && !opts.stdio_from_outer_sandbox {
+        crate::pty::Attach::of_stdio()
+    } else {
+        None
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn supervise(
     child: Pid,
@@ -401,11 +412,7 @@ fn supervise(
     let mut broker: Option<std::os::unix::net::UnixListener> = None;
     // The command's own terminal, once the init has opened it.
     let mut relay: Option<crate::pty::Relay> = None;
-    let plan_pty = if plan.sandboxed && opts.output == OutputMode::Passthrough {
-        crate::pty::Attach::of_stdio()
-    } else {
-        None
-    };
+    let plan_pty = own_terminal(plan, opts);
     if plan_pty.is_some() {
         // Resizes of the host terminal arrive through the signalfd.
         let _ = sys::set_sigmask(libc::SIG_BLOCK, &[libc::SIGWINCH]);
