@@ -20,7 +20,9 @@ macro_rules! out {
 
 mod audit_cmd;
 mod exec;
+mod export_cmd;
 mod nested;
+mod state;
 mod tools;
 
 use std::ffi::OsString;
@@ -92,6 +94,9 @@ pub(crate) enum Command {
     },
     /// Forget the trust given to the project's .moat.toml
     Untrust { dir: Option<PathBuf> },
+    /// Translate the policy for another target: an OCI bundle, Kubernetes manifests, a macOS Seatbelt profile
+    #[command(subcommand)]
+    Export(export_cmd::ExportCommand),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
     Completions {
         #[arg(value_enum)]
@@ -164,6 +169,7 @@ fn main() -> ExitCode {
         Command::Shim(cmd) => tools::shim(cmd),
         Command::Trust { dir, list } => tools::trust(dir, list, false),
         Command::Untrust { dir } => tools::trust(dir, false, true),
+        Command::Export(cmd) => export_cmd::run(cmd),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();
@@ -173,7 +179,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Capabilities => {
-            let report = moat_linux::capabilities::report(std::env::vars().collect());
+            let mut report = moat_linux::capabilities::report(std::env::vars().collect());
+            report["other_backends"] = export_cmd::backends();
             print_json(&report);
             ExitCode::SUCCESS
         }

@@ -264,9 +264,21 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             mode: 0o755,
         });
     }
-    base.push(MountOp::Tmpfs {
-        target: SANDBOX_HOME.into(),
-        mode: 0o700,
+    // HOME is a tmpfs, or the run's private host directory when the tool
+    // replaces a state file by rename (its synced copy lives there).
+    base.push(match &policy.private_home {
+        Some(dir) => MountOp::Bind {
+            source: dir.clone(),
+            target: SANDBOX_HOME.into(),
+            kind: Kind::Dir,
+            recursive: false,
+            readonly: false,
+            device: false,
+        },
+        None => MountOp::Tmpfs {
+            target: SANDBOX_HOME.into(),
+            mode: 0o700,
+        },
     });
     base.push(MountOp::Tmpfs {
         target: "/dev".into(),
@@ -498,6 +510,9 @@ fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
             } => Some((target.as_path(), source.as_path())),
             _ => None,
         })
+        // A private HOME directory is thrown away after the run: nothing in
+        // it protects a later run, and its parts need not exist on the host.
+        .filter(|(t, _)| *t != Path::new(SANDBOX_HOME))
         .collect();
     let mut pins: Vec<(PathBuf, PathBuf)> = Vec::new();
     for op in ops {

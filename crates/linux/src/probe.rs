@@ -95,6 +95,10 @@ pub struct HostFacts {
     pub moat_missing: Vec<PathBuf>,
     /// moat's own binary (canonical), probed in proxy mode.
     pub moat_exe: Option<PathBuf>,
+    /// Toolchain installs under the invoking user's home (rustup, pyenv…),
+    /// probed at the levels that read the whole host: (home-relative entry,
+    /// canonical host path, kind). The plan mirrors them under the sandbox HOME.
+    pub home_toolchains: Vec<(PathBuf, PathBuf, Kind)>,
     /// moat itself already runs under a seccomp filter (probed only when
     /// Landlock looks absent, to explain why: a nested sandbox).
     pub under_seccomp: bool,
@@ -290,6 +294,15 @@ impl HostFacts {
         f.probe_workspace(policy);
         f.probe_write_protected_in_grants(policy);
         f.probe_moat_dirs();
+        if policy.level != Level::WorkspaceContained && policy.home != Path::new("/") {
+            for rel in moat_policy::toolchain_entries() {
+                if let Some((c, k)) = resolve(&policy.home.join(rel)) {
+                    if matches!(k, Kind::Dir | Kind::File) {
+                        f.home_toolchains.push((rel.into(), c, k));
+                    }
+                }
+            }
+        }
         if let Ok(target) = fs::canonicalize("/etc/resolv.conf") {
             if target.starts_with("/run")
                 && lstat_kind(Path::new("/etc/resolv.conf")) == Some(Kind::Symlink)

@@ -85,6 +85,9 @@ pub enum Why {
     RunsCode,
     /// The workspace's `.git`, pinned in place so its protected children stay.
     GitDir,
+    /// A toolchain install under the real home (rustup, pyenv…), mirrored
+    /// read-only under the sandbox HOME where tools look for it.
+    Toolchain,
 }
 
 /// One path of the view.
@@ -151,6 +154,11 @@ pub struct View {
     pub swept: Vec<PathBuf>,
     pub network: NetView,
     pub net_class: Option<NetClass>,
+}
+
+/// Whether paths under `home` can be mirrored under the sandbox HOME.
+fn home_is_mirrored(home: &Path) -> bool {
+    home != Path::new("/")
 }
 
 /// Where a grant under the real home also appears under the sandbox HOME
@@ -303,6 +311,33 @@ pub fn compute(policy: &Policy, host: &HostFacts) -> View {
             };
             m.relocated = true;
             e.push(m);
+        }
+    }
+
+    // Toolchains under the real home (rustup, pyenv, nvm…) find their
+    // installs through $HOME: where the host is readable anyway, each also
+    // appears read-only under the sandbox HOME (moat_policy::HOME_TOOLCHAINS),
+    // unless a grant's mirror already shows that place. One resolving onto
+    // or over a secret or moat's state is left out.
+    if whole_host && home_is_mirrored(&policy.home) {
+        let overlaps = |a: &Path, b: &Path| a.starts_with(b) || b.starts_with(a);
+        for (rel, canonical, kind) in &host.home_toolchains {
+            let target = Path::new(SANDBOX_HOME).join(rel);
+            let shown = v
+                .entries
+                .iter()
+                .any(|x| x.relocated && x.why != Why::MoatBinary && target.starts_with(&x.path));
+            let near_secret = host
+                .secrets
+                .keys()
+                .chain(host.moat_hidden.keys())
+                .any(|s| overlaps(canonical, s));
+            if shown || near_secret {
+                continue;
+            }
+            let mut x = entry(target, Some(canonical), Mode::Read, *kind, Why::Toolchain);
+            x.relocated = true;
+            v.entries.push(x);
         }
     }
 

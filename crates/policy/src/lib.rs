@@ -19,6 +19,7 @@ mod env;
 mod nested;
 pub mod pathser;
 mod protected;
+mod toolchains;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -37,6 +38,7 @@ pub use protected::{
     is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
     WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_HOME_PATHS, WRITE_PROTECTED_WORKSPACE_NAMES,
 };
+pub use toolchains::{toolchain_containing, toolchain_entries, HomeToolchain, HOME_TOOLCHAINS};
 
 /// Version of the policy semantics; bumps whenever a level's meaning changes.
 pub const POLICY_VERSION: &str = "1";
@@ -294,6 +296,15 @@ pub struct Policy {
     pub write_protected: Vec<&'static str>,
     /// Home-relative paths that stay read-only when a home lies in a writable workspace.
     pub write_protected_home: Vec<&'static str>,
+    /// Home-relative files the tool replaces by rename (`~/.claude.json`):
+    /// the run gets a private copy in its own HOME, merged back afterwards.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub synced_home_files: Vec<PathBuf>,
+    /// The host directory that backs the sandbox HOME when files are synced
+    /// (a fresh per-run directory; otherwise HOME is a tmpfs). Not part of
+    /// the hash: it differs on every run.
+    #[serde(skip)]
+    pub private_home: Option<PathBuf>,
 }
 
 /// Why a request cannot become a policy. Each message says what to change.
@@ -421,6 +432,8 @@ impl Policy {
                 s
             },
             protected_home_paths: PROTECTED_HOME_PATHS.to_vec(),
+            synced_home_files: Vec::new(),
+            private_home: None,
             protected_opt_in,
             write_protected: if level == Level::WorkspaceWrite || level == Level::WorkspaceContained
             {

@@ -574,3 +574,42 @@ fn workspace_write_view_golden() {
     assert_eq!(got, expected, "{got:#?}");
     assert_eq!(plan.view.swept, plan.sweep);
 }
+
+#[test]
+fn toolchains_mirror_read_only_under_the_sandbox_home_never_over_a_secret() {
+    let mut h = host();
+    h.home_toolchains = vec![
+        (".rustup".into(), "/home/u/.rustup".into(), Kind::Dir),
+        (".cargo/bin".into(), "/home/u/.cargo/bin".into(), Kind::Dir),
+        // A planted ~/.pyenv -> ~ would carry the whole home, ~/.ssh included.
+        (".pyenv".into(), "/home/u".into(), Kind::Dir),
+    ];
+    let ww = build(&policy(Level::WorkspaceWrite, None), &h).unwrap();
+    let t = targets(&ww);
+    assert!(t.contains(&"ro /moat/home/.rustup".to_string()), "{t:#?}");
+    assert!(
+        t.contains(&"ro /moat/home/.cargo/bin".to_string()),
+        "{t:#?}"
+    );
+    assert!(!t.iter().any(|x| x.contains("/moat/home/.pyenv")), "{t:#?}");
+    // Contained reads no host beyond its grants: no mirrors.
+    let wc = build(&policy(Level::WorkspaceContained, None), &h).unwrap();
+    assert!(!targets(&wc).iter().any(|x| x.contains(".rustup")));
+}
+
+#[test]
+fn a_private_home_replaces_the_home_tmpfs_and_needs_no_pins() {
+    let mut h = host();
+    h.home_toolchains = vec![(".cargo/bin".into(), "/home/u/.cargo/bin".into(), Kind::Dir)];
+    let mut p = policy(Level::WorkspaceWrite, None);
+    p.private_home = Some("/home/u/.local/state/moat/sync/run-1".into());
+    let plan = build(&p, &h).unwrap();
+    let t = targets(&plan);
+    assert!(t.contains(&"rw /moat/home".to_string()), "{t:#?}");
+    assert!(!t.contains(&"tmpfs /moat/home".to_string()), "{t:#?}");
+    // /moat/home/.cargo would be a host path that does not exist: no pin.
+    assert!(!t.contains(&"rw /moat/home/.cargo".to_string()), "{t:#?}");
+    // The same policy without it keeps the tmpfs.
+    let plain = build(&policy(Level::WorkspaceWrite, None), &h).unwrap();
+    assert!(targets(&plain).contains(&"tmpfs /moat/home".to_string()));
+}
