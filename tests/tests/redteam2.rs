@@ -299,3 +299,49 @@ fn host_terminal_on_stdout_cannot_be_read_from_inside() {
 fn host_terminal_on_stdin_outside_the_foreground_cannot_be_read_from_inside() {
     host_terminal_cannot_be_read_from_inside(true);
 }
+
+/// Well-known credential stores beside the listed ones: git's own XDG
+/// credential store (the twin of `~/.git-credentials`), PostgreSQL's
+/// `.pgpass`, MySQL's `.my.cnf`, Vault's token, Terraform's and RubyGems'
+/// API tokens, uv's stored index credentials, Hugging Face's token, hub/glab
+/// tokens and s3cmd's keys are hidden wherever the host home is readable.
+#[test]
+fn other_well_known_credential_stores_are_hidden() {
+    let fx = Fixture::new();
+    let stores = [
+        ".config/git/credentials",
+        ".pgpass",
+        ".my.cnf",
+        ".vault-token",
+        ".terraform.d/credentials.tfrc.json",
+        ".gem/credentials",
+        ".local/share/uv/credentials/credentials.toml",
+        ".cache/huggingface/token",
+        ".config/hub",
+        ".config/glab-cli/config.yml",
+        ".s3cfg",
+    ];
+    let secrets: Vec<(String, String)> = stores
+        .iter()
+        .map(|rel| {
+            let s = unique("STORESECRET");
+            write(fx.home.join(rel), &format!("{s}\n"));
+            (rel.to_string(), s)
+        })
+        .collect();
+    write(fx.home.join(".config/git/config"), "[user]\n\tname = Ada\n");
+    let script = format!(
+        "cd {h} && cat {list} 2>&1; cat .config/git/config; echo PROBE_DONE",
+        h = fx.home.display(),
+        list = stores.join(" ")
+    );
+    for level in ["read-only", "workspace-write"] {
+        let out = run(fx.sh(level, &[], &script));
+        out.expect_stdout_has("PROBE_DONE");
+        // The git configuration beside the store stays readable.
+        out.expect_stdout_has("name = Ada");
+        for (rel, s) in &secrets {
+            out.expect_absent(s, &format!("{level}: ~/{rel}"));
+        }
+    }
+}
