@@ -345,3 +345,53 @@ fn other_well_known_credential_stores_are_hidden() {
         }
     }
 }
+
+/// A nested run's moat runs on the host, unsandboxed, and its messages go
+/// back into the outer sandbox: its refusal hints must not tell the
+/// command whether a path the outer view hides exists on the host (file
+/// names outside the view, programs on a PATH the command chose).
+#[test]
+fn nested_refusal_hints_are_no_host_existence_oracle() {
+    let fx = Fixture::new();
+    let there = fx.outside.join("secret");
+    let absent = fx.outside.join("no-such-file");
+    write(fx.outside.join("bin/hidden-tool"), "#!/bin/sh\necho hi\n");
+    let seen = fx.w("seen");
+    let script = format!(
+        "/moat/bin/moat exec --policy workspace-contained -- cat {there} {absent} > {seen} 2>&1; \
+         /moat/bin/moat exec --policy workspace-contained --json -- cat {there} {absent} >> {seen} 2>&1; \
+         PATH={bin}:/usr/bin:/bin /moat/bin/moat exec --policy workspace-contained -- hidden-tool >> {seen} 2>&1; \
+         /moat/bin/moat exec --policy workspace-contained -- {bin}/hidden-tool >> {seen} 2>&1; \
+         echo PROBE_DONE",
+        there = there.display(),
+        absent = absent.display(),
+        seen = seen.display(),
+        bin = fx.outside.join("bin").display(),
+    );
+    let out = run(fx.sh("workspace-contained", &["--no-audit"], &script));
+    out.expect_stdout_has("PROBE_DONE");
+    let inside = read(&seen).unwrap_or_default();
+    // The nested runs ran (their commands' own errors are there).
+    assert!(
+        inside.contains("No such file or directory"),
+        "{inside}\n{}",
+        out.dump()
+    );
+    // Nothing tells the existing file from the missing one.
+    let outside = fx.outside.display().to_string();
+    assert!(
+        !inside.contains(&format!("{outside}/secret ("))
+            && !inside.contains(&format!("{outside}/secret\\\"")),
+        "LEAK: the nested moat named the hidden existing file:\n{inside}"
+    );
+    let named = |p: &str| inside.matches(p).count();
+    assert_eq!(
+        named(&format!("{outside}/secret")),
+        named(&format!("{outside}/no-such-file")),
+        "LEAK: the existing file is reported differently from the missing one:\n{inside}"
+    );
+    assert!(
+        !inside.contains(&format!("it is {outside}/bin/hidden-tool on the host")),
+        "LEAK: the nested moat said where the hidden program is on the host:\n{inside}"
+    );
+}

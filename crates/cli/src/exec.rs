@@ -312,7 +312,13 @@ fn network_denials(policy: &Policy, requests: &[Value], o: &RunOutcome) -> Vec<V
 
 /// The refusals of one run: swept write-protected paths, and what the
 /// command's stderr says was refused, attributed to the plan.
-fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
+/// The refusals of a run, explained. `outer` is a nested run's outer view:
+/// then only what that view shows is looked up on the host, since the
+/// explanations go back into the outer sandbox and must not tell it what
+/// exists outside its view.
+fn denials(plan: &Plan, o: &RunOutcome, outer: Option<&moat_linux::view::View>) -> Vec<Value> {
+    let host_exists =
+        |p: &std::path::Path| outer.is_none_or(|v| v.shows_host(p)) && p.symlink_metadata().is_ok();
     let mut out = Vec::new();
     for (from, to) in &o.swept {
         out.push(json!({
@@ -331,7 +337,7 @@ fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
         let Some(path) = d.path.as_deref() else {
             continue;
         };
-        if let Some(reason) = explain(plan, path, d.errno, |p| p.symlink_metadata().is_ok()) {
+        if let Some(reason) = explain(plan, path, d.errno, host_exists) {
             out.push(json!({
                 "operation": d.op,
                 "path": moat_linux::explain::absolute(&plan.cwd, path),
@@ -352,7 +358,7 @@ fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
             let Some(path) = quoted_or_prefixed_path(line) else {
                 continue;
             };
-            if let Some(reason) = explain(plan, &path, "ENOENT", |p| p.symlink_metadata().is_ok()) {
+            if let Some(reason) = explain(plan, &path, "ENOENT", host_exists) {
                 let abs = moat_linux::explain::absolute(&plan.cwd, &path);
                 if out.iter().any(|d| d["path"] == json!(abs)) {
                     continue;
@@ -619,7 +625,7 @@ pub fn run_resolved(
     if let Some(e) = session.proxy_error.take() {
         outcome.error.get_or_insert(e);
     }
-    let mut denied = denials(&plan, &outcome);
+    let mut denied = denials(&plan, &outcome, handoff.as_ref().map(|h| &h.outer));
     denied.extend(network_denials(&policy, &requests, &outcome));
     let mut tail_events: Vec<Value> = denied
         .iter()

@@ -76,7 +76,9 @@ pub struct RunOptions {
     pub tag: String,
     /// The stdio fds come from an outer run's sandbox (a nested run): a
     /// terminal among them is that sandbox's own pty, not the host's, and
-    /// passes through as it is (its foreground is the outer command's).
+    /// passes through as it is (its foreground is the outer command's); and
+    /// what moat says goes back into that sandbox, so no message may be
+    /// based on looking at the host.
     pub stdio_from_outer_sandbox: bool,
 }
 
@@ -643,7 +645,7 @@ fn supervise(
         }
     }
     let program = opts.argv.first().cloned().unwrap_or_default();
-    interpret(&report_buf, init_status, plan, &program, out)
+    interpret(&report_buf, init_status, plan, opts, &program, out)
 }
 
 fn set_nonblocking(fd: &OwnedFd) {
@@ -688,12 +690,17 @@ fn read_report(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
 }
 
 /// Why `program` was not found in the view: named, with where it is on
-/// the host and the flag that would show it.
-fn not_in_view(plan: &Plan, program: &std::ffi::OsStr) -> String {
+/// the host and the flag that would show it. Without `look_on_host` (a
+/// nested run, whose messages go back into the outer sandbox) the host is
+/// not consulted: the answer would tell the command what exists outside
+/// its view.
+fn not_in_view(plan: &Plan, program: &std::ffi::OsStr, look_on_host: bool) -> String {
     let shown = program.to_string_lossy();
     // Where the host would find it: the path as given, or the first match
     // on the command's PATH (as the host sees those directories).
-    let host_path = if shown.contains('/') {
+    let host_path = if !look_on_host {
+        None
+    } else if shown.contains('/') {
         Some(crate::explain::absolute(&plan.cwd, &shown))
     } else {
         plan.env
@@ -735,6 +742,7 @@ fn interpret(
     report: &[u8],
     init_status: WaitStatus,
     plan: &Plan,
+    opts: &RunOptions,
     program: &std::ffi::OsStr,
     out: &mut RunOutcome,
 ) -> Result<(), String> {
@@ -762,7 +770,7 @@ fn interpret(
                 if !plan.sandboxed || errno != libc::ENOENT {
                     return Ok(());
                 }
-                out.error = Some(not_in_view(plan, program));
+                out.error = Some(not_in_view(plan, program, !opts.stdio_from_outer_sandbox));
                 return Ok(());
             }
             "S" => {
