@@ -395,3 +395,40 @@ fn nested_refusal_hints_are_no_host_existence_oracle() {
         "LEAK: the nested moat said where the hidden program is on the host:\n{inside}"
     );
 }
+
+/// A trusted project file may not pull a credential into the sandbox with
+/// `pass_env` (secret-looking names are refused there): moat's own
+/// upstream-proxy credential variable and `*_AUTH`/`*_PASS` names included.
+#[test]
+fn project_file_cannot_pass_credential_variables() {
+    let fx = Fixture::new();
+    let cfg = fx.root.join("xdg-config");
+    let state = fx.root.join("xdg-state");
+    std::fs::create_dir_all(cfg.join("moat")).unwrap();
+    std::fs::create_dir_all(&state).unwrap();
+    let secret = unique("PROXYAUTHSECRET");
+    let with_xdg = |mut c: std::process::Command| {
+        c.env("XDG_CONFIG_HOME", &cfg).env("XDG_STATE_HOME", &state);
+        c
+    };
+    for name in ["MOAT_UPSTREAM_PROXY_AUTH", "REGISTRY_AUTH", "SMTP_PASS"] {
+        write(fx.w(".moat.toml"), &format!("pass_env = [\"{name}\"]\n"));
+        let trust = run(with_xdg(
+            fx.moat([std::ffi::OsStr::new("trust"), fx.ws.as_os_str()]),
+        ));
+        let mut c = with_xdg(fx.moat(["run", "sh", "-c", "env; echo PROBE_DONE"]));
+        c.env(name, format!("user:{secret}"));
+        let out = run(c);
+        out.expect_absent(&secret, &format!("project pass_env {name}"));
+        if out.code == Some(0) {
+            out.expect_stdout_has("PROBE_DONE");
+        }
+        // Refused (125 naming it), at trust time or at run time.
+        assert!(
+            trust.code != Some(0) || out.code == Some(125),
+            "{name}: the project file was not refused\n{}\n{}",
+            trust.dump(),
+            out.dump()
+        );
+    }
+}

@@ -27,6 +27,13 @@ pub fn is_secret_env_name(name: &str) -> bool {
         "_CREDENTIALS",
         "_PASSWD",
         "_APIKEY",
+        // `user:password` pairs (moat's own MOAT_UPSTREAM_PROXY_AUTH,
+        // REGISTRY_AUTH) and short password names.
+        "_AUTH",
+        "_PASS",
+        "_PASSPHRASE",
+        "_PWD",
+        "_PAT",
     ];
     const EXACT: &[&str] = &[
         "OPENAI_API_KEY",
