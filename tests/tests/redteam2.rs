@@ -432,3 +432,60 @@ fn project_file_cannot_pass_credential_variables() {
         );
     }
 }
+
+/// A nested run's flags are resolved by a moat on the host: its answer to
+/// `--ro PATH`/`--cwd PATH` must not differ between a hidden path that
+/// exists and one that does not (also behind a symlink the caller planted
+/// in the workspace), nor name where a symlink leads outside the view.
+#[test]
+fn nested_flags_are_no_host_existence_oracle() {
+    let fx = Fixture::new();
+    write(fx.outside.join("dir/file"), "x\n");
+    let o = fx.outside.display().to_string();
+    std::os::unix::fs::symlink(fx.outside.join("dir"), fx.w("to-there")).unwrap();
+    std::os::unix::fs::symlink(fx.outside.join("nodir"), fx.w("to-nowhere")).unwrap();
+    let pairs = [
+        (format!("--ro {o}/dir/file"), format!("--ro {o}/dir/nofile")),
+        (format!("--ro {o}/dir"), format!("--ro {o}/nodir")),
+        (format!("--cwd {o}/dir"), format!("--cwd {o}/nodir")),
+        ("--ro to-there".to_string(), "--ro to-nowhere".to_string()),
+        (
+            "--ro to-there/file".to_string(),
+            "--ro to-there/nofile".to_string(),
+        ),
+    ];
+    let mut script = String::from("cd ");
+    script.push_str(&fx.ws.display().to_string());
+    for (i, (a, b)) in pairs.iter().enumerate() {
+        script.push_str(&format!(
+            "; echo 'A{i}<'$(/moat/bin/moat exec --policy workspace-contained {a} -- true 2>&1; echo rc=$?)'>'\
+             ; echo 'B{i}<'$(/moat/bin/moat exec --policy workspace-contained {b} -- true 2>&1; echo rc=$?)'>'"
+        ));
+    }
+    script.push_str("; echo PROBE_DONE");
+    let out = run(fx.sh("workspace-contained", &["--no-audit"], &script));
+    out.expect_stdout_has("PROBE_DONE");
+    let answer = |tag: &str| {
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{tag}<")))
+            .unwrap_or_else(|| panic!("no {tag}\n{}", out.dump()))
+            .to_string();
+        // The names given differ; everything else must not.
+        line[tag.len()..]
+            .replace("dir/nofile", "dir/file")
+            .replace("nodir", "dir")
+            .replace("to-nowhere", "to-there")
+            .replace("to-there/nofile", "to-there/file")
+    };
+    for i in 0..pairs.len() {
+        let (a, b) = (answer(&format!("A{i}")), answer(&format!("B{i}")));
+        assert!(a.contains("rc=125"), "{}: not refused: {a}", pairs[i].0);
+        assert_eq!(
+            a, b,
+            "LEAK: the nested moat answers differently for an existing and a missing hidden path ({} / {})",
+            pairs[i].0, pairs[i].1
+        );
+    }
+}

@@ -463,6 +463,15 @@ pub fn run_resolved(
 ) -> ExitCode {
     let id = execution_id();
     let session_id = moat_audit::session_id_from_env();
+    // A nested run's messages go back into the outer sandbox. The broker
+    // already resolved this request (every path through the outer view
+    // alone), so a resolution refusal here means a path changed since (a
+    // swapped symlink): one answer, naming nothing this host process saw
+    // outside that view. (The view check below names only grants that
+    // resolved inside the outer view.)
+    let nested = crate::nested::is_nested_launch();
+    const CHANGED: &str = "nested run refused: a path given changed while the request was checked; it no longer resolves inside the outer run's view";
+    let resolved = resolved.map_err(|e| if nested { CHANGED.to_string() } else { e });
     let env: Vec<(String, String)> = std::env::vars_os()
         .map(|(k, v)| {
             (
@@ -505,8 +514,8 @@ pub fn run_resolved(
                     &sink,
                 );
             }
-            if let Err(e) = crate::nested::inherit_policy(&h, &mut policy) {
-                return refuse(mode, &id, &session_id, Some(&policy), &e, &sink);
+            if crate::nested::inherit_policy(&h, &mut policy).is_err() {
+                return refuse(mode, &id, &session_id, Some(&policy), CHANGED, &sink);
             }
             Some(h)
         }
