@@ -479,13 +479,13 @@ fn nested_flags_are_no_host_existence_oracle() {
             .replace("to-nowhere", "to-there")
             .replace("to-there/nofile", "to-there/file")
     };
-    for i in 0..pairs.len() {
+    for (i, pair) in pairs.iter().enumerate() {
         let (a, b) = (answer(&format!("A{i}")), answer(&format!("B{i}")));
-        assert!(a.contains("rc=125"), "{}: not refused: {a}", pairs[i].0);
+        assert!(a.contains("rc=125"), "{}: not refused: {a}", pair.0);
         assert_eq!(
             a, b,
             "LEAK: the nested moat answers differently for an existing and a missing hidden path ({} / {})",
-            pairs[i].0, pairs[i].1
+            pair.0, pair.1
         );
     }
 }
