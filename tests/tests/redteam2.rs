@@ -489,3 +489,50 @@ fn nested_flags_are_no_host_existence_oracle() {
         );
     }
 }
+
+/// The broker takes the caller's directory from the request: a request
+/// naming a workspace symlink that leads outside the outer view is refused
+/// with the same answer whether its target exists on the host or not.
+#[test]
+fn nested_request_cwd_symlink_is_no_host_existence_oracle() {
+    let fx = Fixture::new();
+    write(fx.outside.join("dir/file"), "x\n");
+    std::os::unix::fs::symlink(fx.outside.join("dir"), fx.w("to-there")).unwrap();
+    std::os::unix::fs::symlink(fx.outside.join("nodir"), fx.w("to-nowhere")).unwrap();
+    // A hand-made request (the client sends its getcwd; a forged one can
+    // send anything): the same JSON the in-sandbox moat sends.
+    let code = r#"
+import json, socket, array, sys, os
+def ask(cwd):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect("/moat/broker.sock")
+    req = json.dumps({"args": ["exec", "--policy", "workspace-contained", "--", "true"], "cwd": cwd, "env": []}).encode()
+    fds = array.array("i", [0, 1, 2])
+    s.sendmsg([len(req).to_bytes(4, "big") + req], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+    out = b""
+    while True:
+        b = s.recv(4096)
+        if not b: break
+        out += b
+    return out.decode(errors="replace")
+ws = sys.argv[1]
+a = ask(ws + "/to-there").replace("to-there", "LINK")
+b = ask(ws + "/to-nowhere").replace("to-nowhere", "LINK")
+print("A<" + a + ">")
+print("B<" + b + ">")
+print("SAME" if a == b else "DIFFERENT")
+print("PROBE_DONE")
+"#;
+    let ws = fx.ws.display().to_string();
+    let out = run(fx.py("workspace-contained", &["--no-audit"], code, &[&ws]));
+    out.expect_stdout_has("PROBE_DONE");
+    assert!(
+        out.stdout.contains("SAME"),
+        "LEAK: the broker answers differently for a symlinked cwd whose target exists\n{}",
+        out.dump()
+    );
+    out.expect_absent(
+        &format!("{}/dir", fx.outside.display()),
+        "the symlink target named by the broker",
+    );
+}

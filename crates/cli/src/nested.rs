@@ -391,13 +391,15 @@ fn run_nested(
         return Err("nested run refused: the outer run has no view to check it against".into());
     };
     // The caller's directory must be host content at its own path in the
-    // outer view: the sandbox's own /tmp, HOME, /run… do not exist on the host.
-    if !outer_view.shows_host_at_own_path(&cwd) {
+    // outer view: the sandbox's own /tmp, HOME, /run… do not exist on the
+    // host. The request names it, so it is followed through the outer view
+    // (a symlink in the workspace must not lead the host process elsewhere).
+    let Some(cwd) = resolve_in_view(outer_view, &cwd) else {
         return Err(format!(
             "nested run refused: {} is private to the outer sandbox (not a host directory of its view); run it from a directory of the workspace",
             cwd.display()
         ));
-    }
+    };
     let cli = Cli::try_parse_from(std::iter::once("moat".to_string()).chain(args.iter().cloned()))
         .map_err(|e| {
             format!(
