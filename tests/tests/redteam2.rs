@@ -536,3 +536,53 @@ print("PROBE_DONE")
         "the symlink target named by the broker",
     );
 }
+
+/// `/tmp` as the workspace (or granted whole) showed the host's shared
+/// /tmp, where tmux, X11 and ssh-agent keep their sockets: connect() needs
+/// no write access to the mount, so even `workspace-contained` reached a
+/// host service. moat refuses the shared temporary directories themselves
+/// (a directory inside them stays usable).
+#[test]
+fn shared_tmp_as_workspace_or_grant_exposes_no_host_socket() {
+    let dir = std::path::PathBuf::from(format!("/tmp/{}", unique("rt2sock")));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let _rm = RmOnDrop(dir.clone());
+    let sock = dir.join("s");
+    let listener = Listener::unix(&sock);
+    let fx = Fixture::new();
+    let code = format!(
+        "import socket\nprint('PROBE_RAN')\ns = socket.socket(socket.AF_UNIX)\n\
+         try:\n    s.connect({:?}); print('CONNECTED')\nexcept OSError as e: print('refused', e)\n",
+        sock.display().to_string()
+    );
+    let mut runs = Vec::new();
+    for level in ["read-only", "workspace-write", "workspace-contained"] {
+        for extra in [
+            vec!["--cwd", "/tmp"],
+            vec!["--ro", "/tmp"],
+            vec!["--rw", "/tmp"],
+            vec!["--cwd", "/var/tmp"],
+        ] {
+            let out = run(fx.py(level, &extra, &code, &[]));
+            out.expect_absent("CONNECTED", &format!("{level} {extra:?}"));
+            // Refused up front, naming the directory (not a silent downgrade).
+            out.expect_code(125);
+            assert!(out.stderr.contains("shares it"), "{}", out.dump());
+            runs.push(out);
+        }
+    }
+    // A directory inside /tmp is still a workspace (positive side).
+    let inside = run({
+        let mut c = fx.py("workspace-contained", &[], "print('PROBE_RAN')", &[]);
+        c.current_dir(&dir);
+        c
+    });
+    inside.expect_code(0);
+    inside.expect_stdout_has("PROBE_RAN");
+    let (hits, _) = listener.finish();
+    assert_eq!(
+        hits, 0,
+        "LEAK: a sandboxed command connected to a host socket in /tmp"
+    );
+}

@@ -722,7 +722,11 @@ fn not_in_view(plan: &Plan, program: &std::ffi::OsStr, look_on_host: bool) -> St
         Some((p, _)) if p.starts_with("/tmp") => format!(
             "{shown}: not found in the sandbox's view: it is {} on the host, and the sandbox's /tmp is its own (empty, private); add --ro {} to show it, or move it into the workspace",
             p.display(),
-            p.parent().unwrap_or(p).display()
+            // Never /tmp itself (moat refuses it: other programs' sockets).
+            p.parent()
+                .filter(|d| !moat_policy::is_shared_temp_dir(d))
+                .unwrap_or(p)
+                .display()
         ),
         Some((p, r)) => format!(
             "{shown}: not found in the sandbox's view: it is {} on the host ({}: {})",
