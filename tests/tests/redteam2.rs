@@ -205,14 +205,18 @@ fn injected_registry_credential_is_not_echoed_back_by_trace() {
 /// terminal for other programs (a terminal fd is open for reading and
 /// writing, and a process outside the terminal's session is not stopped by
 /// job control when it reads).
-fn host_terminal_cannot_be_read_from_inside(on_stdin: bool) {
+fn host_terminal_cannot_be_read_from_inside(on_stdin: bool, extra: &[&str]) {
     let fx = Fixture::new();
     let typed = unique("TYPEDBYUSER");
     let stolen = fx.w("stolen");
+    let ready = fx.w("ready");
+    let done = fx.w("done");
     let pty = Pty::open();
+    // The probe says it is ready (a marker file), reads every stdio fd for
+    // a line, writes what it got, then marks itself done.
     let code = format!(
         "import os, select, sys, time\n\
-         os.write(2, b'PROBE_READY\\n')\n\
+         open({ready:?}, 'w').close()\n\
          got = b''\n\
          end = time.time() + 8\n\
          while time.time() < end and b'\\n' not in got:\n\
@@ -222,10 +226,12 @@ fn host_terminal_cannot_be_read_from_inside(on_stdin: bool) {
          \x20           if r: got += os.read(fd, 100)\n\
          \x20       except OSError: pass\n\
          open({stolen:?}, 'wb').write(got)\n\
-         os.write(2, b'PROBE_DONE\\n')\n",
-        stolen = stolen.display().to_string()
+         open({done:?}, 'w').close()\n",
+        ready = ready.display().to_string(),
+        stolen = stolen.display().to_string(),
+        done = done.display().to_string(),
     );
-    let mut c = fx.py("workspace-write", &[], &code, &[]);
+    let mut c = fx.py("workspace-write", extra, &code, &[]);
     use std::os::fd::FromRawFd;
     // SAFETY: fresh fds from dup, each handed to exactly one Stdio.
     unsafe {
@@ -236,53 +242,30 @@ fn host_terminal_cannot_be_read_from_inside(on_stdin: bool) {
             libc::close(b);
             c.stdin(std::process::Stdio::from_raw_fd(a))
                 .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped());
+                .stderr(std::process::Stdio::null());
         } else {
             c.stdout(std::process::Stdio::from_raw_fd(a))
                 .stderr(std::process::Stdio::from_raw_fd(b));
         }
     }
     let mut child = c.spawn().expect("spawn moat");
-    // Wait for the probe's marker on the terminal, then "type" a line.
-    let mut seen = Vec::new();
+    // Wait for the probe's marker, then "type" a line on the terminal.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let read_err = |child: &mut std::process::Child, seen: &mut Vec<u8>| {
-        if on_stdin {
-            if let Some(e) = child.stderr.as_mut() {
-                let mut b = [0u8; 256];
-                if let Ok(n) = e.read(&mut b) {
-                    seen.extend_from_slice(&b[..n]);
-                }
-            }
-        } else {
-            seen.extend(pty.pending().0);
-        }
-    };
-    while !String::from_utf8_lossy(&seen).contains("PROBE_READY") {
+    while !exists(&ready) {
         assert!(
-            std::time::Instant::now() < deadline,
-            "no PROBE_READY: {seen:?}"
+            std::time::Instant::now() < deadline && child.try_wait().ok().flatten().is_none(),
+            "the probe never became ready"
         );
         std::thread::sleep(Duration::from_millis(20));
-        read_err(&mut child, &mut seen);
     }
     let line = format!("{typed}\n");
     // SAFETY: writing a local buffer to the master fd the Pty owns.
     let n = unsafe { libc::write(pty.master, line.as_ptr().cast(), line.len()) };
     assert_eq!(n as usize, line.len());
-    if on_stdin {
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_end(&mut seen);
-        }
-    }
     let status = child.wait().expect("wait moat");
-    read_err(&mut child, &mut seen);
-    let shown = String::from_utf8_lossy(&seen).into_owned();
+    let shown = String::from_utf8_lossy(&pty.pending().0).into_owned();
     assert!(status.success(), "moat failed: {status:?}\n{shown}");
-    assert!(
-        shown.contains("PROBE_DONE"),
-        "the probe did not finish:\n{shown}"
-    );
+    assert!(exists(&done), "the probe did not finish:\n{shown}");
     let got = read(&stolen).unwrap_or_default();
     assert!(
         !got.contains(&typed),
@@ -292,12 +275,17 @@ fn host_terminal_cannot_be_read_from_inside(on_stdin: bool) {
 
 #[test]
 fn host_terminal_on_stdout_cannot_be_read_from_inside() {
-    host_terminal_cannot_be_read_from_inside(false);
+    host_terminal_cannot_be_read_from_inside(false, &[]);
 }
 
 #[test]
 fn host_terminal_on_stdin_outside_the_foreground_cannot_be_read_from_inside() {
-    host_terminal_cannot_be_read_from_inside(true);
+    host_terminal_cannot_be_read_from_inside(true, &[]);
+}
+
+#[test]
+fn host_terminal_on_stdin_of_a_json_run_cannot_be_read_from_inside() {
+    host_terminal_cannot_be_read_from_inside(true, &["--json"]);
 }
 
 /// Well-known credential stores beside the listed ones: git's own XDG

@@ -388,14 +388,25 @@ fn launch(
 }
 
 /// Which of moat's stdio fds the command gets the sandbox's own pty on:
-/// every host terminal among them, in a sandboxed run whose output passes
-/// through (see `pty::Attach`).
+/// every host terminal among them in a sandboxed run (only stdin when
+/// moat captures the output), see `pty::Attach`.
 fn own_terminal(plan: &Plan, opts: &RunOptions) -> Option<crate::pty::Attach> {
-    if plan.sandboxed && opts.output == OutputMode::Passthrough && !opts.stdio_from_outer_sandbox {
-        crate::pty::Attach::of_stdio()
-    } else {
-        None
+    if !plan.sandboxed || opts.stdio_from_outer_sandbox {
+        return None;
     }
+    let tty = crate::pty::Attach::of_stdio()?;
+    let attach = if opts.output == OutputMode::Passthrough {
+        tty
+    } else {
+        // Output is captured (--json, --events); a terminal on stdin is
+        // still replaced.
+        crate::pty::Attach {
+            stdin: tty.stdin,
+            stdout: false,
+            stderr: false,
+        }
+    };
+    (attach.stdin || attach.stdout || attach.stderr).then_some(attach)
 }
 
 #[allow(clippy::too_many_arguments)]
