@@ -574,3 +574,56 @@ fn shared_tmp_as_workspace_or_grant_exposes_no_host_socket() {
         "LEAK: a sandboxed command connected to a host socket in /tmp"
     );
 }
+
+/// A nested request naming `--upstream-proxy-auth-file` made the host-side
+/// moat read that file (any file the user can read) and answer "cannot
+/// read", "must be USER:PASSWORD" or "is a directory": an oracle on
+/// existence and content. Refused before any file is touched, one answer.
+#[test]
+fn nested_upstream_auth_file_is_never_read() {
+    let fx = Fixture::new();
+    write(fx.outside.join("nocolon"), "justaword\n");
+    write(fx.outside.join("colon"), "user:pw\n");
+    let o = fx.outside.display().to_string();
+    let files = [
+        format!("{o}/nocolon"),
+        format!("{o}/colon"),
+        format!("{o}/missing"),
+        o.clone(),
+    ];
+    let mut script = String::new();
+    for (i, f) in files.iter().enumerate() {
+        script.push_str(&format!(
+            "echo 'R{i}<'$(/moat/bin/moat exec --policy workspace-contained --network proxy \
+             --upstream-proxy http://127.0.0.1:9 --upstream-proxy-auth-file {f} -- true 2>&1; echo rc=$?)'>'; "
+        ));
+    }
+    script.push_str("echo PROBE_DONE");
+    let out = run(fx.sh("workspace-contained", &["--no-audit"], &script));
+    out.expect_stdout_has("PROBE_DONE");
+    let answers: Vec<String> = (0..files.len())
+        .map(|i| {
+            let tag = format!("R{i}<");
+            let line = out
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&tag))
+                .unwrap_or_else(|| panic!("no {tag}\n{}", out.dump()));
+            line.replace(&files[i], "FILE")
+        })
+        .collect();
+    for a in &answers {
+        assert!(a.contains("rc=125"), "not refused: {a}");
+        assert_eq!(
+            a.replace("R1<", "R0<")
+                .replace("R2<", "R0<")
+                .replace("R3<", "R0<"),
+            answers[0],
+            "LEAK: the nested moat's answer depends on the file"
+        );
+        assert!(
+            !a.contains("USER:PASSWORD") && !a.contains("cannot read"),
+            "{a}"
+        );
+    }
+}

@@ -413,6 +413,14 @@ fn run_nested(
     if exec_args.report.no_audit || exec_args.report.audit_log.is_some() {
         return Err("nested run refused: --no-audit/--audit-log; nested runs are recorded in the outer run's audit log".into());
     }
+    // Refused before anything resolves the flags: the host side would read
+    // the credentials file (any file this user can read) and answer
+    // differently for a missing, unreadable or malformed one.
+    if exec_args.policy.upstream_proxy.is_some()
+        || exec_args.policy.upstream_proxy_auth_file.is_some()
+    {
+        return Err("nested run refused: --upstream-proxy/--upstream-proxy-auth-file; a nested run inherits the outer run's upstream proxy and cannot choose one".into());
+    }
     let mut outer_view = outer_view.clone();
     outer_view.net_class = match (outer_view.net_class, caller_class) {
         (Some(a), Some(b)) => Some(a.min(b)),
