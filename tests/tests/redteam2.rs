@@ -627,3 +627,49 @@ fn nested_upstream_auth_file_is_never_read() {
         );
     }
 }
+
+/// What the command writes to its terminal reaches the user's terminal:
+/// control strings that act on the host through it (OSC 52 sets the host
+/// clipboard, which the sandbox otherwise cannot reach; iTerm2's OSC 1337
+/// and kitty's transfers write files; tmux passthrough) must not arrive,
+/// while ordinary output and a window title do.
+#[test]
+fn terminal_output_cannot_set_the_host_clipboard() {
+    let fx = Fixture::new();
+    let pty = Pty::open();
+    let script = "printf 'VISIBLE_START\\033]0;a title\\007\\033]52;c;Q0xJUEJPQVJE\\007\
+                  \\033]1337;File=name=eA==;inline=0:RklMRUJPRFk=\\007\
+                  \\033Ptmux;\\033\\033]52;c;VE1VWENMSVA=\\007\\033\\\\VISIBLE_END\\n'";
+    let mut c = fx.sh("workspace-write", &[], script);
+    use std::os::fd::FromRawFd;
+    // SAFETY: fresh fds from dup, each handed to exactly one Stdio.
+    unsafe {
+        let (a, b) = (libc::dup(pty.slave), libc::dup(pty.slave));
+        assert!(a >= 0 && b >= 0);
+        c.stdout(std::process::Stdio::from_raw_fd(a))
+            .stderr(std::process::Stdio::from_raw_fd(b));
+    }
+    let status = c.status().expect("run moat");
+    let shown = String::from_utf8_lossy(&pty.pending().0).into_owned();
+    assert!(status.success(), "{status:?}\n{shown:?}");
+    assert!(
+        shown.contains("VISIBLE_START") && shown.contains("VISIBLE_END"),
+        "the output did not arrive: {shown:?}"
+    );
+    assert!(
+        shown.contains("\x1b]0;a title"),
+        "the title was dropped: {shown:?}"
+    );
+    for bad in [
+        "Q0xJUEJPQVJE",
+        "RklMRUJPRFk=",
+        "VE1VWENMSVA=",
+        "]52;",
+        "]1337;",
+    ] {
+        assert!(
+            !shown.contains(bad),
+            "LEAK: {bad} reached the host terminal: {shown:?}"
+        );
+    }
+}

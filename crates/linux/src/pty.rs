@@ -142,6 +142,8 @@ pub struct Relay {
     master_open: bool,
     out_fd: RawFd,
     raw: Option<RawMode>,
+    /// Removes control strings that act on the host (clipboard, files).
+    filter: crate::termfilter::TermFilter,
 }
 
 impl Relay {
@@ -158,6 +160,7 @@ impl Relay {
             master_open: true,
             out_fd: attach.output_fd(),
             raw: None,
+            filter: crate::termfilter::TermFilter::new(),
         };
         relay.take_input_if_foreground();
         relay.copy_window_size();
@@ -247,10 +250,15 @@ impl Relay {
     /// means every slave is closed: the command and its children are done.
     pub fn drain_master(&mut self) {
         let mut buf = [0u8; 16384];
+        let mut shown = Vec::with_capacity(buf.len());
         while self.master_open {
             match nix::unistd::read(&self.master, &mut buf) {
                 Ok(0) => self.master_open = false,
-                Ok(n) => sys::write_all_fd(self.out_fd, &buf[..n]),
+                Ok(n) => {
+                    shown.clear();
+                    self.filter.push(&buf[..n], &mut shown);
+                    sys::write_all_fd(self.out_fd, &shown);
+                }
                 Err(nix::errno::Errno::EINTR) => {}
                 Err(nix::errno::Errno::EAGAIN) => break,
                 Err(_) => self.master_open = false,
