@@ -673,3 +673,25 @@ fn terminal_output_cannot_set_the_host_clipboard() {
         );
     }
 }
+
+/// moat's own refusal lines name paths the command chose and are not part
+/// of the command's (filtered) terminal output; a file name carrying a
+/// control string must arrive escaped in them (here on a pipe, where moat
+/// reads the command's stderr to explain refusals).
+#[test]
+fn refusal_lines_cannot_carry_terminal_control_strings() {
+    let fx = Fixture::new();
+    let script = "f=$(printf '/usr/x\\033]52;c;UkVGVVNBTA==\\007'); echo > \"$f\"; echo PROBE_DONE";
+    let out = run(fx.sh("workspace-write", &[], script));
+    out.expect_stdout_has("PROBE_DONE");
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("moat: denied write /usr/x"))
+        .unwrap_or_else(|| panic!("no refusal line\n{}", out.dump()));
+    assert!(
+        !line.contains('\x1b') && !line.contains('\x07'),
+        "LEAK: moat's refusal line carries raw control characters: {line:?}"
+    );
+    assert!(line.contains("\\u{1b}]52;"), "{line:?}");
+}

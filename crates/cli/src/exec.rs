@@ -683,7 +683,7 @@ pub fn run_resolved(
             print_json(&result_json(&id, &policy, &outcome, &denied, &requests));
             if !reporting.quiet {
                 for line in network_lines(&denied) {
-                    eprintln!("{line}");
+                    eprintln!("{}", printable(&line));
                 }
             }
         }
@@ -774,9 +774,25 @@ fn network_lines(denied: &[Value]) -> Vec<String> {
     out
 }
 
+/// `text` with every control character shown as an escape (`\u{1b}`):
+/// moat's own lines name paths and programs the command chose, and they go
+/// to the user's terminal unfiltered (a file named `x\e]52;…\a` would
+/// otherwise set the host clipboard through a refusal line).
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 fn report_plain(o: &RunOutcome, denied: &[Value], quiet: bool) {
     if let Some(e) = &o.error {
-        eprintln!("moat: {e}");
+        eprintln!("moat: {}", printable(e));
     }
     if o.timed_out {
         eprintln!(
@@ -788,7 +804,7 @@ fn report_plain(o: &RunOutcome, denied: &[Value], quiet: bool) {
         return;
     }
     for line in network_lines(denied) {
-        eprintln!("{line}");
+        eprintln!("{}", printable(&line));
     }
     for d in denied {
         if d["operation"] == "connect" {
@@ -797,7 +813,10 @@ fn report_plain(o: &RunOutcome, denied: &[Value], quiet: bool) {
         let op = d["operation"].as_str().unwrap_or("access");
         let path = d["path"].as_str().unwrap_or("?");
         let detail = d["detail"].as_str().unwrap_or("");
-        eprintln!("moat: denied {op} {path} ({detail})");
+        eprintln!(
+            "{}",
+            printable(&format!("moat: denied {op} {path} ({detail})"))
+        );
     }
 }
 
