@@ -695,3 +695,31 @@ fn refusal_lines_cannot_carry_terminal_control_strings() {
     );
     assert!(line.contains("\\u{1b}]52;"), "{line:?}");
 }
+
+/// Every run with a terminal now has a pty; switching its line discipline
+/// (TIOCSETD, the way into n_gsm/n_hdlc kernel bugs) is refused. N_NULL is
+/// a discipline the kernel has built in, so outside moat the call works.
+#[test]
+fn line_discipline_of_the_sandbox_pty_cannot_be_changed() {
+    const PROBE: &str = "import fcntl, os, pty, struct, termios\n\
+        m, s = pty.openpty()\n\
+        try:\n    fcntl.ioctl(s, termios.TIOCSETD, struct.pack('i', 27)); print('PROBE tiocsetd OK')\n\
+        except OSError as e: print('PROBE tiocsetd ERRNO', e.errno)\n";
+    // Positive control: outside moat the built-in N_NULL can be set.
+    let ctl = run({
+        let mut c = std::process::Command::new("/usr/bin/python3");
+        c.args(["-c", PROBE]);
+        c
+    });
+    let fx = Fixture::new();
+    for level in ["read-only", "workspace-write", "workspace-contained"] {
+        let out = run(fx.py(level, &[], PROBE, &[]));
+        out.expect_stdout_has("PROBE tiocsetd");
+        if ctl.stdout.contains("PROBE tiocsetd OK") {
+            expect_probe_errno(&out, &["tiocsetd"], libc::EPERM);
+        } else {
+            // The host has no N_NULL: the call fails either way, but never works.
+            out.expect_absent("PROBE tiocsetd OK", level);
+        }
+    }
+}
