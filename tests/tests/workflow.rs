@@ -747,11 +747,9 @@ fn pip_in_a_venv_and_through_a_bash_launcher() {
 }
 
 /// `git init` under git's profile: the new repository is still there after
-/// the run. Today moat's sweep moves the new `.git` aside; the fix is
-/// another branch's (issue 10 item 4, "git init is undone"). Un-ignore
-/// this when it is merged.
+/// the run (the sweep neutralises what the host would execute in it, and
+/// keeps the rest), and the host's git can use it.
 #[test]
-#[ignore = "needs the git-init sweep fix of issue 10 item 4 (another branch)"]
 fn git_init_survives() {
     let w = Wf::new();
     let out = run(w.moat(["run", "git", "init", "-q"]));
@@ -760,6 +758,18 @@ fn git_init_survives() {
         w.fx.w(".git/HEAD").exists(),
         "the new repository survives the run\n{}",
         out.dump()
+    );
+    let st = Command::new("git")
+        .arg("-C")
+        .arg(&w.fx.ws)
+        .args(["rev-parse", "--git-dir"])
+        .env("HOME", &w.fx.home)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "the host's git accepts the new repository: {}",
+        String::from_utf8_lossy(&st.stderr)
     );
 }
 

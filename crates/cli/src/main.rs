@@ -21,7 +21,11 @@ macro_rules! out {
 mod audit_cmd;
 mod exec;
 mod export_cmd;
+mod hook;
+mod mcp;
 mod nested;
+mod serve;
+mod service;
 mod state;
 mod tools;
 
@@ -44,6 +48,9 @@ const PROTOCOL_VERSION: &str = "1";
 pub(crate) const CAPTURE_LIMIT: usize = 1 << 20;
 /// Exit status when moat itself refuses or fails.
 pub(crate) const EXIT_MOAT_FAILED: u8 = 125;
+/// The command ran, but the post-run sweep could not neutralise something
+/// it left at a write-protected path (still live on the host).
+pub(crate) const EXIT_SWEEP_FAILED: u8 = 122;
 
 #[derive(Parser)]
 #[command(
@@ -53,6 +60,7 @@ pub(crate) const EXIT_MOAT_FAILED: u8 = 125;
     long_about = "moat runs one command inside a boundary the kernel enforces: the command sees the \
 workspace and what its policy grants, and nothing else. No daemon, no container engine.\n\n\
 Exit status of `moat exec`: the command's own code; 128+N if it was killed by signal N; \
+122 when something the command left at a write-protected path could not be neutralised; \
 124 on --timeout; 125 when moat refused or failed; 126 not executable; 127 not found."
 )]
 pub(crate) struct Cli {
@@ -102,6 +110,14 @@ pub(crate) enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Serve RunSeal's execution protocol (JSON-RPC 2.0, one message per line) on stdio or a unix socket;
+    /// the policy flags are the ceiling every request runs within
+    Serve(serve::ServeArgs),
+    /// Serve MCP on stdio: the tools exec, capabilities and explain_policy, within the policy flags
+    Mcp(mcp::McpArgs),
+    /// Hooks for agent harnesses (Claude Code)
+    #[command(subcommand)]
+    Hook(hook::HookCommand),
     /// Used inside a proxy sandbox as ssh's ProxyCommand: connect HOST PORT through moat's SOCKS5 endpoint
     #[command(hide = true)]
     ProxyConnect { host: String, port: u16 },
@@ -159,6 +175,9 @@ fn main() -> ExitCode {
         }
         Command::Exec(args) => exec::exec(args),
         Command::Audit(args) => audit_cmd::run(args),
+        Command::Serve(args) => serve::serve(args),
+        Command::Mcp(args) => mcp::mcp(args),
+        Command::Hook(cmd) => hook::hook(cmd),
         Command::ProxyConnect { host, port } => exec::proxy_connect(&host, port),
         Command::Run(args) if nested::inside_sandbox() => {
             let _ = args;

@@ -57,7 +57,8 @@ pub use project::{
     ProjectFile, PROJECT_FILE_NAME,
 };
 pub use resolve::{
-    level_within, resolve, BuiltRequest, GrantLine, Resolved, Source, Sourced, Sources,
+    domains_within, level_within, network_within, resolve, BuiltRequest, GrantLine, Resolved,
+    Source, Sourced, Sources,
 };
 pub use settings::{
     expand_tilde, is_tilde, normalize_lexically, parse_level, protected_containing,

@@ -119,7 +119,8 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
 
     // Each level end to end: build its real plan and run `true` in it, in a
     // directory of our own (the shared temp dir itself is refused as a
-    // workspace: other programs' sockets live there).
+    // workspace: other programs' sockets live there, and other users'
+    // directories the complete `.env` walk must refuse).
     let own_ws = private_temp_dir();
     let ws = own_ws.clone().unwrap_or_else(std::env::temp_dir);
     let home = moat_env

@@ -22,7 +22,7 @@ pub mod plan;
 pub mod probe;
 pub mod pty;
 pub mod run;
-mod sweep;
+pub mod sweep;
 pub mod sys;
 pub mod termfilter;
 pub mod tree;

@@ -127,13 +127,12 @@ pub struct Plan {
     pub broker: bool,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
-    /// Host paths that must not exist after the run (write-protected paths
-    /// the command could create because they did not exist before).
-    pub sweep: Vec<PathBuf>,
+    /// What the post-run sweep checks under each writable root
+    /// (write-protected paths that did not exist before the run, new
+    /// `.moat*` names, git dirs' executable parts).
+    pub sweep: Vec<crate::sweep::SweepRoot>,
     /// What the sandbox sees; the mounts and Landlock rules translate it.
     pub view: View,
-    /// Directories where new `<prefix>*` entries are swept after the run.
-    pub sweep_prefixed: Vec<crate::probe::PrefixGuard>,
     pub landlock_abi: i32,
 }
 
@@ -152,6 +151,10 @@ pub enum PlanError {
     NoMoatBinary,
     #[error("{0} does not exist on the host; --ro/--rw paths must exist")]
     MissingGrant(PathBuf),
+    #[error("{0}")]
+    WorkspaceIncomplete(String),
+    #[error("{0} is write-protected (the host runs it later); no grant makes it writable. Drop the --rw (or the project file's rw entry) for it, or use --ro")]
+    GrantOnWriteProtected(PathBuf),
     #[error("moat's own directory {0} is missing and could not be created, and the command could create it (it lies in a writable part of the view); create it (mkdir -p {0}) or point XDG_CONFIG_HOME/XDG_STATE_HOME outside the writable paths")]
     MoatDirUnprotected(PathBuf),
 }
@@ -164,6 +167,32 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         }
     }
     let sandboxed = policy.level.is_sandboxed();
+    if sandboxed {
+        if let Some(e) = &host.incomplete {
+            return Err(PlanError::WorkspaceIncomplete(e.clone()));
+        }
+        // A grant never reaches a write-protected path (a protected home
+        // path the caller opted in, like a profile's `~/.claude`, excepted).
+        for g in policy
+            .paths
+            .iter()
+            .filter(|g| g.access == moat_policy::Access::ReadWrite)
+        {
+            let opted = policy
+                .protected_opt_in
+                .iter()
+                .any(|o| g.path.starts_with(o));
+            // (A git dir itself is bound read-write; only its parts are not.)
+            let reaches = |(w, k): (&PathBuf, &Kind)| {
+                let git_dir =
+                    w.file_name() == Some(std::ffi::OsStr::new(".git")) && *k == Kind::Dir;
+                !git_dir && g.path.starts_with(w)
+            };
+            if !opted && host.workspace_write_protected.iter().any(reaches) {
+                return Err(PlanError::GrantOnWriteProtected(g.path.clone()));
+            }
+        }
+    }
     let view = crate::view::compute(policy, host);
     let mut plan = Plan {
         level: policy.level,
@@ -197,7 +226,6 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         env: command_env(policy, host),
         cwd: policy.workspace.clone(),
         sweep: Vec::new(),
-        sweep_prefixed: Vec::new(),
         view: View {
             entries: Vec::new(),
             ..view.clone()
@@ -444,10 +472,18 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     rest.sort_by_key(|op| op.target().components().count());
     all_ops.extend(rest);
     plan.mounts = all_ops;
-    plan.sweep = view.swept.clone();
-    if policy.level.workspace_writable() {
-        plan.sweep_prefixed = host.prefix_guards.clone();
-    }
+    // The sweep checks the writable roots the probe recorded (the workspace
+    // at the writable levels, writable grants at any level, homes inside
+    // them), as far as this view shows them writable.
+    plan.sweep = host
+        .sweep
+        .iter()
+        .filter(|s| {
+            view.host_mode(&s.root)
+                .is_some_and(|x| x.mode == Mode::Write)
+        })
+        .cloned()
+        .collect();
 
     // Landlock: rules matching the view.
     let mut ll = LandlockSpec {

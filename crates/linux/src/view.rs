@@ -346,13 +346,18 @@ pub fn compute(policy: &Policy, host: &HostFacts) -> View {
     // renamed), so its protected children stay put.
     let explicit = |p: &Path| policy.paths.iter().any(|g| g.path == p);
     for (p, kind) in &host.workspace_write_protected {
-        if explicit(p) {
+        // No grant makes a write-protected path writable (the plan refuses
+        // one on or under it); a protected home path the caller opted in
+        // (a profile's `~/.claude` when the workspace is HOME) is theirs.
+        if policy.protected_opt_in.iter().any(|o| p.starts_with(o)) {
             continue;
         }
-        // (Only where the workspace is writable: a nested read-only run
+        // A git dir in a writable part (the workspace's, a `--rw` grant's)
+        // stays writable, pinned. (Only there: a nested read-only run
         // inherits the outer `.git` entry, and there it stays read-only.)
-        let git_dir =
-            *p == ws.join(".git") && *kind == Kind::Dir && policy.level.workspace_writable();
+        let git_dir = p.file_name() == Some(std::ffi::OsStr::new(".git"))
+            && *kind == Kind::Dir
+            && v.host_mode(p).is_some_and(|x| x.mode == Mode::Write);
         let (mode, why) = if git_dir {
             (Mode::Write, Why::GitDir)
         } else {

@@ -16,6 +16,7 @@
 
 mod duration;
 mod env;
+pub mod gitconfig;
 mod nested;
 pub mod pathser;
 mod protected;
@@ -35,8 +36,9 @@ pub use env::{
 };
 pub use nested::{covers, Widening};
 pub use protected::{
-    is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
-    WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_HOME_PATHS, WRITE_PROTECTED_WORKSPACE_NAMES,
+    is_inert_hook_name, is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
+    WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_GIT_WORKTREE_PATHS, WRITE_PROTECTED_HOME_PATHS,
+    WRITE_PROTECTED_WORKSPACE_NAMES,
 };
 pub use toolchains::{toolchain_containing, toolchain_entries, HomeToolchain, HOME_TOOLCHAINS};
 

@@ -59,10 +59,13 @@ fn host() -> HostFacts {
         ]
         .into_iter()
         .collect(),
-        workspace_missing: vec![
-            PathBuf::from("/home/u/proj/.git/config"),
-            PathBuf::from("/home/u/proj/.bashrc"),
-        ],
+        workspace_missing: vec![PathBuf::from("/home/u/proj/.bashrc")],
+        sweep: vec![crate::sweep::SweepRoot {
+            root: PathBuf::from("/home/u/proj"),
+            missing: vec![PathBuf::from(".bashrc")],
+            gitdirs: vec![PathBuf::from(".git")],
+            ..Default::default()
+        }],
         proc_entries: vec!["sys".into(), "kcore".into()],
         env: vec![
             ("PATH".into(), "/usr/bin:/bin".into()),
@@ -151,13 +154,7 @@ fn workspace_write_golden() {
         "ro /home/u/proj/.git/hooks",
     ];
     assert_eq!(t, expected, "{t:#?}");
-    assert_eq!(
-        plan.sweep,
-        vec![
-            PathBuf::from("/home/u/proj/.git/config"),
-            PathBuf::from("/home/u/proj/.bashrc")
-        ]
-    );
+    assert_eq!(plan.sweep, host().sweep);
     assert!(plan.new_netns);
     assert_eq!(plan.seccomp.socket_families, Some(vec![libc::AF_UNIX]));
     assert_eq!(plan.landlock.read, vec![PathBuf::from("/")]);
@@ -572,7 +569,13 @@ fn workspace_write_view_golden() {
         "Hidden Socket /var/tmp/agent.sock",
     ];
     assert_eq!(got, expected, "{got:#?}");
-    assert_eq!(plan.view.swept, plan.sweep);
+    // The view's swept paths are the sweep's, made absolute.
+    let derived: Vec<PathBuf> = plan
+        .sweep
+        .iter()
+        .flat_map(|r| r.missing.iter().map(|m| r.root.join(m)).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(plan.view.swept, derived);
 }
 
 #[test]
