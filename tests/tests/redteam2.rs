@@ -723,3 +723,65 @@ fn line_discipline_of_the_sandbox_pty_cannot_be_changed() {
         }
     }
 }
+
+/// The injected registry credential goes to that host and port only: not
+/// to another port of the same host when the request names the registry in
+/// its Host header, and a spoofed Host header on a request to the registry
+/// is replaced (the credential never travels under another virtual host).
+#[test]
+fn injected_registry_credential_follows_the_target_not_the_host_header() {
+    let fx = Fixture::new();
+    let secret = unique("HOSTSECRET");
+    let (port, seen) = echo_server();
+    let (other, seen_other) = echo_server();
+    write(
+        fx.home.join(".config/pip/pip.conf"),
+        &format!("[global]\nindex-url = http://me:{secret}@127.0.0.1:{port}/simple\n"),
+    );
+    let script = format!(
+        "/usr/bin/curl -sS -m 20 -o /dev/null -H 'Host: 127.0.0.1:{port}' http://127.0.0.1:{other}/a; \
+         /usr/bin/curl -sS -m 20 -o /dev/null -H 'Host: attacker.example' http://127.0.0.1:{port}/b; \
+         echo PROBE_DONE"
+    );
+    let out = run(fx.sh(
+        "workspace-write",
+        &[
+            "--network",
+            "proxy",
+            "--allow-domain",
+            &format!("127.0.0.1:{port}"),
+            "--allow-domain",
+            &format!("127.0.0.1:{other}"),
+        ],
+        &script,
+    ));
+    out.expect_stdout_has("PROBE_DONE");
+    let b64 = {
+        let o = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf %s 'me:{secret}' | base64 -w0"))
+            .output()
+            .unwrap();
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let other_heads = seen_other.lock().unwrap().clone();
+    assert!(
+        other_heads.iter().any(|h| h.starts_with("GET /a")),
+        "the other port got no request: {other_heads:?}\n{}",
+        out.dump()
+    );
+    assert!(
+        !other_heads.iter().any(|h| h.contains(&b64)),
+        "LEAK: the credential went to another port: {other_heads:?}"
+    );
+    let heads = seen.lock().unwrap().clone();
+    let b = heads
+        .iter()
+        .find(|h| h.starts_with("GET /b"))
+        .unwrap_or_else(|| panic!("no /b request: {heads:?}"));
+    assert!(b.contains(&b64), "the registry lost its credential: {b}");
+    assert!(
+        !b.to_ascii_lowercase().contains("host: attacker.example"),
+        "LEAK: the credential travelled under a spoofed Host: {b}"
+    );
+}
