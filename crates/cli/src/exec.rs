@@ -312,7 +312,13 @@ fn network_denials(policy: &Policy, requests: &[Value], o: &RunOutcome) -> Vec<V
 
 /// The refusals of one run: swept write-protected paths, and what the
 /// command's stderr says was refused, attributed to the plan.
-fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
+/// The refusals of a run, explained. `outer` is a nested run's outer view:
+/// then only what that view shows is looked up on the host, since the
+/// explanations go back into the outer sandbox and must not tell it what
+/// exists outside its view.
+fn denials(plan: &Plan, o: &RunOutcome, outer: Option<&moat_linux::view::View>) -> Vec<Value> {
+    let host_exists =
+        |p: &std::path::Path| outer.is_none_or(|v| v.shows_host(p)) && p.symlink_metadata().is_ok();
     let mut out = Vec::new();
     for s in &o.swept {
         let fate = match &s.moved_to {
@@ -335,7 +341,7 @@ fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
         let Some(path) = d.path.as_deref() else {
             continue;
         };
-        if let Some(reason) = explain(plan, path, d.errno, |p| p.symlink_metadata().is_ok()) {
+        if let Some(reason) = explain(plan, path, d.errno, host_exists) {
             out.push(json!({
                 "operation": d.op,
                 "path": moat_linux::explain::absolute(&plan.cwd, path),
@@ -356,7 +362,7 @@ fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
             let Some(path) = quoted_or_prefixed_path(line) else {
                 continue;
             };
-            if let Some(reason) = explain(plan, &path, "ENOENT", |p| p.symlink_metadata().is_ok()) {
+            if let Some(reason) = explain(plan, &path, "ENOENT", host_exists) {
                 let abs = moat_linux::explain::absolute(&plan.cwd, &path);
                 if out.iter().any(|d| d["path"] == json!(abs)) {
                     continue;
@@ -461,6 +467,15 @@ pub fn run_resolved(
 ) -> ExitCode {
     let id = execution_id();
     let session_id = moat_audit::session_id_from_env();
+    // A nested run's messages go back into the outer sandbox. The broker
+    // already resolved this request (every path through the outer view
+    // alone), so a resolution refusal here means a path changed since (a
+    // swapped symlink): one answer, naming nothing this host process saw
+    // outside that view. (The view check below names only grants that
+    // resolved inside the outer view.)
+    let nested = crate::nested::is_nested_launch();
+    const CHANGED: &str = "nested run refused: a path given changed while the request was checked; it no longer resolves inside the outer run's view";
+    let resolved = resolved.map_err(|e| if nested { CHANGED.to_string() } else { e });
     let env: Vec<(String, String)> = std::env::vars_os()
         .map(|(k, v)| {
             (
@@ -503,8 +518,8 @@ pub fn run_resolved(
                     &sink,
                 );
             }
-            if let Err(e) = crate::nested::inherit_policy(&h, &mut policy) {
-                return refuse(mode, &id, &session_id, Some(&policy), &e, &sink);
+            if crate::nested::inherit_policy(&h, &mut policy).is_err() {
+                return refuse(mode, &id, &session_id, Some(&policy), CHANGED, &sink);
             }
             Some(h)
         }
@@ -606,6 +621,7 @@ pub fn run_resolved(
         },
         timeout,
         tag: id.clone(),
+        stdio_from_outer_sandbox: handoff.is_some(),
     };
     let mut outcome = moat_linux::run(&plan, &opts, &mut session);
     // Stops the proxy; its own per-request list is not used (the folded
@@ -622,7 +638,7 @@ pub fn run_resolved(
     if let Some(e) = session.proxy_error.take() {
         outcome.error.get_or_insert(e);
     }
-    let mut denied = denials(&plan, &outcome);
+    let mut denied = denials(&plan, &outcome, handoff.as_ref().map(|h| &h.outer));
     denied.extend(network_denials(&policy, &requests, &outcome));
     let mut tail_events: Vec<Value> = denied
         .iter()
@@ -693,7 +709,7 @@ pub fn run_resolved(
             print_json(&result_json(&id, &policy, &outcome, &denied, &requests));
             if !reporting.quiet {
                 for line in network_lines(&denied) {
-                    eprintln!("{line}");
+                    eprintln!("{}", printable(&line));
                 }
             }
         }
@@ -787,9 +803,25 @@ fn network_lines(denied: &[Value]) -> Vec<String> {
     out
 }
 
+/// `text` with every control character shown as an escape (`\u{1b}`):
+/// moat's own lines name paths and programs the command chose, and they go
+/// to the user's terminal unfiltered (a file named `x\e]52;…\a` would
+/// otherwise set the host clipboard through a refusal line).
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 fn report_plain(o: &RunOutcome, denied: &[Value], quiet: bool) {
     if let Some(e) = &o.error {
-        eprintln!("moat: {e}");
+        eprintln!("moat: {}", printable(e));
     }
     if o.timed_out {
         eprintln!(
@@ -801,7 +833,7 @@ fn report_plain(o: &RunOutcome, denied: &[Value], quiet: bool) {
         return;
     }
     for line in network_lines(denied) {
-        eprintln!("{line}");
+        eprintln!("{}", printable(&line));
     }
     for d in denied {
         if d["operation"] == "connect" {
@@ -810,7 +842,10 @@ fn report_plain(o: &RunOutcome, denied: &[Value], quiet: bool) {
         let op = d["operation"].as_str().unwrap_or("access");
         let path = d["path"].as_str().unwrap_or("?");
         let detail = d["detail"].as_str().unwrap_or("");
-        eprintln!("moat: denied {op} {path} ({detail})");
+        eprintln!(
+            "{}",
+            printable(&format!("moat: denied {op} {path} ({detail})"))
+        );
     }
 }
 

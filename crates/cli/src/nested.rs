@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -391,13 +391,15 @@ fn run_nested(
         return Err("nested run refused: the outer run has no view to check it against".into());
     };
     // The caller's directory must be host content at its own path in the
-    // outer view: the sandbox's own /tmp, HOME, /run… do not exist on the host.
-    if !outer_view.shows_host_at_own_path(&cwd) {
+    // outer view: the sandbox's own /tmp, HOME, /run… do not exist on the
+    // host. The request names it, so it is followed through the outer view
+    // (a symlink in the workspace must not lead the host process elsewhere).
+    let Some(cwd) = resolve_in_view(outer_view, &cwd) else {
         return Err(format!(
             "nested run refused: {} is private to the outer sandbox (not a host directory of its view); run it from a directory of the workspace",
             cwd.display()
         ));
-    }
+    };
     let cli = Cli::try_parse_from(std::iter::once("moat".to_string()).chain(args.iter().cloned()))
         .map_err(|e| {
             format!(
@@ -411,12 +413,25 @@ fn run_nested(
     if exec_args.report.no_audit || exec_args.report.audit_log.is_some() {
         return Err("nested run refused: --no-audit/--audit-log; nested runs are recorded in the outer run's audit log".into());
     }
+    // Refused before anything resolves the flags: the host side would read
+    // the credentials file (any file this user can read) and answer
+    // differently for a missing, unreadable or malformed one.
+    if exec_args.policy.upstream_proxy.is_some()
+        || exec_args.policy.upstream_proxy_auth_file.is_some()
+    {
+        return Err("nested run refused: --upstream-proxy/--upstream-proxy-auth-file; a nested run inherits the outer run's upstream proxy and cannot choose one".into());
+    }
     let mut outer_view = outer_view.clone();
     outer_view.net_class = match (outer_view.net_class, caller_class) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
     let home = outer.policy.home.clone();
+    // Paths are resolved by this (host) process, so each one given is first
+    // followed through the outer view alone: a path the outer run does not
+    // show is refused with one answer whether or not it exists on the host,
+    // and a symlink is followed only where the outer run could read it.
+    check_paths_in_view(&exec_args.policy, &cwd, &home, &outer_view)?;
     // A first check here (the launched moat checks the whole view again,
     // after its own resolution, closing any race with this one).
     let (mut inner, _) =
@@ -539,6 +554,80 @@ fn run_nested(
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }
 
+/// Refuses (with an answer that depends only on what the outer view
+/// shows) every `--ro`/`--rw`/`--cwd` path that does not lead to host
+/// content the outer run shows.
+fn check_paths_in_view(
+    flags: &moat_config::PolicyFlags,
+    cwd: &Path,
+    home: &Path,
+    view: &moat_linux::view::View,
+) -> Result<(), String> {
+    let given = flags
+        .ro
+        .iter()
+        .map(|p| ("--ro", p))
+        .chain(flags.rw.iter().map(|p| ("--rw", p)))
+        .chain(flags.cwd.iter().map(|p| ("--cwd", p)));
+    for (flag, p) in given {
+        let abs = match p.strip_prefix("~") {
+            Ok(rest) => home.join(rest),
+            Err(_) => cwd.join(p),
+        };
+        if resolve_in_view(view, &abs).is_none() {
+            return Err(format!(
+                "nested run refused: {flag} {}: not a path the outer run shows (a nested run can only be given what its outer run sees)",
+                p.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `path` with its symlinks followed, looking on the host only at paths
+/// the view shows at their own place; None when it leads anywhere else.
+fn resolve_in_view(view: &moat_linux::view::View, path: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    let mut todo: std::collections::VecDeque<std::ffi::OsString> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            Component::ParentDir => Some("..".into()),
+            _ => None,
+        })
+        .collect();
+    let mut cur = PathBuf::from("/");
+    let mut hops = 0;
+    while let Some(name) = todo.pop_front() {
+        if name == ".." {
+            cur.pop();
+            continue;
+        }
+        let next = cur.join(&name);
+        if view.shows_host_at_own_path(&next) {
+            if let Ok(target) = std::fs::read_link(&next) {
+                hops += 1;
+                if hops > 40 {
+                    return None;
+                }
+                if target.is_absolute() {
+                    cur = PathBuf::from("/");
+                }
+                for c in target.components().rev() {
+                    match c {
+                        Component::Normal(n) => todo.push_front(n.to_os_string()),
+                        Component::ParentDir => todo.push_front("..".into()),
+                        _ => {}
+                    }
+                }
+                continue;
+            }
+        }
+        cur = next;
+    }
+    view.shows_host_at_own_path(&cur).then_some(cur)
+}
+
 fn set_inheritable(fd: &OwnedFd, inheritable: bool) -> Result<(), String> {
     use nix::fcntl::{fcntl, FcntlArg, FdFlag};
     let flags = if inheritable {
@@ -549,6 +638,11 @@ fn set_inheritable(fd: &OwnedFd, inheritable: bool) -> Result<(), String> {
     fcntl(fd, FcntlArg::F_SETFD(flags))
         .map(|_| ())
         .map_err(|e| format!("nested run: handoff pipe: {e}"))
+}
+
+/// Whether this process was launched by a broker for a nested run.
+pub fn is_nested_launch() -> bool {
+    std::env::var_os(NESTED_FD_ENV).is_some()
 }
 
 /// In the moat process that runs a nested request: reads the handoff the

@@ -37,7 +37,18 @@ const SECRET_KEY_WORDS: &[&str] = &[
     "private-key",
     "client-key",
     "credential",
+    "apikey",
+    "api-key",
+    "api_key",
+    "oauth",
+    "bearer",
+    "session",
 ];
+
+/// Endings of a key's last part that mark a credential (`smtpPass`,
+/// `accessKey`, `dbPwd`) where the word itself is too short to look for
+/// anywhere in the key.
+const SECRET_KEY_ENDINGS: &[&str] = &["pass", "pwd", "key"];
 
 /// One redacted copy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,7 +72,14 @@ pub fn redacted_user_configs(home: &Path) -> Vec<RedactedConfig> {
                 return None;
             }
             let text = std::fs::read_to_string(&path).ok()?;
-            let (contents, removed) = redact_config_text(&text)?;
+            // pip reads its files with Python's configparser, where an
+            // indented line continues the value above it.
+            let syntax = if rel.ends_with("pip.conf") {
+                Continuation::IndentOrBackslash
+            } else {
+                Continuation::Backslash
+            };
+            let (contents, removed) = redact_config(&text, syntax)?;
             // Nothing but credentials (or nothing at all): no copy.
             let settings = contents.lines().any(|l| {
                 let l = l.trim();
@@ -87,7 +105,47 @@ pub fn redacted_user_configs(home: &Path) -> Vec<RedactedConfig> {
 fn secret_key(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
     let last = k.rsplit([':', '.', '/']).next().unwrap_or(&k);
-    SECRET_KEY_WORDS.iter().any(|w| k.contains(w)) || last == "auth" || last == "_auth"
+    SECRET_KEY_WORDS.iter().any(|w| k.contains(w))
+        || last == "auth"
+        || last == "_auth"
+        || SECRET_KEY_ENDINGS.iter().any(|e| last.ends_with(e))
+}
+
+/// How a value continues on the next physical line.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Continuation {
+    /// git (and, conservatively, npm): a line ending in a backslash.
+    Backslash,
+    /// configparser (pip): that, or an indented line after a `key = value`.
+    IndentOrBackslash,
+}
+
+/// Joins physical lines into logical ones, so a value's continuation is
+/// judged (and dropped) with its key, never read as a line of its own.
+fn logical_lines(text: &str, syntax: Continuation) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut backslash = false;
+    let mut after_key = false;
+    for raw in text.lines() {
+        let indented = raw.starts_with([' ', '\t']) && !raw.trim().is_empty();
+        match out.last_mut() {
+            Some(last) if backslash => {
+                last.pop();
+                last.push_str(raw.trim_start());
+            }
+            Some(last) if syntax == Continuation::IndentOrBackslash && after_key && indented => {
+                last.push(' ');
+                last.push_str(raw.trim());
+            }
+            _ => out.push(raw.to_string()),
+        }
+        let last = out.last().map(String::as_str).unwrap_or("");
+        let trailing = last.len() - last.trim_end_matches('\\').len();
+        backslash = trailing % 2 == 1;
+        let t = last.trim();
+        after_key = !t.is_empty() && !t.starts_with(['#', ';', '[']);
+    }
+    out
 }
 
 /// A key as configuration files write them (`index-url`, `user.name`,
@@ -105,6 +163,13 @@ fn plain_key(key: &str) -> bool {
 /// configuration file (a PEM block, a line that is neither a section, a
 /// comment nor `key = value`): then nothing of it is copied.
 pub fn redact_config_text(text: &str) -> Option<(String, Vec<String>)> {
+    redact_config(text, Continuation::Backslash)
+}
+
+/// [`redact_config_text`] for a given continuation syntax. Comments are
+/// not copied: they change nothing for the tool, and an old credential
+/// commented out (`#//host/:_authToken=…`) is still a credential.
+pub fn redact_config(text: &str, syntax: Continuation) -> Option<(String, Vec<String>)> {
     if text.contains("-----BEGIN") {
         return None;
     }
@@ -112,11 +177,15 @@ pub fn redact_config_text(text: &str) -> Option<(String, Vec<String>)> {
     let mut removed = Vec::new();
     // Inside a section dropped whole ([credential], [include], [includeIf]).
     let mut skipping = false;
-    for raw in text.lines() {
+    let mut comments = false;
+    for raw in logical_lines(text, syntax) {
         let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+        if line.starts_with('#') || line.starts_with(';') {
+            comments = true;
+            continue;
+        }
+        if line.is_empty() {
             if !skipping {
-                out.push_str(raw);
                 out.push('\n');
             }
             continue;
@@ -134,10 +203,11 @@ pub fn redact_config_text(text: &str) -> Option<(String, Vec<String>)> {
                 removed.push(format!("section {name}"));
                 continue;
             }
-            let (clean, had) = moat_policy::strip_url_userinfo(header);
-            if had {
-                removed.push(format!("userinfo of section {name}"));
-            }
+            let (clean, had) = url_credentials_removed(header);
+            removed.extend(
+                had.into_iter()
+                    .map(|what| format!("{what} of section {name}")),
+            );
             out.push_str(&clean);
             out.push('\n');
             continue;
@@ -162,13 +232,27 @@ pub fn redact_config_text(text: &str) -> Option<(String, Vec<String>)> {
             removed.push(key.to_string());
             continue;
         }
-        let (value, had) = moat_policy::strip_url_userinfo(value.trim());
-        if had {
-            removed.push(format!("userinfo of {key}"));
-        }
+        let (value, had) = url_credentials_removed(value.trim());
+        removed.extend(had.into_iter().map(|what| format!("{what} of {key}")));
         out.push_str(&format!("{key} = {value}\n"));
     }
+    if comments {
+        removed.push("comments".into());
+    }
     Some((out, removed))
+}
+
+/// `text` without URL userinfo and query strings, and what went: the names
+/// ("userinfo", "query") of what was removed, never values.
+fn url_credentials_removed(text: &str) -> (String, Vec<&'static str>) {
+    let (no_userinfo, userinfo) = moat_policy::strip_url_userinfo(text);
+    let (clean, any) = moat_policy::strip_url_credentials(text);
+    let query = any && moat_policy::strip_url_credentials(&no_userinfo).1;
+    let what = [(userinfo, "userinfo"), (query, "query")]
+        .into_iter()
+        .filter_map(|(had, name)| had.then_some(name))
+        .collect();
+    (clean, what)
 }
 
 /// How a registry credential is presented.

@@ -117,14 +117,12 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
             .unwrap_or_else(|| "filter installed and refused socket(AF_INET) with EPERM".into()),
     ));
 
-    // Each level end to end: build its real plan and run `true` in it, in
-    // an empty workspace of its own (a shared /tmp can hold other users'
+    // Each level end to end: build its real plan and run `true` in it, in a
+    // directory of our own (the shared temp dir itself is refused as a
+    // workspace: other programs' sockets live there, and other users'
     // directories the complete `.env` walk must refuse).
-    let scratch = std::env::temp_dir().join(format!("moat-capabilities-{}", std::process::id()));
-    let ws = match std::fs::create_dir(&scratch) {
-        Ok(()) => scratch.clone(),
-        Err(_) => std::env::temp_dir(),
-    };
+    let own_ws = private_temp_dir();
+    let ws = own_ws.clone().unwrap_or_else(std::env::temp_dir);
     let home = moat_env
         .iter()
         .find(|(k, _)| k == "HOME")
@@ -196,7 +194,9 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
         }),
     ));
     modes.insert("proxy".into(), status_value(&proxy));
-    let _ = std::fs::remove_dir(&scratch);
+    if let Some(d) = &own_ws {
+        let _ = std::fs::remove_dir(d);
+    }
 
     json!({
         "platform": "linux",
@@ -210,6 +210,28 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
             "uid": nix::unistd::getuid().as_raw(),
         },
         "capability_probes": probes,
+    })
+}
+
+/// A fresh directory of this process's own under the temp dir (mode 0700;
+/// never one that already exists, which another user could have planted).
+fn private_temp_dir() -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    (0..16).find_map(|i| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let d = base.join(format!(
+            "moat-capabilities-{}-{nanos}-{i}",
+            std::process::id()
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&d)
+            .ok()
+            .map(|()| d)
     })
 }
 
@@ -245,6 +267,7 @@ fn end_to_end(
             output: crate::run::OutputMode::Capture { limit: 4096 },
             timeout: Some(std::time::Duration::from_secs(10)),
             tag: "probe".into(),
+            stdio_from_outer_sandbox: false,
         },
         &mut crate::run::NoObserver,
     );

@@ -279,9 +279,16 @@ pub const SECCOMP_FLOOR: &[(&str, i64)] = &[
 ];
 
 /// ioctl requests refused: terminal injection (TIOCSTI pushes bytes into the
-/// host terminal's input; TIOCLINUX can read/paste the console selection).
-pub const DENIED_IOCTLS: &[(&str, u64)] =
-    &[("TIOCSTI", libc::TIOCSTI), ("TIOCLINUX", libc::TIOCLINUX)];
+/// host terminal's input; TIOCLINUX can read/paste the console selection),
+/// and TIOCSETD, which switches a terminal's line discipline: every run
+/// with a terminal now has a pty, and exotic disciplines (n_gsm, n_hdlc,
+/// autoloaded as modules) are a record of kernel exploits; only modem and
+/// serial-line tools use it.
+pub const DENIED_IOCTLS: &[(&str, u64)] = &[
+    ("TIOCSTI", libc::TIOCSTI),
+    ("TIOCLINUX", libc::TIOCLINUX),
+    ("TIOCSETD", libc::TIOCSETD),
+];
 
 /// The seccomp floor as a seccompiler filter: listed syscalls fail with EPERM.
 pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, ConfineError> {

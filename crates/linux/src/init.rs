@@ -41,7 +41,7 @@ pub struct InitArgs<'a> {
     pub seccomp: Option<seccompiler::BpfProgram>,
     /// Give the command a pty of its own (stdin and stdout are a terminal);
     /// `Some(true)`: stderr too.
-    pub pty: Option<bool>,
+    pub pty: Option<crate::pty::Attach>,
 }
 
 fn report(fd: RawFd, msg: &str) {
@@ -179,8 +179,12 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
     sys::reset_signals();
     if let Some(s) = slave {
         use std::os::fd::AsRawFd;
-        let stderr = args.pty == Some(true);
-        if let Err(e) = crate::pty::attach_slave(s.as_raw_fd(), stderr) {
+        let attach = args.pty.unwrap_or(crate::pty::Attach {
+            stdin: true,
+            stdout: true,
+            stderr: false,
+        });
+        if let Err(e) = crate::pty::attach_slave(s.as_raw_fd(), attach) {
             report(fd, &format!("E attach the command's terminal: {e}\n"));
             sys::exit_now(125);
         }

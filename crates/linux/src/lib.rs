@@ -24,6 +24,7 @@ pub mod pty;
 pub mod run;
 pub mod sweep;
 pub mod sys;
+pub mod termfilter;
 pub mod tree;
 pub mod view;
 

@@ -1,9 +1,10 @@
-//! A terminal of the command's own. When moat's stdin and stdout are a
-//! terminal, the init opens a pty pair in the sandbox's private devpts; the
-//! command gets the slave as its controlling terminal (so `tty` names a
-//! /dev/pts path and job control works), and the supervisor relays between
-//! the host terminal (in raw mode) and the master, copying the window size
-//! at the start and on every SIGWINCH. The host terminal itself never enters
+//! A terminal of the command's own. When any of moat's stdin, stdout and
+//! stderr is a terminal, the init opens a pty pair in the sandbox's private
+//! devpts; the command gets the slave as its controlling terminal (so `tty`
+//! names a /dev/pts path and job control works) on each of those fds, and
+//! the supervisor relays between the host terminal (in raw mode while moat
+//! is in the foreground) and the master, copying the window size at the
+//! start and on every SIGWINCH. The host terminal itself never enters
 //! the sandbox, and its settings are restored on every exit of the
 //! supervisor that runs code (a SIGKILL of moat cannot be caught).
 
@@ -36,19 +37,63 @@ pub fn open_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 /// Copies the window size of this process's terminal (stdout, else stdin)
 /// to the pty whose master is `master`.
 pub fn copy_window_size_to(master: RawFd) {
-    if let Ok(ws) = sys::get_winsize(1).or_else(|_| sys::get_winsize(0)) {
+    if let Ok(ws) = sys::get_winsize(1)
+        .or_else(|_| sys::get_winsize(2))
+        .or_else(|_| sys::get_winsize(0))
+    {
         let _ = sys::set_winsize(master, &ws);
     }
 }
 
+/// Which of moat's stdin, stdout and stderr are a terminal: each of those
+/// becomes the sandbox's own pty for the command, so no host terminal fd
+/// ever enters the sandbox (a terminal fd is open for reading too, and a
+/// process outside the terminal's session reads it unstopped by job
+/// control: with the host's, the command could read what the user types
+/// for other programs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attach {
+    pub stdin: bool,
+    pub stdout: bool,
+    pub stderr: bool,
+}
+
+impl Attach {
+    /// The terminals among this process's stdio, or None when there is none.
+    pub fn of_stdio() -> Option<Attach> {
+        let tty =
+            |fd| sys::borrow_stdio(fd).is_some_and(|f| nix::unistd::isatty(f).unwrap_or(false));
+        let a = Attach {
+            stdin: tty(0),
+            stdout: tty(1),
+            stderr: tty(2),
+        };
+        (a.stdin || a.stdout || a.stderr).then_some(a)
+    }
+
+    /// The host fd the command's terminal output is copied to: stdout when
+    /// it is a terminal, else stderr, else stdin (a terminal opened for
+    /// reading and writing, where echo and /dev/tty prompts belong).
+    fn output_fd(&self) -> RawFd {
+        if self.stdout {
+            1
+        } else if self.stderr {
+            2
+        } else {
+            0
+        }
+    }
+}
+
 /// In the command's process, before exec: a new session whose controlling
-/// terminal is `slave`, on stdin, stdout and (with `stderr`) stderr.
-pub fn attach_slave(slave: RawFd, stderr: bool) -> io::Result<()> {
+/// terminal is `slave`, on each stdio fd `attach` names.
+pub fn attach_slave(slave: RawFd, attach: Attach) -> io::Result<()> {
     nix::unistd::setsid().map_err(|e| io::Error::from_raw_os_error(e as i32))?;
     sys::set_controlling_tty(slave)?;
-    let targets: &[RawFd] = if stderr { &[0, 1, 2] } else { &[0, 1] };
-    for t in targets {
-        sys::dup2(slave, *t)?;
+    for (on, t) in [(attach.stdin, 0), (attach.stdout, 1), (attach.stderr, 2)] {
+        if on {
+            sys::dup2(slave, t)?;
+        }
     }
     Ok(())
 }
@@ -81,29 +126,63 @@ impl Drop for RawMode {
 /// Most bytes held for the master before moat stops reading the host terminal.
 const MAX_PENDING: usize = 64 * 1024;
 
-/// The supervisor's side: relays host stdin → master and master → host stdout.
+/// Whether this process is in its terminal's foreground process group.
+fn in_foreground() -> bool {
+    sys::borrow_stdio(0)
+        .is_some_and(|f| nix::unistd::tcgetpgrp(f).ok() == Some(nix::unistd::getpgrp()))
+}
+
+/// The supervisor's side: relays host stdin → master and master → the host
+/// terminal.
 pub struct Relay {
     master: OwnedFd,
     to_master: Vec<u8>,
+    /// Host stdin is a terminal whose input goes to the command.
     stdin_open: bool,
     master_open: bool,
-    _raw: Option<RawMode>,
+    out_fd: RawFd,
+    raw: Option<RawMode>,
+    /// Removes control strings that act on the host (clipboard, files).
+    filter: crate::termfilter::TermFilter,
 }
 
 impl Relay {
-    /// Starts relaying: the host terminal goes raw and the window size is copied.
-    pub fn start(master: OwnedFd) -> Relay {
+    /// Starts relaying and copies the window size. Host input is relayed
+    /// (and the host terminal put in raw mode) only while moat is in the
+    /// terminal's foreground: a backgrounded moat must neither change the
+    /// user's terminal under their shell nor take what they type there.
+    pub fn start(master: OwnedFd, attach: Attach) -> Relay {
         set_nonblocking(&master);
-        let raw = RawMode::enter(0);
-        let relay = Relay {
+        let mut relay = Relay {
             master,
             to_master: Vec::new(),
-            stdin_open: true,
+            stdin_open: attach.stdin,
             master_open: true,
-            _raw: raw,
+            out_fd: attach.output_fd(),
+            raw: None,
+            filter: crate::termfilter::TermFilter::new(),
         };
+        relay.take_input_if_foreground();
         relay.copy_window_size();
         relay
+    }
+
+    /// Enters raw mode once moat is in the foreground. True while input
+    /// is still waiting for that (the caller polls with a short timeout).
+    pub fn take_input_if_foreground(&mut self) -> bool {
+        if !self.stdin_open || self.raw.is_some() || !self.master_open {
+            return false;
+        }
+        if in_foreground() {
+            self.raw = RawMode::enter(0);
+            // A terminal whose modes cannot be read or set is not relayed
+            // from: cooked input would be echoed twice.
+            if self.raw.is_none() {
+                self.stdin_open = false;
+            }
+            return false;
+        }
+        true
     }
 
     /// Copies the host terminal's window size to the pty (SIGWINCH).
@@ -122,7 +201,11 @@ impl Relay {
             }
             out.push((self.master.as_fd(), f));
         }
-        if self.stdin_open && self.master_open && self.to_master.len() < MAX_PENDING {
+        if self.stdin_open
+            && self.raw.is_some()
+            && self.master_open
+            && self.to_master.len() < MAX_PENDING
+        {
             if let Some(stdin) = sys::borrow_stdio(0) {
                 out.push((stdin, F::POLLIN));
             }
@@ -133,7 +216,7 @@ impl Relay {
     /// Moves what is ready. `master_ready`/`stdin_ready` come from poll.
     pub fn pump(&mut self, master_ready: bool, stdin_ready: bool) {
         let mut buf = [0u8; 16384];
-        if let (true, Some(stdin)) = (stdin_ready, sys::borrow_stdio(0)) {
+        if let (true, true, Some(stdin)) = (stdin_ready, self.raw.is_some(), sys::borrow_stdio(0)) {
             match nix::unistd::read(stdin, &mut buf) {
                 Ok(0) => self.stdin_open = false,
                 Ok(n) => self.to_master.extend_from_slice(&buf[..n]),
@@ -167,10 +250,15 @@ impl Relay {
     /// means every slave is closed: the command and its children are done.
     pub fn drain_master(&mut self) {
         let mut buf = [0u8; 16384];
+        let mut shown = Vec::with_capacity(buf.len());
         while self.master_open {
             match nix::unistd::read(&self.master, &mut buf) {
                 Ok(0) => self.master_open = false,
-                Ok(n) => sys::write_all_fd(1, &buf[..n]),
+                Ok(n) => {
+                    shown.clear();
+                    self.filter.push(&buf[..n], &mut shown);
+                    sys::write_all_fd(self.out_fd, &shown);
+                }
                 Err(nix::errno::Errno::EINTR) => {}
                 Err(nix::errno::Errno::EAGAIN) => break,
                 Err(_) => self.master_open = false,

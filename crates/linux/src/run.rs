@@ -74,6 +74,12 @@ pub struct RunOptions {
     pub timeout: Option<Duration>,
     /// Names this run in quarantined paths (the execution id).
     pub tag: String,
+    /// The stdio fds come from an outer run's sandbox (a nested run): a
+    /// terminal among them is that sandbox's own pty, not the host's, and
+    /// passes through as it is (its foreground is the outer command's); and
+    /// what moat says goes back into that sandbox, so no message may be
+    /// based on looking at the host.
+    pub stdio_from_outer_sandbox: bool,
 }
 
 /// How much of stderr is kept for reading refusals back.
@@ -294,14 +300,9 @@ fn launch(
     // An interactive run: the command gets a terminal of its own inside the
     // sandbox (the host's never enters it); stderr joins it when it is a
     // terminal too.
-    let pty = (plan.sandboxed
-        && opts.output == OutputMode::Passthrough
-        && nix::unistd::isatty(std::io::stdin()).unwrap_or(false)
-        && nix::unistd::isatty(std::io::stdout()).unwrap_or(false)
-        // Only in the terminal's foreground: a backgrounded moat must not
-        // put the user's terminal in raw mode under their shell.
-        && nix::unistd::tcgetpgrp(std::io::stdin()).ok() == Some(nix::unistd::getpgrp()))
-    .then_some(stderr_is_tty);
+    // Every host terminal among moat's stdio is replaced (see pty::Attach):
+    // none enters the sandbox, foreground or not.
+    let pty = own_terminal(plan, opts);
     let wanted: &[(Stream, usize, Option<i32>)] = match opts.output {
         OutputMode::Passthrough if stderr_is_tty => &[],
         OutputMode::Passthrough => &[(Stream::Stderr, 0, Some(2))],
@@ -385,6 +386,28 @@ fn launch(
     result
 }
 
+/// Which of moat's stdio fds the command gets the sandbox's own pty on:
+/// every host terminal among them in a sandboxed run (only stdin when
+/// moat captures the output), see `pty::Attach`.
+fn own_terminal(plan: &Plan, opts: &RunOptions) -> Option<crate::pty::Attach> {
+    if !plan.sandboxed || opts.stdio_from_outer_sandbox {
+        return None;
+    }
+    let tty = crate::pty::Attach::of_stdio()?;
+    let attach = if opts.output == OutputMode::Passthrough {
+        tty
+    } else {
+        // Output is captured (--json, --events); a terminal on stdin is
+        // still replaced.
+        crate::pty::Attach {
+            stdin: tty.stdin,
+            stdout: false,
+            stderr: false,
+        }
+    };
+    (attach.stdin || attach.stdout || attach.stderr).then_some(attach)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn supervise(
     child: Pid,
@@ -401,7 +424,8 @@ fn supervise(
     let mut broker: Option<std::os::unix::net::UnixListener> = None;
     // The command's own terminal, once the init has opened it.
     let mut relay: Option<crate::pty::Relay> = None;
-    if plan.sandboxed && nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
+    let plan_pty = own_terminal(plan, opts);
+    if plan_pty.is_some() {
         // Resizes of the host terminal arrive through the signalfd.
         let _ = sys::set_sigmask(libc::SIG_BLOCK, &[libc::SIGWINCH]);
     }
@@ -436,6 +460,12 @@ fn supervise(
                     .unwrap_or(PollTimeout::MAX)
             }
             None => PollTimeout::NONE,
+        };
+        // Input waits for moat to reach the terminal's foreground: look again soon.
+        let timeout = match relay.as_mut().map(|r| r.take_input_if_foreground()) {
+            Some(true) if timeout == PollTimeout::NONE => PollTimeout::from(250u16),
+            Some(true) => timeout.min(PollTimeout::from(250u16)),
+            _ => timeout,
         };
         let mut fds = vec![
             PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
@@ -501,7 +531,9 @@ fn supervise(
                     broker = Some(l);
                 }
                 Some(crate::netns::Handoff::Pty(master)) => {
-                    relay = Some(crate::pty::Relay::start(master));
+                    if let Some(attach) = plan_pty {
+                        relay = Some(crate::pty::Relay::start(master, attach));
+                    }
                 }
                 None => handoff = None,
             }
@@ -623,7 +655,7 @@ fn supervise(
         }
     }
     let program = opts.argv.first().cloned().unwrap_or_default();
-    interpret(&report_buf, init_status, plan, &program, out)
+    interpret(&report_buf, init_status, plan, opts, &program, out)
 }
 
 fn set_nonblocking(fd: &OwnedFd) {
@@ -668,12 +700,17 @@ fn read_report(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
 }
 
 /// Why `program` was not found in the view: named, with where it is on
-/// the host and the flag that would show it.
-fn not_in_view(plan: &Plan, program: &std::ffi::OsStr) -> String {
+/// the host and the flag that would show it. Without `look_on_host` (a
+/// nested run, whose messages go back into the outer sandbox) the host is
+/// not consulted: the answer would tell the command what exists outside
+/// its view.
+fn not_in_view(plan: &Plan, program: &std::ffi::OsStr, look_on_host: bool) -> String {
     let shown = program.to_string_lossy();
     // Where the host would find it: the path as given, or the first match
     // on the command's PATH (as the host sees those directories).
-    let host_path = if shown.contains('/') {
+    let host_path = if !look_on_host {
+        None
+    } else if shown.contains('/') {
         Some(crate::explain::absolute(&plan.cwd, &shown))
     } else {
         plan.env
@@ -695,7 +732,11 @@ fn not_in_view(plan: &Plan, program: &std::ffi::OsStr) -> String {
         Some((p, _)) if p.starts_with("/tmp") => format!(
             "{shown}: not found in the sandbox's view: it is {} on the host, and the sandbox's /tmp is its own (empty, private); add --ro {} to show it, or move it into the workspace",
             p.display(),
-            p.parent().unwrap_or(p).display()
+            // Never /tmp itself (moat refuses it: other programs' sockets).
+            p.parent()
+                .filter(|d| !moat_policy::is_shared_temp_dir(d))
+                .unwrap_or(p)
+                .display()
         ),
         Some((p, r)) => format!(
             "{shown}: not found in the sandbox's view: it is {} on the host ({}: {})",
@@ -715,6 +756,7 @@ fn interpret(
     report: &[u8],
     init_status: WaitStatus,
     plan: &Plan,
+    opts: &RunOptions,
     program: &std::ffi::OsStr,
     out: &mut RunOutcome,
 ) -> Result<(), String> {
@@ -742,7 +784,7 @@ fn interpret(
                 if !plan.sandboxed || errno != libc::ENOENT {
                     return Ok(());
                 }
-                out.error = Some(not_in_view(plan, program));
+                out.error = Some(not_in_view(plan, program, !opts.stdio_from_outer_sandbox));
                 return Ok(());
             }
             "S" => {

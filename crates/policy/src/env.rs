@@ -27,6 +27,13 @@ pub fn is_secret_env_name(name: &str) -> bool {
         "_CREDENTIALS",
         "_PASSWD",
         "_APIKEY",
+        // `user:password` pairs (moat's own MOAT_UPSTREAM_PROXY_AUTH,
+        // REGISTRY_AUTH) and short password names.
+        "_AUTH",
+        "_PASS",
+        "_PASSPHRASE",
+        "_PWD",
+        "_PAT",
     ];
     const EXACT: &[&str] = &[
         "OPENAI_API_KEY",
@@ -83,7 +90,41 @@ pub fn tool_config_env(name: &str, value: &str) -> Option<String> {
     {
         return None;
     }
-    Some(strip_url_userinfo(value).0)
+    Some(strip_url_credentials(value).0)
+}
+
+/// Removes what can carry a credential in every URL of `text`: the
+/// userinfo (`https://user:pw@host`) and the whole query string
+/// (`?token=…`, `?private_token=…`, a signed URL's `?sig=…`). A query has
+/// no place in an index or registry location, and its parameter names are
+/// too many to list. Says whether it removed anything.
+pub fn strip_url_credentials(text: &str) -> (String, bool) {
+    let (text, mut removed) = strip_url_userinfo(text);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        // The URL ends at whitespace or a quote; its query runs from the
+        // first '?' to the fragment or that end.
+        let end = tail
+            .find(|c: char| c.is_whitespace() || c == '"' || c == '\'')
+            .unwrap_or(tail.len());
+        let url = &tail[..end];
+        match url.find('?') {
+            Some(q) => {
+                removed = true;
+                out.push_str(&url[..q]);
+                if let Some(f) = url[q..].find('#') {
+                    out.push_str(&url[q + f..]);
+                }
+            }
+            None => out.push_str(url),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    (out, removed)
 }
 
 /// Removes the userinfo of every URL in `text` (`scheme://user:pw@host` →
@@ -145,6 +186,14 @@ mod tool_env_tests {
         ] {
             assert_eq!(tool_config_env(refused, "x"), None, "{refused}");
         }
+        assert_eq!(
+            tool_config_env("PIP_INDEX_URL", "https://h/simple?token=T&x=1#frag"),
+            Some("https://h/simple#frag".into())
+        );
+        assert_eq!(
+            strip_url_credentials("corp=https://u:p@h/s?sig=T x https://k/?a").0,
+            "corp=https://h/s x https://k/"
+        );
         assert_eq!(
             strip_url_userinfo("a https://u@h/x and http://u:p@[::1]:8/ end").0,
             "a https://h/x and http://[::1]:8/ end"

@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 
 pub use duration::{parse_duration, DurationError};
 pub use env::{
-    is_secret_env_name, strip_url_userinfo, tool_config_env, SAFE_BASE_ENV,
+    is_secret_env_name, strip_url_credentials, strip_url_userinfo, tool_config_env, SAFE_BASE_ENV,
     TOOL_CONFIG_ENV_PREFIXES,
 };
 pub use nested::{covers, Widening};
@@ -326,6 +326,8 @@ pub enum PolicyError {
     RelativePath(PathBuf),
     #[error("refusing {0} as the workspace: it would expose the whole host or a kernel filesystem; pass --cwd DIR with a project directory")]
     WorkspaceTooBroad(PathBuf),
+    #[error("refusing {what} {path}: every program on the host shares it, and the unix sockets there (tmux, X11, ssh-agent) would be connectable from the sandbox; use a directory inside it (--cwd/--ro/--rw {path}/NAME)")]
+    SharedTempDir { what: &'static str, path: PathBuf },
     #[error("{first} {path} and {second} {path} claim the same path with different access; drop one of them")]
     Conflict {
         path: PathBuf,
@@ -383,6 +385,19 @@ impl Policy {
         }
         if level.is_sandboxed() && workspace_too_broad(&req.workspace) {
             return Err(PolicyError::WorkspaceTooBroad(req.workspace));
+        }
+        if level.is_sandboxed() {
+            let given = std::iter::once(("the workspace", &req.workspace))
+                .chain(req.ro.iter().map(|p| ("--ro", p)))
+                .chain(req.rw.iter().map(|p| ("--rw", p)));
+            for (what, p) in given {
+                if is_shared_temp_dir(p) {
+                    return Err(PolicyError::SharedTempDir {
+                        what,
+                        path: p.clone(),
+                    });
+                }
+            }
         }
 
         let network_policy = network_policy(network, &req)?;
@@ -545,6 +560,17 @@ fn check_env_name(k: &str) -> Result<(), PolicyError> {
         return Err(PolicyError::BadEnvName(k.to_string()));
     }
     Ok(())
+}
+
+/// Directories every program on the host shares for scratch files and
+/// sockets (tmux, X11, ssh-agent): a connect() to a socket file needs no
+/// write access to its mount, so showing one of these whole would hand the
+/// command those services.
+pub const SHARED_TEMP_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
+
+/// Whether `p` is one of [`SHARED_TEMP_DIRS`] itself (not a directory in it).
+pub fn is_shared_temp_dir(p: &Path) -> bool {
+    SHARED_TEMP_DIRS.iter().any(|d| p == Path::new(d))
 }
 
 fn workspace_too_broad(ws: &Path) -> bool {

@@ -28,6 +28,19 @@ pub const PROTECTED_HOME_PATHS: &[&str] = &[
     ".omp",
     ".config/opencode",
     ".local/share/opencode",
+    // Other tools' credential stores: git's XDG twin of .git-credentials,
+    // database passwords, API tokens.
+    ".config/git/credentials",
+    ".pgpass",
+    ".my.cnf",
+    ".vault-token",
+    ".terraform.d/credentials.tfrc.json",
+    ".gem/credentials",
+    ".local/share/uv/credentials",
+    ".cache/huggingface/token",
+    ".config/hub",
+    ".config/glab-cli",
+    ".s3cfg",
 ];
 
 /// Workspace entries (by name, at the workspace root) that run code later.

@@ -238,10 +238,22 @@ fn secret_env_names() {
         "DB_PASSWORD",
         "x_secret",
         "SESSION_COOKIE",
+        "MOAT_UPSTREAM_PROXY_AUTH",
+        "SMTP_PASS",
+        "GITLAB_PAT",
     ] {
         assert!(is_secret_env_name(n), "{n}");
     }
-    for n in ["PATH", "HOME", "LANG", "TERM", "CARGO_HOME", "KEYBOARD"] {
+    for n in [
+        "PATH",
+        "HOME",
+        "LANG",
+        "TERM",
+        "CARGO_HOME",
+        "KEYBOARD",
+        "OLDPWD",
+        "PWD",
+    ] {
         assert!(!is_secret_env_name(n), "{n}");
     }
 }

@@ -27,6 +27,9 @@ const HOP_BY_HOP: &[&str] = &[
     "host",
 ];
 
+/// Methods a registry credential is added to (see `serve_plain`).
+const CREDENTIAL_METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"];
+
 /// Outcome of reading a head.
 pub(crate) enum Head {
     /// The head ends at this offset (just past the blank line).
@@ -377,8 +380,14 @@ async fn serve_plain(
     }
     out.extend_from_slice(b"Connection: close\r\n");
     // The user's credential for this host, added here so it never enters
-    // the sandbox; a request that brings its own keeps it.
-    if !req.headers.iter().any(|(n, _)| n == "authorization") {
+    // the sandbox; a request that brings its own keeps it. Only on methods
+    // a registry serves: TRACE (and IIS's TRACK) answer with the request
+    // itself, which would hand the credential to the command.
+    if !req.headers.iter().any(|(n, _)| n == "authorization")
+        && CREDENTIAL_METHODS
+            .iter()
+            .any(|m| req.method.eq_ignore_ascii_case(m))
+    {
         if let Some(c) = cfg
             .credentials
             .iter()

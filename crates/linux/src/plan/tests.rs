@@ -405,7 +405,7 @@ fn seccomp_floor_golden() {
     ];
     assert_eq!(names, expected, "{names:#?}");
     let ioctls: Vec<&str> = plan.seccomp.denied_ioctls.iter().map(|(n, _)| *n).collect();
-    assert_eq!(ioctls, ["TIOCSTI", "TIOCLINUX"]);
+    assert_eq!(ioctls, ["TIOCSTI", "TIOCLINUX", "TIOCSETD"]);
     // Numbers match the names (no list was copied by hand).
     assert!(plan.seccomp.floor.contains(&("ptrace", libc::SYS_ptrace)));
     // The same floor at every sandboxed level and network mode.

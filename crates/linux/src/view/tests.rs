@@ -188,7 +188,7 @@ fn grants_touching_hidden_or_protected_paths_are_refused() {
 #[test]
 fn directories_the_sandbox_builds_are_not_host_content() {
     let outer = pol(Level::ReadOnly, |_| {});
-    for p in ["/tmp", "/run/x", "/sys/fs"] {
+    for p in ["/tmp/x", "/run/x", "/sys/fs"] {
         let e = nested(&outer, pol(Level::ReadOnly, |r| r.ro = vec![p.into()])).unwrap_err();
         assert_eq!(e.grant, format!("--ro {p}"));
     }
