@@ -500,6 +500,9 @@ pub fn run_resolved(
                 "status": status_str(outcome.status),
                 "duration_ms": outcome.duration.as_millis() as u64,
                 "timed_out": outcome.timed_out,
+                "termination_reason": outcome.termination_reason.map(|r| r.as_str()),
+                "resource_usage": outcome.usage,
+                "limits": outcome.limits,
             }),
         )
     };
@@ -677,6 +680,9 @@ fn result_json(
         "stdout_truncated": o.stdout_truncated,
         "stderr_truncated": o.stderr_truncated,
         "duration_ms": o.duration.as_millis() as u64,
+        "termination_reason": o.termination_reason.map(|r| r.as_str()),
+        "resource_usage": o.usage,
+        "limits": o.limits,
         "sandbox": {
             "enforced": enforced,
             "level": policy.level.as_str(),

@@ -119,6 +119,70 @@ pub(crate) struct PolicyArgs {
     /// With --network proxy: chain allowed connections through this HTTP proxy (http://[user:pass@]host:port)
     #[arg(long = "upstream-proxy", value_name = "URL")]
     upstream_proxy: Option<String>,
+    #[command(flatten)]
+    limits: LimitFlags,
+}
+
+/// Resource limits (kept together so they move as one into a shared flag table).
+#[derive(Args, Clone, Debug, Default)]
+pub(crate) struct LimitFlags {
+    /// Memory of the whole run (SIZE: 512M, 2G); a per-run cgroup where the host
+    /// gives one, else virtual memory per process (RLIMIT_AS)
+    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+    pub(crate) memory: Option<u64>,
+    /// Processes and threads of the run; reaching it ends the run (stops a fork bomb)
+    #[arg(long, value_name = "N", value_parser = count_arg)]
+    pub(crate) pids: Option<u64>,
+    /// CPU time per process: 10s, 10m (RLIMIT_CPU; SIGXCPU when reached)
+    #[arg(long = "cpu-time", value_name = "DURATION", value_parser = duration_arg)]
+    pub(crate) cpu_time: Option<u64>,
+    /// Largest file a process may write (RLIMIT_FSIZE; SIGXFSZ past it)
+    #[arg(long = "file-size", value_name = "SIZE", value_parser = size_arg)]
+    pub(crate) file_size: Option<u64>,
+    /// Open file descriptors per process (RLIMIT_NOFILE)
+    #[arg(long = "open-files", value_name = "N", value_parser = count_arg)]
+    pub(crate) open_files: Option<u64>,
+    /// Size of each private tmpfs (/tmp, HOME, /dev/shm); writes past it fail with ENOSPC
+    #[arg(long = "tmp-size", value_name = "SIZE", value_parser = size_arg)]
+    pub(crate) tmp_size: Option<u64>,
+    /// stdout + stderr bytes; moat stops the run past it (output then passes through moat)
+    #[arg(long = "output-limit", value_name = "SIZE", value_parser = size_arg)]
+    pub(crate) output_limit: Option<u64>,
+    /// A limit this host cannot enforce: strict (default) refuses the run with
+    /// exit 125; best-effort runs without it and the result says so
+    #[arg(long = "limits", value_name = "MODE", value_parser = limits_mode_arg)]
+    pub(crate) limits_mode: Option<moat_policy::LimitsMode>,
+}
+
+impl LimitFlags {
+    pub(crate) fn to_limits(&self) -> moat_policy::Limits {
+        moat_policy::Limits {
+            memory: self.memory,
+            pids: self.pids,
+            cpu_time_ms: self.cpu_time,
+            file_size: self.file_size,
+            open_files: self.open_files,
+            tmp_size: self.tmp_size,
+            output: self.output_limit,
+            mode: self.limits_mode.unwrap_or_default(),
+        }
+    }
+}
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    moat_policy::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn count_arg(s: &str) -> Result<u64, String> {
+    moat_policy::parse_count(s).map_err(|e| e.to_string())
+}
+
+fn duration_arg(s: &str) -> Result<u64, String> {
+    parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn limits_mode_arg(s: &str) -> Result<moat_policy::LimitsMode, String> {
+    moat_policy::LimitsMode::parse(s).ok_or_else(|| "use strict or best-effort".to_string())
 }
 
 #[derive(Args)]
@@ -296,6 +360,7 @@ pub(crate) fn resolve_policy_in(
         allow_domains: args.allow_domain.clone(),
         deny_domains: args.deny_domain.clone(),
         upstream_proxy: args.upstream_proxy.clone(),
+        limits: args.limits.to_limits(),
         ..Default::default()
     })?;
     Ok((policy, timeout_ms.map(Duration::from_millis)))

@@ -203,6 +203,7 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
             "uid": nix::unistd::getuid().as_raw(),
         },
         "capability_probes": probes,
+        "limits": crate::limits::capabilities(&crate::limits::LimitFacts::probe()),
     })
 }
 

@@ -39,6 +39,8 @@ pub struct InitArgs<'a> {
     pub argv: Vec<CString>,
     pub envp: Vec<CString>,
     pub seccomp: Option<seccompiler::BpfProgram>,
+    /// Resource limits set in the command before exec (lowered only).
+    pub rlimits: &'a [(nix::sys::resource::Resource, u64, u64)],
 }
 
 fn report(fd: RawFd, msg: &str) {
@@ -155,6 +157,10 @@ fn close_all_but(keep: &[RawFd]) -> io::Result<()> {
 fn command(args: &InitArgs<'_>) -> ! {
     let fd = args.report_fd;
     sys::reset_signals();
+    if let Err(e) = crate::limits::apply_rlimits(args.rlimits) {
+        report(fd, &format!("E {e}\n"));
+        sys::exit_now(125);
+    }
     let mut layers = [Enforcement::None; 2];
     if args.plan.sandboxed {
         let r = (|| -> Result<(), confine::ConfineError> {
@@ -284,8 +290,22 @@ fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
                 crate::tree::kill_descendants_until_gone();
             }
             while waitpid(None::<Pid>, None).is_ok() {}
-            report(fd, &format!("S {code} {signal}\n"));
+            // Every process of the run has been reaped by now: the children
+            // usage covers them all (largest RSS, summed CPU time).
+            let (rss_kb, cpu_ms) = children_usage();
+            report(fd, &format!("S {code} {signal} {rss_kb} {cpu_ms}\n"));
             sys::exit_now(0);
         }
+    }
+}
+
+/// (largest RSS in KiB, user + system CPU ms) of every reaped descendant.
+fn children_usage() -> (i64, i64) {
+    match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN) {
+        Ok(u) => {
+            let ms = |t: nix::sys::time::TimeVal| t.tv_sec() * 1000 + t.tv_usec() / 1000;
+            (u.max_rss(), ms(u.user_time()) + ms(u.system_time()))
+        }
+        Err(_) => (0, 0),
     }
 }

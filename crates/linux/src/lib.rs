@@ -16,6 +16,7 @@ pub mod capabilities;
 pub mod confine;
 pub mod explain;
 mod init;
+pub mod limits;
 pub mod mounts;
 pub mod netns;
 pub mod plan;

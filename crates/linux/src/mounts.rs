@@ -146,9 +146,12 @@ fn apply_op(
     empty_file: &Path,
 ) -> Result<(), MountError> {
     match op {
-        MountOp::Tmpfs { target, mode } => {
+        MountOp::Tmpfs { target, mode, size } => {
             ensure_mountpoint(target, Kind::Dir)?;
-            let opts = format!("mode={mode:o}");
+            let opts = match size {
+                Some(bytes) => format!("mode={mode:o},size={bytes}"),
+                None => format!("mode={mode:o}"),
+            };
             mount(
                 Some("tmpfs"),
                 target,

@@ -22,8 +22,14 @@ pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "t
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum MountOp {
-    /// A fresh tmpfs (mode in octal), e.g. /tmp, HOME, /dev.
-    Tmpfs { target: PathBuf, mode: u32 },
+    /// A fresh tmpfs (mode in octal), e.g. /tmp, HOME, /dev; `size` in
+    /// bytes caps it (`--tmp-size`).
+    Tmpfs {
+        target: PathBuf,
+        mode: u32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        size: Option<u64>,
+    },
     /// A host path bound at the same or another path.
     Bind {
         source: PathBuf,
@@ -132,6 +138,9 @@ pub struct Plan {
     /// Directories where new `<prefix>*` entries are swept after the run.
     pub sweep_prefixed: Vec<crate::probe::PrefixGuard>,
     pub landlock_abi: i32,
+    /// Resource limits; the mechanism for each is chosen when the run starts.
+    #[serde(skip_serializing_if = "moat_policy::Limits::is_unset")]
+    pub limits: moat_policy::Limits,
 }
 
 /// Why a plan cannot be built on this host.
@@ -200,7 +209,9 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             ..view.clone()
         },
         landlock_abi: host.landlock_abi,
+        limits: policy.limits.clone(),
     };
+    let tmp_size = policy.limits.tmp_size;
     if !sandboxed {
         plan.view = view;
         return Ok(plan);
@@ -252,6 +263,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     base.push(MountOp::Tmpfs {
         target: "/tmp".into(),
         mode: 0o1777,
+        size: tmp_size,
     });
     if whole_host {
         // An empty /run hides every host socket under it; at
@@ -259,15 +271,18 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         base.push(MountOp::Tmpfs {
             target: "/run".into(),
             mode: 0o755,
+            size: None,
         });
     }
     base.push(MountOp::Tmpfs {
         target: SANDBOX_HOME.into(),
         mode: 0o700,
+        size: tmp_size,
     });
     base.push(MountOp::Tmpfs {
         target: "/dev".into(),
         mode: 0o755,
+        size: None,
     });
     for n in DEV_NODES {
         let p = Path::new("/dev").join(n);
@@ -290,6 +305,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     base.push(MountOp::Tmpfs {
         target: "/dev/shm".into(),
         mode: 0o1777,
+        size: tmp_size,
     });
     for (name, to) in [
         ("fd", "/proc/self/fd"),
@@ -369,6 +385,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         base.push(MountOp::Tmpfs {
             target: "/var/run".into(),
             mode: 0o755,
+            size: None,
         });
     }
 

@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use crate::confine::{self, Enforcement};
 use crate::init::{self, InitArgs, INIT_SIGNALS};
+use crate::limits::{Applied, Enforcer, LimitFacts, ResourceUsage, TerminationReason};
 use crate::plan::Plan;
 use crate::sys::{self, Forked};
 
@@ -116,6 +117,27 @@ pub struct RunOutcome {
     /// The last bytes of stderr that moat saw (empty when stderr went to a
     /// terminal directly), for reading refusals back.
     pub stderr_tail: Vec<u8>,
+    /// Which limit ended the run, or how else it ended (None: it never started).
+    pub termination_reason: Option<TerminationReason>,
+    /// What the run used.
+    pub usage: ResourceUsage,
+    /// Each resource limit and the mechanism that enforced it.
+    pub limits: Vec<Applied>,
+}
+
+/// Limits reached while the run was under way.
+#[derive(Clone, Copy, Debug, Default)]
+struct Reached {
+    output: bool,
+    memory: bool,
+    pids: bool,
+}
+
+/// What is left of the output budget (`--output-limit`).
+#[derive(Clone, Copy, Debug, Default)]
+struct Budget {
+    left: Option<u64>,
+    exceeded: bool,
 }
 
 struct Capture {
@@ -134,11 +156,31 @@ struct Capture {
 }
 
 impl Capture {
-    fn read_some(&mut self, observer: &mut dyn RunObserver, tail: &mut Vec<u8>) {
+    fn read_some(
+        &mut self,
+        observer: &mut dyn RunObserver,
+        tail: &mut Vec<u8>,
+        budget: &mut Budget,
+    ) {
         let mut chunk = [0u8; 65536];
         match nix::unistd::read(&self.fd, &mut chunk) {
             Ok(0) => self.open = false,
-            Ok(n) => {
+            Ok(read) => {
+                // Past the output limit nothing more is passed on.
+                let n = match &mut budget.left {
+                    Some(left) => {
+                        let n = read.min(usize::try_from(*left).unwrap_or(usize::MAX));
+                        *left -= n as u64;
+                        if n < read {
+                            budget.exceeded = true;
+                        }
+                        n
+                    }
+                    None => read,
+                };
+                if n == 0 {
+                    return;
+                }
                 let data = &chunk[..n];
                 if let Some(fd) = self.relay {
                     sys::write_all_fd(fd, data);
@@ -225,6 +267,9 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
         error: None,
         swept: Vec::new(),
         stderr_tail: Vec::new(),
+        termination_reason: None,
+        usage: ResourceUsage::default(),
+        limits: Vec::new(),
     };
     if !plan.sandboxed {
         // Without a pid namespace the command could kill its reaper (same
@@ -232,15 +277,38 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
         // then, and kills it below.
         let _ = nix::sys::prctl::set_child_subreaper(true);
     }
-    if let Err(e) = launch(plan, opts, &mut out, start, observer) {
-        out.status = RunStatus::FailedToStart;
-        out.exit_code = 125;
-        out.error = Some(e);
+    let enforcer = if plan.limits.is_unset() {
+        Ok(Enforcer::default())
+    } else {
+        crate::limits::prepare(
+            &plan.limits,
+            plan.sandboxed,
+            &LimitFacts::probe(),
+            &opts.tag,
+        )
+    };
+    match &enforcer {
+        Ok(e) => {
+            out.limits = e.applied.clone();
+            if let Err(e) = launch(plan, opts, &mut out, start, observer, e) {
+                out.status = RunStatus::FailedToStart;
+                out.exit_code = 125;
+                out.error = Some(e);
+            }
+        }
+        Err(e) => out.error = Some(e.clone()),
     }
     if !plan.sandboxed {
         crate::tree::kill_descendants_until_gone();
     }
     out.duration = start.elapsed();
+    out.usage.duration_ms = out.duration.as_millis() as u64;
+    if let Some(cg) = enforcer.as_ref().ok().and_then(|e| e.cgroup.as_ref()) {
+        if let Err(e) = cg.remove() {
+            // The run happened; the leftover is moat's failure to report.
+            out.error.get_or_insert(e);
+        }
+    }
     let mut created: Vec<PathBuf> = plan
         .sweep
         .iter()
@@ -270,6 +338,7 @@ fn launch(
     out: &mut RunOutcome,
     start: Instant,
     observer: &mut dyn RunObserver,
+    enforcer: &Enforcer,
 ) -> Result<(), String> {
     if opts.argv.is_empty() {
         return Err("no command given; put it after --".into());
@@ -293,6 +362,10 @@ fn launch(
     let (mut stdout_end, mut stderr_end) = (None, None);
     let stderr_is_tty = nix::unistd::isatty(std::io::stderr()).unwrap_or(false);
     let wanted: &[(Stream, usize, Option<i32>)] = match opts.output {
+        // An output limit needs every byte to pass through moat to be counted.
+        OutputMode::Passthrough if enforcer.output.is_some() => {
+            &[(Stream::Stdout, 0, Some(1)), (Stream::Stderr, 0, Some(2))]
+        }
         OutputMode::Passthrough if stderr_is_tty => &[],
         OutputMode::Passthrough => &[(Stream::Stderr, 0, Some(2))],
         OutputMode::Capture { limit } => {
@@ -343,7 +416,23 @@ fn launch(
             ns_flags |= libc::CLONE_NEWNET;
         }
     }
-    let child = match sys::clone_process(ns_flags) {
+    // The init is cloned inside the run's cgroup (the supervisor steps in
+    // for the clone and back out right after), so nothing it starts escapes.
+    if let Some(cg) = &enforcer.cgroup {
+        if let Err(e) = cg.enter() {
+            sys::restore_sigmask(&old_mask);
+            let _ = cg.leave();
+            return Err(e);
+        }
+    }
+    let cloned = sys::clone_process(ns_flags);
+    if let (Some(cg), Ok(Forked::Parent(_))) = (&enforcer.cgroup, &cloned) {
+        if let Err(e) = cg.leave() {
+            // The supervisor would stay in the run's limits: better to stop.
+            eprintln!("moat: {e}");
+        }
+    }
+    let child = match cloned {
         Ok(Forked::Child) => init::main(InitArgs {
             plan,
             report_fd: report_w.as_raw_fd(),
@@ -353,10 +442,14 @@ fn launch(
             argv,
             envp,
             seccomp,
+            rlimits: &enforcer.rlimits,
         }),
         Ok(Forked::Parent(pid)) => Pid::from_raw(pid),
         Err(e) => {
             sys::restore_sigmask(&old_mask);
+            if let Some(cg) = &enforcer.cgroup {
+                let _ = cg.leave();
+            }
             return Err(clone_error(e, plan));
         }
     };
@@ -368,7 +461,7 @@ fn launch(
         out.layers.namespaces = Enforcement::Full;
     }
     let result = supervise(
-        child, plan, opts, out, captures, report_r, handoff_rx, start, observer,
+        child, plan, opts, out, captures, report_r, handoff_rx, start, observer, enforcer,
     );
     sys::restore_sigmask(&old_mask);
     result
@@ -385,8 +478,17 @@ fn supervise(
     handoff: Option<std::os::unix::net::UnixStream>,
     start: Instant,
     observer: &mut dyn RunObserver,
+    enforcer: &Enforcer,
 ) -> Result<(), String> {
     let mut handoff = handoff;
+    let mut budget = Budget {
+        left: enforcer.output,
+        exceeded: false,
+    };
+    let mut reached = Reached::default();
+    // Limits the kernel enforces without telling anyone are watched on a tick.
+    let watch = enforcer.cgroup.is_some() || enforcer.nproc_limit.is_some();
+    let tick = Duration::from_millis(50);
     let mut broker: Option<std::os::unix::net::UnixListener> = None;
     let pidfd = sys::pidfd_open(child.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
     let mut mask = SigSet::empty();
@@ -413,9 +515,15 @@ fn supervise(
     while !exited {
         let timeout = match deadline {
             Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
+                let mut left = d.saturating_duration_since(Instant::now());
+                if watch {
+                    left = left.min(tick);
+                }
                 PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1)
                     .unwrap_or(PollTimeout::MAX)
+            }
+            None if watch => {
+                PollTimeout::try_from(tick.as_millis() as i32).unwrap_or(PollTimeout::MAX)
             }
             None => PollTimeout::NONE,
         };
@@ -488,8 +596,25 @@ fn supervise(
         }
         for (k, c) in captures.iter_mut().filter(|c| c.open).enumerate() {
             if cap_ready.get(k).copied().unwrap_or(false) {
-                c.read_some(observer, &mut tail);
+                c.read_some(observer, &mut tail, &mut budget);
             }
+        }
+        reached.output |= budget.exceeded;
+        if let Some(cg) = &enforcer.cgroup {
+            reached.memory |= cg.oom_killed();
+            reached.pids |= cg.pids_reached();
+        }
+        if let Some(max) = enforcer.nproc_limit {
+            // The init and everything below it count against RLIMIT_NPROC.
+            let count = crate::tree::descendants_of(child.as_raw()).len() as u64 + 1;
+            reached.pids |= count >= max;
+        }
+        // A limit reached ends the run: everything in it is killed at once
+        // (a fork bomb would outlive a polite SIGTERM), then the init.
+        if (reached.output || reached.memory || reached.pids) && stage < 2 && !out.timed_out {
+            let _ = sys::kill(child.as_raw(), libc::SIGUSR1);
+            stage = 2;
+            deadline = Some(Instant::now() + Duration::from_secs(1));
         }
         if sig_ready {
             while let Ok(Some(info)) = sigfd.read_signal() {
@@ -552,7 +677,11 @@ fn supervise(
         let mut spins = 0;
         while c.open && spins < 100_000 {
             let before = c.offset;
-            c.read_some(observer, &mut tail);
+            c.read_some(observer, &mut tail, &mut budget);
+            if budget.exceeded && c.offset == before {
+                // Everything past the limit is dropped; stop draining.
+                break;
+            }
             if c.offset == before && c.open {
                 // EAGAIN: a writer outside our tree still holds the pipe.
                 break;
@@ -576,7 +705,44 @@ fn supervise(
             }
         }
     }
-    interpret(&report_buf, init_status, plan, out)
+    reached.output |= budget.exceeded;
+    if let Some(cg) = &enforcer.cgroup {
+        reached.memory |= cg.oom_killed();
+        reached.pids |= cg.pids_reached();
+        if out.usage.max_rss_bytes.is_none() {
+            out.usage.max_rss_bytes = cg.memory_peak();
+        }
+        // The init must be gone before its cgroup can be removed.
+        if matches!(init_status, WaitStatus::StillAlive) {
+            let _ = waitpid(child, None);
+        }
+    }
+    let r = interpret(&report_buf, init_status, plan, out);
+    out.termination_reason = termination_reason(out, reached);
+    r
+}
+
+/// Which limit ended the run, or how else it ended.
+fn termination_reason(out: &RunOutcome, reached: Reached) -> Option<TerminationReason> {
+    if out.status == RunStatus::FailedToStart {
+        return None;
+    }
+    Some(if out.timed_out {
+        TerminationReason::Timeout
+    } else if reached.output {
+        TerminationReason::Output
+    } else if reached.memory {
+        TerminationReason::Memory
+    } else if reached.pids {
+        TerminationReason::Pids
+    } else {
+        match out.signal {
+            Some(libc::SIGXCPU) => TerminationReason::Cpu,
+            Some(libc::SIGXFSZ) => TerminationReason::FileSize,
+            Some(_) => TerminationReason::Signal,
+            None => TerminationReason::Exit,
+        }
+    })
 }
 
 fn set_nonblocking(fd: &OwnedFd) {
@@ -661,8 +827,15 @@ fn interpret(
             "S" => {
                 let mut parts = rest
                     .split_whitespace()
-                    .map(|s| s.parse::<i32>().unwrap_or(0));
-                final_status = Some((parts.next().unwrap_or(0), parts.next().unwrap_or(0)));
+                    .map(|s| s.parse::<i64>().unwrap_or(0));
+                let code = parts.next().unwrap_or(0) as i32;
+                let signal = parts.next().unwrap_or(0) as i32;
+                // What every process of the run used, reaped by the init.
+                if let (Some(rss_kb), Some(cpu_ms)) = (parts.next(), parts.next()) {
+                    out.usage.max_rss_bytes = Some(rss_kb.max(0) as u64 * 1024);
+                    out.usage.cpu_ms = Some(cpu_ms.max(0) as u64);
+                }
+                final_status = Some((code, signal));
             }
             _ => {}
         }

@@ -16,6 +16,7 @@
 
 mod duration;
 mod env;
+mod limits;
 mod nested;
 pub mod pathser;
 mod protected;
@@ -29,6 +30,7 @@ use sha2::{Digest, Sha256};
 
 pub use duration::{parse_duration, DurationError};
 pub use env::{is_secret_env_name, SAFE_BASE_ENV};
+pub use limits::{parse_count, parse_size, CountError, Limits, LimitsMode, SizeError};
 pub use nested::{covers, Widening};
 pub use protected::{
     is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
@@ -221,6 +223,8 @@ pub struct PolicyRequest {
     pub env: Vec<(String, String)>,
     pub pass_env: Vec<String>,
     pub timeout_ms: Option<u64>,
+    /// Resource limits (`--memory`, `--pids`, …).
+    pub limits: Limits,
     /// `--allow-domain` / `--deny-domain` (presets allowed), proxy mode only.
     pub allow_domains: Vec<String>,
     pub deny_domains: Vec<String>,
@@ -276,6 +280,9 @@ pub struct Policy {
     pub env_names: Vec<String>,
     pub pass_env: Vec<String>,
     pub timeout_ms: Option<u64>,
+    /// Resource limits; absent from the canonical form when none is set.
+    #[serde(skip_serializing_if = "Limits::is_unset")]
+    pub limits: Limits,
     /// The tool's network class, narrowing the network mode.
     pub net_class: Option<NetClass>,
     /// The profile this run is for.
@@ -405,6 +412,7 @@ impl Policy {
             env,
             pass_env,
             timeout_ms: req.timeout_ms,
+            limits: req.limits,
             net_class: req.net_class,
             tool: req.tool,
             shims: {
