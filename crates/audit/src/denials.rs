@@ -248,6 +248,104 @@ fn quoted_strings(line: &str) -> Vec<(usize, usize, &str)> {
     out
 }
 
+/// A network failure the command reported: a name that did not resolve, a
+/// network that is unreachable, or a socket refused with EPERM (seccomp).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetFailure {
+    /// `"resolve"`, `"unreachable"` or `"socket_refused"`.
+    pub kind: &'static str,
+    /// The host the message names, when it names one.
+    pub host: Option<String>,
+    /// The stderr line (trimmed, at most 512 bytes).
+    pub line: String,
+}
+
+/// Fragments (lowercase) of failed lookups and connections, and their kind.
+const NET_MARKERS: &[(&str, &str)] = &[
+    ("could not resolve host", "resolve"),
+    ("could not resolve hostname", "resolve"),
+    ("could not resolve proxy", "resolve"),
+    ("temporary failure in name resolution", "resolve"),
+    ("name or service not known", "resolve"),
+    ("no address associated with hostname", "resolve"),
+    ("getaddrinfo eai_again", "resolve"),
+    ("getaddrinfo enotfound", "resolve"),
+    ("failed to lookup address", "resolve"),
+    ("dns error", "resolve"),
+    ("network is unreachable", "unreachable"),
+    ("[errno 101]", "unreachable"),
+    ("enetunreach", "unreachable"),
+    ("connect eperm", "socket_refused"),
+    ("socket: operation not permitted", "socket_refused"),
+    ("connect: operation not permitted", "socket_refused"),
+    ("failed to connect", "socket_refused"),
+    // Python's socket() under seccomp: no path follows (checked below).
+    ("[errno 1] operation not permitted", "socket_refused"),
+];
+
+/// Network failures in `stderr`, at most [`MAX_DENIALS`], one per (kind, host).
+/// `failed to connect` counts only with `operation not permitted` on the line.
+pub fn parse_network_failures(stderr: &str) -> Vec<NetFailure> {
+    let mut out: Vec<NetFailure> = Vec::new();
+    for raw in stderr.lines() {
+        if out.len() >= MAX_DENIALS {
+            break;
+        }
+        let line = truncate(raw.trim(), MAX_SCAN);
+        let lower = line.to_ascii_lowercase();
+        let Some((marker, kind)) = NET_MARKERS.iter().find(|(m, _)| lower.contains(m)) else {
+            continue;
+        };
+        if *marker == "failed to connect" && !lower.contains("operation not permitted") {
+            continue;
+        }
+        if *marker == "[errno 1] operation not permitted"
+            && !lower.ends_with("operation not permitted")
+        {
+            // With a path after it, it is a file refusal.
+            continue;
+        }
+        let host = net_host(line, &lower, marker);
+        if out.iter().any(|f| f.kind == *kind && f.host == host) {
+            continue;
+        }
+        out.push(NetFailure {
+            kind,
+            host,
+            line: truncate(line, MAX_LINE).to_owned(),
+        });
+    }
+    out
+}
+
+/// The host a network failure names: after the marker (`Could not resolve
+/// host: X`, `getaddrinfo EAI_AGAIN X`), or Python's `host='X'`.
+fn net_host(line: &str, lower: &str, marker: &str) -> Option<String> {
+    if let Some(at) = lower.find("host='") {
+        let rest = &line[at + 6..];
+        return rest
+            .split('\'')
+            .next()
+            .filter(|h| valid_host(h))
+            .map(str::to_owned);
+    }
+    let at = lower.find(marker)? + marker.len();
+    let word = line[at..]
+        .trim_start_matches([':', ' '])
+        .split([' ', ',', ';', ')', '('])
+        .next()?
+        .trim_matches(['\'', '"', ':', '.']);
+    valid_host(word).then(|| word.to_owned())
+}
+
+fn valid_host(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 253
+        && h.contains('.')
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+}
+
 fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
@@ -399,5 +497,37 @@ socket: Operation not permitted
         let hostile = format!("{} Permission denied", " 'x".repeat(400_000));
         let _ = parse_denials(&hostile);
         assert!(start.elapsed() < std::time::Duration::from_secs(2));
+    }
+}
+
+#[cfg(test)]
+mod net_tests {
+    use super::*;
+
+    #[test]
+    fn network_failures_name_their_host() {
+        let text = "curl: (6) Could not resolve host: example.com\n\
+            npm error request to https://registry.npmjs.org/left-pad failed, reason: getaddrinfo EAI_AGAIN registry.npmjs.org\n\
+            WARNING: Retrying ... NewConnectionError('Failed to establish a new connection: [Errno -3] Temporary failure in name resolution')': HTTPSConnectionPool(host='pypi.org', port=443)\n\
+            fatal: unable to access 'https://github.com/x/y/': Could not resolve host: github.com\n\
+            npm error connect EPERM 127.0.0.1:3128\n\
+            PermissionError: [Errno 1] Operation not permitted: '/etc/x'\n\
+            ordinary line\n";
+        let f = parse_network_failures(text);
+        let hosts: Vec<(&str, Option<&str>)> =
+            f.iter().map(|x| (x.kind, x.host.as_deref())).collect();
+        assert_eq!(
+            hosts,
+            [
+                ("resolve", Some("example.com")),
+                ("resolve", Some("registry.npmjs.org")),
+                ("resolve", Some("pypi.org")),
+                ("resolve", Some("github.com")),
+                ("socket_refused", None),
+            ]
+        );
+        let py = parse_network_failures("PermissionError: [Errno 1] Operation not permitted\n");
+        assert_eq!(py.len(), 1);
+        assert_eq!(py[0].kind, "socket_refused");
     }
 }

@@ -19,7 +19,7 @@ mod table;
 mod time;
 
 pub use aggregate::{DecisionAggregator, MAX_DISTINCT_DECISIONS};
-pub use denials::{parse_denials, Denial, MAX_DENIALS};
+pub use denials::{parse_denials, parse_network_failures, Denial, NetFailure, MAX_DENIALS};
 pub use envelope::{default_log_path, event, session_id_from_env, RunContext};
 pub use log::{
     lines_from, read_events, tail_lines, verify, AuditError, AuditLog, VerifyError, VerifyReport,

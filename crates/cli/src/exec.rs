@@ -55,6 +55,8 @@ struct Session {
     decisions: Arc<Mutex<moat_audit::DecisionAggregator>>,
     /// What a nested run inherits (absent under danger-full-access).
     outer: Option<crate::nested::Outer>,
+    /// Print each network refusal on stderr as it happens (not with --quiet).
+    live_refusals: bool,
     broker: Option<crate::nested::Broker>,
 }
 
@@ -145,8 +147,21 @@ impl RunObserver for Session {
         }
         let sink = self.sink.clone();
         let ctx = self.ctx.clone();
+        let live = self.live_refusals;
+        let said: Mutex<std::collections::HashSet<(String, u16, &'static str)>> = Mutex::default();
         let decisions = self.decisions.clone();
         let on_decision: moat_proxy::OnDecision = Box::new(move |rec| {
+            // The agent reads its stderr while it retries: say it now, once
+            // per host, port and reason.
+            if let Some(reason) = rec.reason.and_then(net_reason) {
+                let fresh = said
+                    .lock()
+                    .map(|mut s| s.insert((rec.host.clone(), rec.port, reason.as_str())))
+                    .unwrap_or(false);
+                if live && fresh && !rec.host.is_empty() {
+                    eprintln!("{}", moat_proxy::refusal_line(&rec.host, rec.port, reason));
+                }
+            }
             let ev = moat_audit::event(
                 &ctx,
                 "network.decision",
@@ -194,6 +209,107 @@ fn policy_resolved(ctx: &RunContext, policy: &Policy) -> Value {
     )
 }
 
+/// The user's credentials for plain-HTTP registries (from their own pip and
+/// npm configuration), as headers the proxy adds for that host only; the
+/// copies inside the sandbox have them removed.
+fn registry_credentials(policy: &Policy) -> Vec<moat_proxy::HostCredential> {
+    use base64::Engine;
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    moat_config::http_registry_credentials(&policy.home, &env)
+        .into_iter()
+        .map(|c| moat_proxy::HostCredential {
+            host: c.host,
+            port: c.port,
+            authorization: match c.kind {
+                moat_config::CredentialKind::Basic { user, password } => format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+                ),
+                moat_config::CredentialKind::BasicEncoded(v) => format!("Basic {v}"),
+                moat_config::CredentialKind::Bearer(t) => format!("Bearer {t}"),
+            },
+        })
+        .collect()
+}
+
+/// A proxy record's reason code as the policy's type.
+fn net_reason(code: &str) -> Option<moat_policy::net::Reason> {
+    moat_policy::net::Reason::ALL
+        .into_iter()
+        .find(|r| r.as_str() == code)
+}
+
+/// The flag that gives a command the network, for a refusal in `disabled` mode.
+fn disabled_hint(host: Option<&str>) -> String {
+    format!(
+        "network is disabled; use --network proxy --allow-domain {}",
+        host.unwrap_or("HOST")
+    )
+}
+
+/// Network refusals of one run: the proxy's denials (one per host, port
+/// and reason), and, from the command's stderr, lookups and sockets that
+/// failed because the network is disabled or the net class refused them.
+fn network_denials(policy: &Policy, requests: &[Value], o: &RunOutcome) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    for r in requests.iter().filter(|r| r["decision"] == "deny") {
+        let Some(reason) = r["reason"].as_str().and_then(net_reason) else {
+            continue;
+        };
+        let host = r["host"].as_str().unwrap_or("");
+        let port = r["port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(0);
+        let entry = json!({
+            "operation": "connect",
+            "host": host,
+            "port": port,
+            "reason": reason.as_str(),
+            "detail": moat_proxy::refusal_hint(host, port, reason),
+        });
+        if !out.iter().any(|d| {
+            d["host"] == entry["host"]
+                && d["port"] == entry["port"]
+                && d["reason"] == entry["reason"]
+        }) {
+            out.push(entry);
+        }
+    }
+    if !policy.level.is_sandboxed() {
+        return out;
+    }
+    let text = String::from_utf8_lossy(if o.stderr.is_empty() {
+        &o.stderr_tail
+    } else {
+        &o.stderr
+    });
+    let class = policy
+        .net_class
+        .filter(|c| *c != moat_policy::NetClass::Unconfined);
+    for f in moat_audit::parse_network_failures(&text) {
+        let (reason, detail) = match policy.network.mode {
+            NetworkMode::Disabled => ("network_disabled", disabled_hint(f.host.as_deref())),
+            NetworkMode::Proxy if f.kind == "socket_refused" => (
+                "net_class",
+                format!(
+                    "a socket was refused (EPERM) by a network class: this run's is {}, and profiled tools inside keep their own (`moat profile show TOOL`)",
+                    class.map(|c| c.as_str()).unwrap_or("unconfined")
+                ),
+            ),
+            _ => continue,
+        };
+        out.push(json!({
+            "operation": "connect",
+            "host": f.host,
+            "reason": reason,
+            "detail": detail,
+            "line": f.line,
+        }));
+    }
+    out
+}
+
 /// The refusals of one run: swept write-protected paths, and what the
 /// command's stderr says was refused, attributed to the plan.
 fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
@@ -225,7 +341,9 @@ fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
             }));
         }
     }
-    if plan.level == moat_policy::Level::WorkspaceContained {
+    // Paths outside the view read as missing: at workspace-contained most
+    // of the host, at every level the host's /tmp (the sandbox has its own).
+    if plan.sandboxed {
         for line in text
             .lines()
             .filter(|l| l.contains("No such file or directory"))
@@ -239,12 +357,20 @@ fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
                 if out.iter().any(|d| d["path"] == json!(abs)) {
                     continue;
                 }
+                let detail = if abs.starts_with("/tmp") {
+                    format!(
+                        "the sandbox's /tmp is its own, the host's is not shown; add --ro {} to show it",
+                        abs.display()
+                    )
+                } else {
+                    reason.phrase(plan.level)
+                };
                 out.push(json!({
                     "operation": "access",
                     "path": abs,
                     "errno": "ENOENT",
                     "reason": reason.code(),
-                    "detail": reason.phrase(plan.level),
+                    "detail": detail,
                 }));
             }
         }
@@ -276,6 +402,18 @@ pub struct Reporting {
     pub quiet: bool,
 }
 
+impl From<&crate::ReportArgs> for Reporting {
+    fn from(a: &crate::ReportArgs) -> Reporting {
+        Reporting {
+            json: a.json,
+            events: a.events,
+            audit_log: a.audit_log.clone(),
+            no_audit: a.no_audit,
+            quiet: a.quiet,
+        }
+    }
+}
+
 impl Reporting {
     fn mode(&self) -> Mode {
         if self.events {
@@ -289,13 +427,7 @@ impl Reporting {
 }
 
 pub fn exec(args: ExecArgs) -> ExitCode {
-    let reporting = Reporting {
-        json: args.json,
-        events: args.events,
-        audit_log: args.audit_log.clone(),
-        no_audit: args.no_audit,
-        quiet: args.quiet,
-    };
+    let reporting = Reporting::from(&args.report);
     let resolved = resolve_policy(&args.policy).map_err(|e| format!("{e:#}"));
     run_resolved(resolved, &reporting, &args.command)
 }
@@ -404,6 +536,14 @@ pub fn run_resolved(
     };
     let resolved = policy_resolved(&ctx, &policy);
     let mut facts = HostFacts::probe(&policy, env);
+    if policy.level.is_sandboxed() {
+        // The user's tool configuration, credentials removed, where the
+        // tools look under the sandbox HOME.
+        facts.home_config_copies = moat_config::redacted_user_configs(&policy.home)
+            .into_iter()
+            .map(|r| (r.rel, r.contents))
+            .collect();
+    }
     if let Some(log) = &audit {
         facts.add_hidden_file(log.path());
     }
@@ -429,11 +569,13 @@ pub fn run_resolved(
         }
     }
     let mut session = Session::new(ctx, audit, sink.clone(), command, &policy);
+    session.live_refusals = !reporting.quiet;
     if let Some(o) = &mut session.outer {
         o.view = Some(plan.view.clone());
     }
     if policy.network.mode == NetworkMode::Proxy {
         let mut config = moat_proxy::ProxyConfig::new(policy.network.rules.clone());
+        config.credentials = registry_credentials(&policy);
         if let Some(u) = &policy.network.upstream_url {
             match moat_proxy::parse_upstream(u) {
                 Ok(up) => config.upstream = Some(up),
@@ -476,7 +618,8 @@ pub fn run_resolved(
     if let Some(e) = session.proxy_error.take() {
         outcome.error.get_or_insert(e);
     }
-    let denied = denials(&plan, &outcome);
+    let mut denied = denials(&plan, &outcome);
+    denied.extend(network_denials(&policy, &requests, &outcome));
     let mut tail_events: Vec<Value> = denied
         .iter()
         .map(|d| session.event("sandbox.denied", d.clone()))
@@ -523,7 +666,14 @@ pub fn run_resolved(
     }
     match mode {
         Mode::Plain => report_plain(&outcome, &denied, reporting.quiet),
-        Mode::Json => print_json(&result_json(&id, &policy, &outcome, &denied, &requests)),
+        Mode::Json => {
+            print_json(&result_json(&id, &policy, &outcome, &denied, &requests));
+            if !reporting.quiet {
+                for line in network_lines(&denied) {
+                    eprintln!("{line}");
+                }
+            }
+        }
         Mode::Events => {}
     }
     if let Some(e) = &session.audit_error {
@@ -565,6 +715,7 @@ impl Session {
             decisions: Arc::default(),
             outer: Some(outer),
             broker: None,
+            live_refusals: false,
         }
     }
 }
@@ -590,6 +741,26 @@ pub fn print_json(v: &Value) {
     let _ = writeln!(out);
 }
 
+/// The after-run lines for network refusals the proxy did not see (it
+/// printed its own as they happened): one for the disabled network, naming
+/// every host the command tried, and one for sockets a net class refused.
+fn network_lines(denied: &[Value]) -> Vec<String> {
+    let mut out = Vec::new();
+    let disabled: Vec<&Value> = denied
+        .iter()
+        .filter(|d| d["reason"] == "network_disabled")
+        .collect();
+    if !disabled.is_empty() {
+        let hosts: Vec<&str> = disabled.iter().filter_map(|x| x["host"].as_str()).collect();
+        let host = (!hosts.is_empty()).then(|| hosts.join(" --allow-domain "));
+        out.push(format!("moat: {}", disabled_hint(host.as_deref())));
+    }
+    if let Some(d) = denied.iter().find(|d| d["reason"] == "net_class") {
+        out.push(format!("moat: {}", d["detail"].as_str().unwrap_or("")));
+    }
+    out
+}
+
 fn report_plain(o: &RunOutcome, denied: &[Value], quiet: bool) {
     if let Some(e) = &o.error {
         eprintln!("moat: {e}");
@@ -603,7 +774,13 @@ fn report_plain(o: &RunOutcome, denied: &[Value], quiet: bool) {
     if quiet {
         return;
     }
+    for line in network_lines(denied) {
+        eprintln!("{line}");
+    }
     for d in denied {
+        if d["operation"] == "connect" {
+            continue;
+        }
         let op = d["operation"].as_str().unwrap_or("access");
         let path = d["path"].as_str().unwrap_or("?");
         let detail = d["detail"].as_str().unwrap_or("");
@@ -717,6 +894,14 @@ pub fn proxy_connect(host: &str, port: u16) -> ExitCode {
     };
     match moat_proxy::socks_stdio(addr, host, port) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            // SOCKS5 carries only a reply code; the reason is in the run's
+            // stderr line and --json denials.
+            eprintln!(
+                "moat proxy-connect: {host}:{port}: refused by moat's network policy; add --allow-domain {host}:{port} to allow it (unless a --deny-domain entry matches)"
+            );
+            ExitCode::from(1)
+        }
         Err(e) => {
             eprintln!("moat proxy-connect: {host}:{port}: {e}");
             ExitCode::from(1)

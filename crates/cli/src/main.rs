@@ -1,6 +1,23 @@
 //! The `moat` command line: parses flags into a policy request, and prints
 //! results for humans or, with `--json`, for agent harnesses.
 
+/// `println!` that does not panic when stdout is closed (`moat … | head`):
+/// a reader that went away is not moat's error.
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
+/// `print!` that does not panic when stdout is closed.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($t)*);
+    }};
+}
+
 mod audit_cmd;
 mod exec;
 mod nested;
@@ -13,7 +30,8 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use moat_policy::{parse_duration, Level, NetworkMode, Policy, PolicyRequest, POLICY_VERSION};
+use moat_config::{resolve, FlagOrigin, PolicyFlags, Resolved, Sources, UPSTREAM_AUTH_ENV};
+use moat_policy::{Policy, POLICY_VERSION};
 use serde_json::json;
 
 use crate::exec::print_json;
@@ -54,7 +72,7 @@ pub(crate) enum Command {
     },
     /// Print the resolved policy as canonical JSON, with its sha256 hash and
     /// the view it gives on this host (every path with its mode)
-    ExplainPolicy(PolicyArgs),
+    ExplainPolicy(PolicyFlags),
     /// Read and verify the audit log
     Audit(audit_cmd::AuditArgs),
     /// Run a tool under its profile: its declared boundary, your config, a trusted .moat.toml, MOAT_ARGS and flags
@@ -74,121 +92,19 @@ pub(crate) enum Command {
     },
     /// Forget the trust given to the project's .moat.toml
     Untrust { dir: Option<PathBuf> },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Used inside a proxy sandbox as ssh's ProxyCommand: connect HOST PORT through moat's SOCKS5 endpoint
     #[command(hide = true)]
     ProxyConnect { host: String, port: u16 },
 }
 
-#[derive(Args, Clone)]
-pub(crate) struct PolicyArgs {
-    /// Sandbox level: read-only, workspace-write, workspace-contained, danger-full-access
-    #[arg(long, value_name = "LEVEL", default_value = "read-only")]
-    policy: String,
-    /// Network: disabled (default when sandboxed), proxy (only through moat's filtering proxy), unmanaged (host network)
-    #[arg(long, value_name = "MODE")]
-    network: Option<String>,
-    /// The workspace (default: current directory); the command starts there, at the same path
-    #[arg(long, value_name = "DIR")]
-    cwd: Option<PathBuf>,
-    /// Add a host path read-only (repeatable). Naming a protected path exactly opts it in.
-    #[arg(long = "ro", value_name = "PATH")]
-    ro: Vec<PathBuf>,
-    /// Add a host path read-write (repeatable). Naming a protected path exactly opts it in.
-    #[arg(long = "rw", value_name = "PATH")]
-    rw: Vec<PathBuf>,
-    /// Set an environment variable for the command (repeatable)
-    #[arg(long = "env", value_name = "K=V")]
-    env: Vec<String>,
-    /// Let a host environment variable through (repeatable); secret-looking names need this
-    #[arg(long = "pass-env", value_name = "NAME")]
-    pass_env: Vec<String>,
-    /// Stop the whole process tree after this long: 500ms, 2s, 1m, or seconds
-    #[arg(long, value_name = "DURATION")]
-    timeout: Option<String>,
-    /// With --network proxy: a host the command may reach (repeatable). PATTERN is
-    /// example.com, *.example.com (subdomains only), either with :PORT, an IP
-    /// literal ([::1]:8080), localhost[:PORT], or a preset: @package-registries =
-    /// crates.io static.crates.io index.crates.io pypi.org files.pythonhosted.org
-    /// registry.npmjs.org github.com codeload.github.com objects.githubusercontent.com
-    /// raw.githubusercontent.com (all :443). No allow entries: nothing is reachable
-    #[arg(long = "allow-domain", value_name = "PATTERN")]
-    allow_domain: Vec<String>,
-    /// With --network proxy: a host the command may never reach; deny wins over allow (repeatable)
-    #[arg(long = "deny-domain", value_name = "PATTERN")]
-    deny_domain: Vec<String>,
-    /// With --network proxy: chain allowed connections through this HTTP proxy (http://[user:pass@]host:port)
-    #[arg(long = "upstream-proxy", value_name = "URL")]
-    upstream_proxy: Option<String>,
-    #[command(flatten)]
-    limits: LimitFlags,
-}
-
-/// Resource limits (kept together so they move as one into a shared flag table).
-#[derive(Args, Clone, Debug, Default)]
-pub(crate) struct LimitFlags {
-    /// Memory of the whole run (SIZE: 512M, 2G); a per-run cgroup where the host
-    /// gives one, else virtual memory per process (RLIMIT_AS)
-    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
-    pub(crate) memory: Option<u64>,
-    /// Processes and threads of the run; reaching it ends the run (stops a fork bomb)
-    #[arg(long, value_name = "N", value_parser = count_arg)]
-    pub(crate) pids: Option<u64>,
-    /// CPU time per process: 10s, 10m (RLIMIT_CPU; SIGXCPU when reached)
-    #[arg(long = "cpu-time", value_name = "DURATION", value_parser = duration_arg)]
-    pub(crate) cpu_time: Option<u64>,
-    /// Largest file a process may write (RLIMIT_FSIZE; SIGXFSZ past it)
-    #[arg(long = "file-size", value_name = "SIZE", value_parser = size_arg)]
-    pub(crate) file_size: Option<u64>,
-    /// Open file descriptors per process (RLIMIT_NOFILE)
-    #[arg(long = "open-files", value_name = "N", value_parser = count_arg)]
-    pub(crate) open_files: Option<u64>,
-    /// Size of each private tmpfs (/tmp, HOME, /dev/shm); writes past it fail with ENOSPC
-    #[arg(long = "tmp-size", value_name = "SIZE", value_parser = size_arg)]
-    pub(crate) tmp_size: Option<u64>,
-    /// stdout + stderr bytes; moat stops the run past it (output then passes through moat)
-    #[arg(long = "output-limit", value_name = "SIZE", value_parser = size_arg)]
-    pub(crate) output_limit: Option<u64>,
-    /// A limit this host cannot enforce: strict (default) refuses the run with
-    /// exit 125; best-effort runs without it and the result says so
-    #[arg(long = "limits", value_name = "MODE", value_parser = limits_mode_arg)]
-    pub(crate) limits_mode: Option<moat_policy::LimitsMode>,
-}
-
-impl LimitFlags {
-    pub(crate) fn to_limits(&self) -> moat_policy::Limits {
-        moat_policy::Limits {
-            memory: self.memory,
-            pids: self.pids,
-            cpu_time_ms: self.cpu_time,
-            file_size: self.file_size,
-            open_files: self.open_files,
-            tmp_size: self.tmp_size,
-            output: self.output_limit,
-            mode: self.limits_mode.unwrap_or_default(),
-        }
-    }
-}
-
-fn size_arg(s: &str) -> Result<u64, String> {
-    moat_policy::parse_size(s).map_err(|e| e.to_string())
-}
-
-fn count_arg(s: &str) -> Result<u64, String> {
-    moat_policy::parse_count(s).map_err(|e| e.to_string())
-}
-
-fn duration_arg(s: &str) -> Result<u64, String> {
-    parse_duration(s).map_err(|e| e.to_string())
-}
-
-fn limits_mode_arg(s: &str) -> Result<moat_policy::LimitsMode, String> {
-    moat_policy::LimitsMode::parse(s).ok_or_else(|| "use strict or best-effort".to_string())
-}
-
-#[derive(Args)]
-pub(crate) struct ExecArgs {
-    #[command(flatten)]
-    pub(crate) policy: PolicyArgs,
+/// How a run reports and records itself: shared by `moat exec` and `moat run`.
+#[derive(Args, Clone, Default)]
+pub(crate) struct ReportArgs {
     /// Capture output and print one JSON result object on exit
     #[arg(long, conflicts_with = "events")]
     pub(crate) json: bool,
@@ -202,9 +118,17 @@ pub(crate) struct ExecArgs {
     /// Do not record this run in the audit log
     #[arg(long, conflicts_with = "audit_log")]
     pub(crate) no_audit: bool,
-    /// Do not print the end-of-run summary of refused accesses on stderr
+    /// Do not print refused accesses and network refusals on stderr
     #[arg(long)]
     pub(crate) quiet: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct ExecArgs {
+    #[command(flatten)]
+    pub(crate) policy: PolicyFlags,
+    #[command(flatten)]
+    pub(crate) report: ReportArgs,
     /// The program and its arguments (after --)
     #[arg(last = true, required = true, value_name = "PROGRAM")]
     pub(crate) command: Vec<OsString>,
@@ -220,7 +144,10 @@ fn main() -> ExitCode {
     if !name.is_empty() && !name.starts_with("moat") && tools::is_shim_name(&name) {
         return tools::shim_main(&name, std::env::args_os().skip(1).collect());
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => return bad_invocation(e),
+    };
     match cli.command {
         Command::Exec(_) if nested::inside_sandbox() => {
             nested::request(std::env::args_os().skip(1).collect())
@@ -237,6 +164,14 @@ fn main() -> ExitCode {
         Command::Shim(cmd) => tools::shim(cmd),
         Command::Trust { dir, list } => tools::trust(dir, list, false),
         Command::Untrust { dir } => tools::trust(dir, false, true),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            let mut buf = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "moat", &mut buf);
+            out!("{}", String::from_utf8_lossy(&buf));
+            ExitCode::SUCCESS
+        }
         Command::Capabilities => {
             let report = moat_linux::capabilities::report(std::env::vars().collect());
             print_json(&report);
@@ -249,7 +184,7 @@ fn main() -> ExitCode {
                     &json!({"version": v, "protocol_version": PROTOCOL_VERSION, "policy_version": POLICY_VERSION}),
                 );
             } else {
-                println!("moat {v} (protocol {PROTOCOL_VERSION}, policy {POLICY_VERSION})");
+                outln!("moat {v} (protocol {PROTOCOL_VERSION}, policy {POLICY_VERSION})");
             }
             ExitCode::SUCCESS
         }
@@ -281,7 +216,7 @@ fn main() -> ExitCode {
 }
 
 /// Reads the world (cwd, HOME, path existence) into a policy request.
-pub(crate) fn resolve_policy(args: &PolicyArgs) -> Result<(Policy, Option<Duration>)> {
+pub(crate) fn resolve_policy(args: &PolicyFlags) -> Result<(Policy, Option<Duration>)> {
     let here = std::env::current_dir().context("cannot read the current directory")?;
     let home_raw = std::env::var_os("HOME")
         .map(PathBuf::from)
@@ -291,25 +226,33 @@ pub(crate) fn resolve_policy(args: &PolicyArgs) -> Result<(Policy, Option<Durati
 
 /// [`resolve_policy`] for a given current directory and HOME (a nested
 /// request is resolved in the caller's directory, against the real home).
+/// `moat exec` is `moat run` with an empty profile: the flags are the only
+/// settings layer above moat's defaults, merged by the same resolver.
 pub(crate) fn resolve_policy_in(
-    args: &PolicyArgs,
+    args: &PolicyFlags,
     here: &Path,
     home_raw: &Path,
 ) -> Result<(Policy, Option<Duration>)> {
-    let (here, home_raw) = (here.to_path_buf(), home_raw.to_path_buf());
-    let level = Level::parse(&args.policy).ok_or_else(|| {
-        anyhow!("unknown --policy {:?}; use read-only, workspace-write, workspace-contained or danger-full-access", args.policy)
-    })?;
-    let network =
-        match &args.network {
-            None => None,
-            Some(m) => Some(NetworkMode::parse(m).ok_or_else(|| {
-                anyhow!("unknown --network {m:?}; use disabled, proxy or unmanaged")
-            })?),
-        };
-    let home = std::fs::canonicalize(&home_raw).unwrap_or(home_raw.clone());
-    let ws_arg = args.cwd.clone().unwrap_or_else(|| here.clone());
-    let workspace = std::fs::canonicalize(expand(&ws_arg, &home_raw, &here))
+    let settings = args.to_settings(FlagOrigin::CommandLine { here })?;
+    let workspace = workspace_of(args, here, home_raw)?;
+    let resolved = resolve(
+        None,
+        None,
+        Sources {
+            flags: Some(settings),
+            home: Some(home_raw.to_path_buf()),
+            ..Sources::default()
+        },
+    )?;
+    let policy = finish_policy(&resolved, args, workspace, home_raw)?;
+    let timeout = policy.timeout_ms.map(Duration::from_millis);
+    Ok((policy, timeout))
+}
+
+/// The workspace `--cwd` names (default: `here`), canonical, a directory.
+pub(crate) fn workspace_of(args: &PolicyFlags, here: &Path, home_raw: &Path) -> Result<PathBuf> {
+    let ws_arg = args.cwd.clone().unwrap_or_else(|| here.to_path_buf());
+    let workspace = std::fs::canonicalize(expand(&ws_arg, home_raw, here))
         .with_context(|| format!("the workspace {} does not exist", ws_arg.display()))?;
     if !workspace.is_dir() {
         return Err(anyhow!(
@@ -317,53 +260,41 @@ pub(crate) fn resolve_policy_in(
             workspace.display()
         ));
     }
-    let canon = |p: &PathBuf, flag: &str| {
-        std::fs::canonicalize(expand(p, &home_raw, &here)).with_context(|| {
-            format!(
-                "{flag} {}: no such path on the host (moat does not skip missing paths)",
-                p.display()
-            )
-        })
-    };
-    let ro = args
-        .ro
-        .iter()
-        .map(|p| canon(p, "--ro"))
-        .collect::<Result<Vec<_>>>()?;
-    let rw = args
-        .rw
-        .iter()
-        .map(|p| canon(p, "--rw"))
-        .collect::<Result<Vec<_>>>()?;
-    let env = args
-        .env
-        .iter()
-        .map(|kv| match kv.split_once('=') {
-            Some((k, v)) => Ok((k.to_string(), v.to_string())),
-            None => Err(anyhow!("--env {kv:?} must be K=V")),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let timeout_ms = match &args.timeout {
-        Some(t) => Some(parse_duration(t)?),
-        None => None,
-    };
-    let policy = Policy::resolve(PolicyRequest {
-        level: Some(level),
-        network,
-        workspace,
-        home,
-        ro,
-        rw,
-        env,
-        pass_env: args.pass_env.clone(),
-        timeout_ms,
-        allow_domains: args.allow_domain.clone(),
-        deny_domains: args.deny_domain.clone(),
-        upstream_proxy: args.upstream_proxy.clone(),
-        limits: args.limits.to_limits(),
-        ..Default::default()
-    })?;
-    Ok((policy, timeout_ms.map(Duration::from_millis)))
+    Ok(workspace)
+}
+
+/// The merged settings as a policy: paths canonicalized (a missing one from
+/// a flag is an error, from a profile or a config file left out), the
+/// upstream proxy's credentials added from the environment or a file.
+pub(crate) fn finish_policy(
+    resolved: &Resolved,
+    args: &PolicyFlags,
+    workspace: PathBuf,
+    home_raw: &Path,
+) -> Result<Policy> {
+    let home = std::fs::canonicalize(home_raw).unwrap_or(home_raw.to_path_buf());
+    let mut built =
+        resolved.to_policy_request(workspace, home, |p| match std::fs::canonicalize(p) {
+            Ok(c) => Ok(Some(c)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.to_string()),
+        })?;
+    if built.request.upstream_proxy.is_some() {
+        built.request.upstream_proxy =
+            args.upstream_with_credentials(std::env::var(UPSTREAM_AUTH_ENV).ok())?;
+    }
+    Ok(Policy::resolve(built.request)?)
+}
+
+/// A command line clap could not parse: `--help` and `--version` print and
+/// exit 0; anything else is a refusal, exit 125 like every other one.
+fn bad_invocation(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let _ = e.print();
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+        _ => ExitCode::from(EXIT_MOAT_FAILED),
+    }
 }
 
 /// `~/x` → HOME/x; relative → absolute from the current directory.
@@ -375,5 +306,107 @@ fn expand(p: &Path, home: &Path, here: &Path) -> PathBuf {
         p.to_path_buf()
     } else {
         here.join(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// A valid value for each flag of the table; a new flag without one
+    /// fails this test, so it cannot escape the comparison below.
+    fn sample(long: &str) -> Option<&'static str> {
+        Some(match long {
+            "policy" => "ro",
+            "network" => "proxy",
+            "cwd" => "/tmp",
+            "ro" => "/usr",
+            "rw" => "/tmp",
+            "env" => "GREETING=hi",
+            "pass-env" => "CI",
+            "timeout" => "2s",
+            "allow-domain" => "example.com:443",
+            "deny-domain" => "ads.example.com",
+            "upstream-proxy" => "http://proxy.example:3128",
+            "upstream-proxy-auth-file" => "/tmp/auth",
+            "memory" => "2G",
+            "pids" => "256",
+            "cpu-time" => "10m",
+            "file-size" => "1G",
+            "open-files" => "1024",
+            "tmp-size" => "512M",
+            "output-limit" => "64M",
+            "limits" => "best-effort",
+            _ => return None,
+        })
+    }
+
+    fn exec_flags(words: &[&str]) -> Result<PolicyFlags, clap::Error> {
+        let argv = ["moat", "exec"].iter().chain(words).chain(&["--", "true"]);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Exec(a) => Ok(a.policy),
+            _ => unreachable!(),
+        }
+    }
+
+    fn run_flags(words: &[&str]) -> Result<PolicyFlags, clap::Error> {
+        let argv = ["moat", "run"]
+            .iter()
+            .chain(words)
+            .chain(&["git", "status"]);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Run(a) => Ok(a.policy),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn every_policy_flag_is_read_alike_by_exec_run_and_moat_args() {
+        let table = moat_config::policy_flag_names();
+        assert!(table.len() >= 12, "{table:?}");
+        let moat_args = moat_config::moat_args_flag_names();
+        for flag in &table {
+            let long = flag.trim_start_matches("--");
+            let value = sample(long).unwrap_or_else(|| panic!("no sample value for {flag}"));
+            let words = [flag.as_str(), value];
+            let exec = exec_flags(&words).unwrap_or_else(|e| panic!("exec {flag}: {e}"));
+            let run = run_flags(&words).unwrap_or_else(|e| panic!("run {flag}: {e}"));
+            assert_ne!(exec, PolicyFlags::default(), "{flag} was not read");
+            assert_eq!(exec, run, "{flag}");
+            let joined = format!("{flag}={value}");
+            assert_eq!(exec_flags(&[&joined]).unwrap(), exec, "{joined}");
+            let from_env = moat_config::parse_moat_args_words(&[flag.clone(), value.to_string()]);
+            if moat_args.contains(flag) {
+                assert_eq!(from_env.unwrap(), exec, "MOAT_ARGS {flag}");
+            } else {
+                assert!(from_env.is_err(), "MOAT_ARGS must refuse {flag}");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_values_are_refused_alike() {
+        for words in [
+            ["--policy", "yolo"],
+            ["--network", "open"],
+            ["--env", "NOVALUE"],
+            ["--timeout", "soon"],
+            ["--allow-domain", "*"],
+            ["--memory", "lots"],
+            ["--pids", "0"],
+            ["--cpu-time", "forever"],
+            ["--tmp-size", "-1M"],
+            ["--limits", "maybe"],
+        ] {
+            assert!(exec_flags(&words).is_err(), "{words:?}");
+            assert!(run_flags(&words).is_err(), "{words:?}");
+            let w: Vec<String> = words.iter().map(|s| s.to_string()).collect();
+            assert!(moat_config::parse_moat_args_words(&w).is_err(), "{words:?}");
+        }
+        // The run command line keeps its flags from the tool's arguments.
+        assert!(Cli::command()
+            .try_get_matches_from(["moat", "run", "--upstream-proxy", "http://p:1", "git"])
+            .is_ok());
     }
 }

@@ -14,62 +14,26 @@ use clap::{Args, Subcommand};
 use moat_config::{
     find_project_file, load_catalogue, load_project, load_user_config, moat_args_from_env,
     render_grants, resolve, resolve_program, shimmable_names, user_config_path, Catalogue,
-    PathSpec, ProfileOrigin, ProjectFile, Settings, Sources, TrustStore,
+    FlagOrigin, PolicyFlags, ProfileOrigin, ProjectFile, Sources, TrustStore,
 };
-use moat_policy::{parse_duration, Access, NetworkMode, Policy};
+use moat_policy::Policy;
 
 use crate::exec::{refuse_early, run_resolved, Reporting};
-use crate::EXIT_MOAT_FAILED;
+use crate::{ReportArgs, EXIT_MOAT_FAILED};
 
-/// `moat run` flags: like `moat exec`'s, but every one optional, because an
-/// absent flag lets the profile decide.
+/// `moat run` flags: the same policy flags as `moat exec` (one table,
+/// [`PolicyFlags`]); an absent flag lets the profile decide.
 #[derive(Args, Clone, Default)]
 pub struct RunArgs {
-    /// Sandbox level (overrides the profile)
-    #[arg(long, value_name = "LEVEL")]
-    pub policy: Option<String>,
-    /// Network mode (overrides the profile)
-    #[arg(long, value_name = "MODE")]
-    pub network: Option<String>,
-    /// The workspace (default: current directory)
-    #[arg(long, value_name = "DIR")]
-    pub cwd: Option<PathBuf>,
-    #[arg(long = "ro", value_name = "PATH")]
-    pub ro: Vec<PathBuf>,
-    #[arg(long = "rw", value_name = "PATH")]
-    pub rw: Vec<PathBuf>,
-    #[arg(long = "env", value_name = "K=V")]
-    pub env: Vec<String>,
-    #[arg(long = "pass-env", value_name = "NAME")]
-    pub pass_env: Vec<String>,
-    #[arg(long, value_name = "DURATION")]
-    pub timeout: Option<String>,
-    #[arg(long = "allow-domain", value_name = "PATTERN")]
-    pub allow_domain: Vec<String>,
-    #[arg(long = "deny-domain", value_name = "PATTERN")]
-    pub deny_domain: Vec<String>,
-    /// Capture output and print one JSON result object on exit
-    #[arg(long, conflicts_with = "events")]
-    pub json: bool,
-    /// Stream NDJSON lifecycle events on stdout as they happen
-    #[arg(long)]
-    pub events: bool,
-    #[arg(long, value_name = "PATH")]
-    pub audit_log: Option<PathBuf>,
-    #[arg(long, conflicts_with = "audit_log")]
-    pub no_audit: bool,
-    #[arg(long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub policy: PolicyFlags,
+    #[command(flatten)]
+    pub report: ReportArgs,
     /// Print the resolved grants and where each came from, and do not run
     #[arg(long)]
     pub dry_run: bool,
     /// The tool (a profile name) and its arguments
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "TOOL"
-    )]
+    #[arg(required = true, trailing_var_arg = true, value_name = "TOOL")]
     pub tool_and_args: Vec<OsString>,
 }
 
@@ -152,43 +116,6 @@ fn shim_dir(explicit: Option<&Path>) -> PathBuf {
     }
 }
 
-/// The flags of `moat run` as the strongest settings layer.
-fn flag_settings(a: &RunArgs) -> Result<Settings, String> {
-    let mut s = Settings::default();
-    if let Some(l) = &a.policy {
-        s.level =
-            Some(moat_config::parse_level(l).ok_or_else(|| format!("unknown --policy {l:?}"))?);
-    }
-    if let Some(n) = &a.network {
-        s.network = Some(NetworkMode::parse(n).ok_or_else(|| format!("unknown --network {n:?}"))?);
-    }
-    for p in &a.ro {
-        s.paths.push(PathSpec {
-            path: p.clone(),
-            access: Access::ReadOnly,
-        });
-    }
-    for p in &a.rw {
-        s.paths.push(PathSpec {
-            path: p.clone(),
-            access: Access::ReadWrite,
-        });
-    }
-    for kv in &a.env {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| format!("--env {kv:?} must be K=V"))?;
-        s.env.insert(k.to_string(), v.to_string());
-    }
-    s.pass_env = a.pass_env.clone();
-    s.allow_domains = a.allow_domain.clone();
-    s.deny_domains = a.deny_domain.clone();
-    if let Some(t) = &a.timeout {
-        s.timeout_ms = Some(parse_duration(t).map_err(|e| e.to_string())?);
-    }
-    Ok(s)
-}
-
 /// Loads the project file for `workspace` and makes sure it is trusted:
 /// asks on the terminal, or fails closed without one.
 fn trusted_project(workspace: &Path) -> Result<Option<ProjectFile>, String> {
@@ -253,13 +180,7 @@ fn resolve_tool(
     let h = home();
     let here =
         std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
-    let ws = a
-        .cwd
-        .clone()
-        .map(|c| if c.is_absolute() { c } else { here.join(c) })
-        .unwrap_or(here);
-    let workspace =
-        std::fs::canonicalize(&ws).map_err(|e| format!("the workspace {}: {e}", ws.display()))?;
+    let workspace = crate::workspace_of(&a.policy, &here, &h).map_err(|e| format!("{e:#}"))?;
     let shim = shim_dir(None);
     let exe = moat_exe();
     let path_var = std::env::var_os("PATH").unwrap_or_default();
@@ -280,7 +201,11 @@ fn resolve_tool(
         None => None,
     };
     let sources = Sources {
-        flags: Some(flag_settings(a)?),
+        flags: Some(
+            a.policy
+                .to_settings(FlagOrigin::CommandLine { here: &here })
+                .map_err(|e| e.to_string())?,
+        ),
         moat_args: moat_args_from_env().map_err(|e| e.to_string())?,
         project: trusted_project(&workspace)?,
         user_config,
@@ -289,14 +214,8 @@ fn resolve_tool(
         home: Some(h.clone()),
     };
     let resolved = resolve(Some(tool), argv1, sources).map_err(|e| e.to_string())?;
-    let home_canon = std::fs::canonicalize(&h).unwrap_or(h.clone());
-    let (mut policy, _skipped) = resolved
-        .to_policy(workspace, home_canon, |p| match std::fs::canonicalize(p) {
-            Ok(c) => Ok(Some(c)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.to_string()),
-        })
-        .map_err(|e| e.to_string())?;
+    let mut policy =
+        crate::finish_policy(&resolved, &a.policy, workspace, &h).map_err(|e| format!("{e:#}"))?;
     // Tools composed inside the session keep their own net class.
     // Under the profile's name and under its program's (python → python3),
     // so calling either inside the session keeps the tool's class.
@@ -347,13 +266,7 @@ fn with_shims(policy: Policy, shims: Vec<moat_policy::ShimSpec>) -> Result<Polic
 
 /// `moat run TOOL [ARGS...]`.
 pub fn run(a: RunArgs) -> ExitCode {
-    let reporting = Reporting {
-        json: a.json,
-        events: a.events,
-        audit_log: a.audit_log.clone(),
-        no_audit: a.no_audit,
-        quiet: a.quiet,
-    };
+    let reporting = Reporting::from(&a.report);
     let mut it = a.tool_and_args.iter();
     let Some(tool) = it.next().map(|t| t.to_string_lossy().into_owned()) else {
         return refuse_early(&reporting, "name a tool: moat run TOOL [ARGS...]");
@@ -363,9 +276,21 @@ pub fn run(a: RunArgs) -> ExitCode {
     match resolve_tool(&tool, argv1.as_deref(), &a) {
         Ok((policy, timeout, program, resolved)) => {
             if a.dry_run {
-                println!("{}", resolved.render());
-                println!("program: {}", program.display());
-                println!("policy_hash: {}", policy.hash());
+                outln!("{}", resolved.render());
+                outln!("program: {}", program.display());
+                outln!("policy_hash: {}", policy.hash());
+                if policy.level.is_sandboxed() {
+                    // Which of the user's own settings the tool will see,
+                    // and what was kept out (names only, never values).
+                    for c in moat_config::redacted_user_configs(&policy.home) {
+                        let removed = if c.removed.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (removed: {})", c.removed.join(", "))
+                        };
+                        outln!("user_config: ~/{}{removed}", c.rel.display());
+                    }
+                }
                 return ExitCode::SUCCESS;
             }
             let mut command = vec![program.into_os_string()];
@@ -467,7 +392,7 @@ pub fn profile(cmd: ProfileCommand) -> ExitCode {
                         .get(n)
                         .and_then(|p| p.description.clone())
                         .unwrap_or_default();
-                    println!("{n:<8} {origin:<10} {desc}");
+                    outln!("{n:<8} {origin:<10} {desc}");
                 }
                 ExitCode::SUCCESS
             }
@@ -477,9 +402,9 @@ pub fn profile(cmd: ProfileCommand) -> ExitCode {
             let a = RunArgs::default();
             match resolve_tool(&tool, subcommand.as_deref(), &a) {
                 Ok((policy, _, program, resolved)) => {
-                    println!("{}", resolved.render());
-                    println!("program      {}", program.display());
-                    println!("policy_hash  {}", policy.hash());
+                    outln!("{}", resolved.render());
+                    outln!("program      {}", program.display());
+                    outln!("policy_hash  {}", policy.hash());
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(&e),
@@ -495,7 +420,7 @@ pub fn profile(cmd: ProfileCommand) -> ExitCode {
                     for w in &p.warnings {
                         eprintln!("warning: {w}");
                     }
-                    println!("ok: profile {} for program {}", p.name, p.program);
+                    outln!("ok: profile {} for program {}", p.name, p.program);
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(&e.to_string()),
@@ -534,7 +459,7 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                 let link = dir.join(t);
                 if let Ok(target) = std::fs::read_link(&link) {
                     if std::fs::canonicalize(&target).ok() == Some(exe.clone()) {
-                        println!("{} already shimmed", link.display());
+                        outln!("{} already shimmed", link.display());
                         continue;
                     }
                 }
@@ -547,7 +472,7 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                 if let Err(e) = std::os::unix::fs::symlink(&exe, &link) {
                     return fail(&format!("{}: {e}", link.display()));
                 }
-                println!("{} -> {}", link.display(), exe.display());
+                outln!("{} -> {}", link.display(), exe.display());
             }
             let on_path = std::env::var_os("PATH")
                 .map(|p| std::env::split_paths(&p).any(|d| d == dir))
@@ -575,7 +500,7 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                     .collect();
                 names.sort();
                 for n in names {
-                    println!("{}", dir.join(n).display());
+                    outln!("{}", dir.join(n).display());
                 }
             }
             ExitCode::SUCCESS
@@ -594,7 +519,7 @@ pub fn shim(cmd: ShimCommand) -> ExitCode {
                 if let Err(e) = std::fs::remove_file(&link) {
                     return fail(&format!("{}: {e}", link.display()));
                 }
-                println!("removed {}", link.display());
+                outln!("removed {}", link.display());
             }
             ExitCode::SUCCESS
         }
@@ -610,7 +535,7 @@ pub fn trust(dir: Option<PathBuf>, list: bool, untrust: bool) -> ExitCode {
         return match store.list() {
             Ok(entries) => {
                 for (p, e) in entries {
-                    println!("{}  {}  {}", e.trusted_at, e.sha256, p.display());
+                    outln!("{}  {}  {}", e.trusted_at, e.sha256, p.display());
                 }
                 ExitCode::SUCCESS
             }
@@ -630,11 +555,11 @@ pub fn trust(dir: Option<PathBuf>, list: bool, untrust: bool) -> ExitCode {
     if untrust {
         return match store.untrust(&path) {
             Ok(true) => {
-                println!("untrusted {}", path.display());
+                outln!("untrusted {}", path.display());
                 ExitCode::SUCCESS
             }
             Ok(false) => {
-                println!("{} was not trusted", path.display());
+                outln!("{} was not trusted", path.display());
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e.to_string()),
@@ -644,14 +569,14 @@ pub fn trust(dir: Option<PathBuf>, list: bool, untrust: bool) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(&e.to_string()),
     };
-    print!(
+    out!(
         "{}",
         render_grants(&project).trim_end_matches("Trust this project file? [y/N] ")
     );
-    println!();
+    outln!();
     match store.trust(&project.path, &project.digest) {
         Ok(()) => {
-            println!("trusted {} at {}", project.path.display(), project.digest);
+            outln!("trusted {} at {}", project.path.display(), project.digest);
             ExitCode::SUCCESS
         }
         Err(e) => fail(&e.to_string()),

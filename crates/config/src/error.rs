@@ -60,6 +60,10 @@ pub enum ConfigError {
         network_source: String,
     },
 
+    /// A command-line policy flag moat does not accept.
+    #[error("{arg}: {why}")]
+    Flag { arg: String, why: String },
+
     /// An argument in `MOAT_ARGS` moat does not accept.
     #[error("MOAT_ARGS: {arg}: {why}")]
     MoatArgs { arg: String, why: String },

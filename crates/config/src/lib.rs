@@ -26,6 +26,7 @@
 
 mod catalogue;
 mod error;
+mod flags;
 mod load;
 mod moat_args;
 mod profile;
@@ -33,16 +34,21 @@ mod project;
 mod resolve;
 mod settings;
 mod trust;
+mod userconf;
 
 pub use catalogue::{builtin, builtin_checked, builtin_names, builtin_source, BUILTIN_SOURCES};
 pub use error::ConfigError;
+pub use flags::{
+    moat_args_flag_names, parse_moat_args_words, policy_flag_names, url_has_userinfo,
+    url_without_userinfo, FlagOrigin, PolicyFlags, NOT_IN_MOAT_ARGS, UPSTREAM_AUTH_ENV,
+};
 pub use load::{
     all_profile_names, config_dir, config_dir_from_env, default_or_shim_dir, load_catalogue,
     load_user_config, load_user_profiles, parse_user_config, parse_user_profile, resolve_program,
     shimmable_names, state_dir, state_dir_from_env, user_config_path, user_profiles_dir, Catalogue,
     ProfileOrigin, UserConfig,
 };
-pub use moat_args::{moat_args_from_env, parse_moat_args, MOAT_ARGS_FLAGS};
+pub use moat_args::{moat_args_from_env, parse_moat_args};
 pub use profile::{parse_profile, Profile};
 pub use project::{
     find_project_file, find_project_file_with, load_project, parse_project, project_digest,
@@ -57,4 +63,8 @@ pub use settings::{
 };
 pub use trust::{
     is_trusted, render_grants, rfc3339_utc, TrustEntry, TrustMap, TrustStore, TRUST_FILE_NAME,
+};
+pub use userconf::{
+    http_registry_credentials, redact_config_text, redacted_user_configs, CredentialKind,
+    HttpCredential, RedactedConfig, USER_TOOL_CONFIGS,
 };

@@ -48,6 +48,7 @@ struct RawProfile {
     #[serde(default)]
     mounts: Vec<RawMount>,
     timeout: Option<String>,
+    limits: Option<crate::settings::RawLimits>,
     #[serde(default)]
     subcommands: BTreeMap<String, RawOverrides>,
 }
@@ -94,6 +95,7 @@ pub fn parse_profile(text: &str, file: &str) -> Result<Profile, ConfigError> {
         ro: Vec::new(),
         rw: Vec::new(),
         timeout: raw.timeout,
+        limits: raw.limits,
     };
     let ctx = Ctx {
         file,

@@ -93,6 +93,16 @@ pub struct Resolved {
     pub pass_env: Vec<Sourced<String>>,
     pub protected_opt_in: Vec<Sourced<PathBuf>>,
     pub timeout_ms: Option<Sourced<u64>>,
+    /// Each resource limit from the strongest source that sets it.
+    pub limits: Vec<Sourced<(&'static str, u64)>>,
+    /// `--limits` / `limits.mode`.
+    pub limits_mode: Option<Sourced<moat_policy::LimitsMode>>,
+    /// `--upstream-proxy` (without credentials), from a flag.
+    pub upstream_proxy: Option<Sourced<String>>,
+    /// With `MOAT_ARGS`: the paths the other sources grant, which every
+    /// `MOAT_ARGS` path must lie under once symlinks are resolved.
+    #[serde(skip)]
+    pub moat_args_base: Vec<(PathBuf, Access)>,
     /// Things that were dropped or adjusted, for `moat profile show`.
     pub notes: Vec<String>,
 }
@@ -195,6 +205,22 @@ fn merge(layers: &[Layer], home: Option<&Path>) -> Result<Resolved, ConfigError>
         source: Source::Default,
     });
     let timeout_ms = first(layers, |s| s.timeout_ms);
+    let limits = moat_policy::Limits::default()
+        .by_name()
+        .iter()
+        .filter_map(|(name, _)| {
+            let name = *name;
+            first(layers, |s| {
+                s.limits
+                    .by_name()
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .and_then(|(_, v)| v.map(|v| (name, v)))
+            })
+        })
+        .collect();
+    let limits_mode = first(layers, |s| s.limits_mode);
+    let upstream_proxy = first(layers, |s| s.upstream_proxy.clone());
     let mut notes = Vec::new();
     let rank = |get: fn(&Settings) -> bool| {
         layers
@@ -388,6 +414,10 @@ fn merge(layers: &[Layer], home: Option<&Path>) -> Result<Resolved, ConfigError>
         pass_env,
         protected_opt_in,
         timeout_ms,
+        limits,
+        limits_mode,
+        upstream_proxy,
+        moat_args_base: Vec::new(),
         notes,
     })
 }
@@ -529,6 +559,7 @@ pub fn resolve(
 ) -> Result<Resolved, ConfigError> {
     let home = sources.home.as_deref();
     let all = layers(tool, argv1, &sources);
+    let mut moat_args_base = Vec::new();
     if let Some(m) = &sources.moat_args {
         let lower: Vec<Layer> = all
             .iter()
@@ -541,8 +572,20 @@ pub fn resolve(
             .filter(|(src, _)| matches!(src, Source::Project(_) | Source::Config(_)))
             .collect();
         check_moat_args(m, sources.flags.as_ref(), &baseline, &trusted, home)?;
+        moat_args_base = baseline
+            .ro
+            .iter()
+            .map(|p| (p.value.clone(), Access::ReadOnly))
+            .chain(
+                baseline
+                    .rw
+                    .iter()
+                    .map(|p| (p.value.clone(), Access::ReadWrite)),
+            )
+            .collect();
     }
     let mut r = merge(&all, home)?;
+    r.moat_args_base = moat_args_base;
     r.tool = tool.map(str::to_string);
     if let Some(p) = &sources.profile {
         r.program = Some(p.program.clone());
@@ -554,6 +597,28 @@ pub fn resolve(
 }
 
 impl Resolved {
+    /// The limits as the policy takes them. A limit that only a profile or
+    /// moat's defaults set is best-effort: a default that this host cannot
+    /// enforce must not stop every run of the tool.
+    pub fn policy_limits(&self) -> moat_policy::Limits {
+        let mut out = moat_policy::Limits {
+            mode: self
+                .limits_mode
+                .as_ref()
+                .map(|m| m.value)
+                .unwrap_or_default(),
+            ..Default::default()
+        };
+        for l in &self.limits {
+            let (name, value) = l.value;
+            out.set(name, Some(value));
+            if matches!(l.source, Source::Profile(_) | Source::Default) {
+                out.best_effort.push(name.to_string());
+            }
+        }
+        out
+    }
+
     /// Every grant, one per line, with its source (for `moat profile show`).
     pub fn grant_lines(&self) -> Vec<GrantLine> {
         let mut out = Vec::new();
@@ -598,6 +663,15 @@ impl Resolved {
         }
         if let Some(t) = &self.timeout_ms {
             push("timeout", format!("{}ms", t.value), &t.source);
+        }
+        for l in &self.limits {
+            push("limit", format!("{}={}", l.value.0, l.value.1), &l.source);
+        }
+        if let Some(m) = &self.limits_mode {
+            push("limits_mode", format!("{:?}", m.value), &m.source);
+        }
+        if let Some(u) = &self.upstream_proxy {
+            push("upstream_proxy", u.value.clone(), &u.source);
         }
         out
     }
@@ -677,6 +751,31 @@ impl Resolved {
             }
             mapped.push((canonical, access, p));
         }
+        // MOAT_ARGS may only narrow: compared on resolved paths, so a
+        // symlink inside a granted directory cannot carry a grant outside it.
+        if mapped.iter().any(|m| m.2.source == Source::MoatArgs) {
+            let mut base: Vec<(PathBuf, Access)> = Vec::new();
+            for (b, access) in &self.moat_args_base {
+                if let Ok(Some(c)) = map_path(&expand_tilde(b, &home)) {
+                    base.push((c, *access));
+                }
+            }
+            for (c, access, p) in mapped.iter().filter(|m| m.2.source == Source::MoatArgs) {
+                let covered = base.iter().any(|(b, a)| {
+                    c.starts_with(b) && (*a == Access::ReadWrite || *access == Access::ReadOnly)
+                });
+                if !covered {
+                    return Err(ConfigError::MoatArgsWidening {
+                        what: format!(
+                            "--{} {} resolves to {}, which no other source grants",
+                            access_str(*access),
+                            p.value.display(),
+                            c.display()
+                        ),
+                    });
+                }
+            }
+        }
         let opted: Vec<PathBuf> = self
             .protected_opt_in
             .iter()
@@ -716,6 +815,7 @@ impl Resolved {
                 .collect(),
             pass_env: self.pass_env.iter().map(|k| k.value.clone()).collect(),
             timeout_ms: self.timeout_ms.as_ref().map(|t| t.value),
+            limits: self.policy_limits(),
             allow_domains: if proxy {
                 self.allow_domains.iter().map(|d| d.value.clone()).collect()
             } else {
@@ -726,8 +826,13 @@ impl Resolved {
             } else {
                 Vec::new()
             },
-            upstream_proxy: None,
-            net_class: Some(self.net_class.value),
+            upstream_proxy: self.upstream_proxy.as_ref().map(|u| u.value.clone()),
+            // The built-in default (no filter) is left out, so a policy
+            // resolved from flags alone hashes as it did before profiles.
+            net_class: match (&self.net_class.source, self.net_class.value) {
+                (Source::Default, NetClass::Unconfined) => None,
+                (_, c) => Some(c),
+            },
             tool: self.tool.clone(),
             ..Default::default()
         };

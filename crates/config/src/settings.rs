@@ -38,6 +38,12 @@ pub struct Settings {
     pub protected_opt_in: Vec<PathBuf>,
     pub paths: Vec<PathSpec>,
     pub timeout_ms: Option<u64>,
+    /// `--upstream-proxy` as given, without credentials (flags only).
+    pub upstream_proxy: Option<String>,
+    /// Resource limits this source sets (its `mode` is unused: see `limits_mode`).
+    pub limits: moat_policy::Limits,
+    /// `--limits` / `limits.mode`: strict or best-effort.
+    pub limits_mode: Option<moat_policy::LimitsMode>,
 }
 
 impl Settings {
@@ -58,6 +64,9 @@ impl Settings {
             network: self.network,
             net_class: self.net_class,
             timeout_ms: self.timeout_ms,
+            upstream_proxy: self.upstream_proxy.clone(),
+            limits: self.limits.clone(),
+            limits_mode: self.limits_mode,
             ..Settings::default()
         }
     }
@@ -69,6 +78,9 @@ impl Settings {
             network: None,
             net_class: None,
             timeout_ms: None,
+            upstream_proxy: None,
+            limits: moat_policy::Limits::default(),
+            limits_mode: None,
             ..self.clone()
         }
     }
@@ -87,6 +99,9 @@ impl Settings {
         out.network = over.network.or(self.network);
         out.net_class = over.net_class.or(self.net_class);
         out.timeout_ms = over.timeout_ms.or(self.timeout_ms);
+        out.upstream_proxy = over.upstream_proxy.clone().or(self.upstream_proxy.clone());
+        out.limits = self.limits.merged(&over.limits);
+        out.limits_mode = over.limits_mode.or(self.limits_mode);
         extend_unique(&mut out.allow_domains, &over.allow_domains);
         extend_unique(&mut out.deny_domains, &over.deny_domains);
         extend_unique(&mut out.pass_env, &over.pass_env);
@@ -149,6 +164,23 @@ pub(crate) struct RawOverrides {
     #[serde(default)]
     pub rw: Vec<String>,
     pub timeout: Option<String>,
+    pub limits: Option<RawLimits>,
+}
+
+/// A `[limits]` table as written: sizes as strings (`"2G"`), counts as
+/// integers, `cpu_time` as a duration (`"10m"`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimits {
+    pub memory: Option<String>,
+    pub pids: Option<u64>,
+    pub cpu_time: Option<String>,
+    pub file_size: Option<String>,
+    pub open_files: Option<u64>,
+    pub tmp_size: Option<String>,
+    pub output: Option<String>,
+    /// `strict` or `best-effort`.
+    pub mode: Option<String>,
 }
 
 /// Declares a file-level TOML struct: the overridable keys of
@@ -180,6 +212,7 @@ macro_rules! raw_file_struct {
             #[serde(default)]
             rw: Vec<String>,
             timeout: Option<String>,
+            limits: Option<$crate::settings::RawLimits>,
             $(#[serde(default)] $extra: $ty,)*
         }
 
@@ -200,6 +233,7 @@ macro_rules! raw_file_struct {
                         ro: self.ro,
                         rw: self.rw,
                         timeout: self.timeout,
+                        limits: self.limits,
                     },
                     ($(self.$extra),*),
                 )
@@ -465,6 +499,54 @@ impl RawOverrides {
                 moat_policy::parse_duration(t)
                     .map_err(|e| ctx.invalid("timeout", q(t), e.to_string()))?,
             );
+        }
+        if let Some(l) = &self.limits {
+            let size = |k: &str, v: &Option<String>| -> Result<Option<u64>, ConfigError> {
+                v.as_ref()
+                    .map(|s| {
+                        moat_policy::parse_size(s)
+                            .map_err(|e| ctx.invalid(&format!("limits.{k}"), q(s), e.to_string()))
+                    })
+                    .transpose()
+            };
+            let count = |k: &str, v: Option<u64>| -> Result<Option<u64>, ConfigError> {
+                match v {
+                    Some(0) => {
+                        Err(ctx.invalid(&format!("limits.{k}"), 0, "use a whole number above zero"))
+                    }
+                    other => Ok(other),
+                }
+            };
+            out.limits = moat_policy::Limits {
+                memory: size("memory", &l.memory)?,
+                pids: count("pids", l.pids)?,
+                cpu_time_ms: l
+                    .cpu_time
+                    .as_ref()
+                    .map(|t| {
+                        moat_policy::parse_duration(t)
+                            .map_err(|e| ctx.invalid("limits.cpu_time", q(t), e.to_string()))
+                    })
+                    .transpose()?,
+                file_size: size("file_size", &l.file_size)?,
+                open_files: count("open_files", l.open_files)?,
+                tmp_size: size("tmp_size", &l.tmp_size)?,
+                output: size("output", &l.output)?,
+                ..Default::default()
+            };
+            if let Some(m) = &l.mode {
+                if matches!(ctx.kind, Kind::Project { .. }) {
+                    // A project may add limits, never relax the user's.
+                    return Err(ctx.invalid(
+                        "limits.mode",
+                        q(m),
+                        "a project file cannot choose how strictly limits hold; set it in your own config or with --limits",
+                    ));
+                }
+                out.limits_mode = Some(moat_policy::LimitsMode::parse(m).ok_or_else(|| {
+                    ctx.invalid("limits.mode", q(m), "use \"strict\" or \"best-effort\"")
+                })?);
+            }
         }
         Ok((out, warnings))
     }

@@ -27,6 +27,8 @@ pub enum DenyReason {
     MoatState,
     /// Inside a path granted read-only (--ro, a profile or project grant).
     ReadOnlyGrant,
+    /// A path moat built into the view (/moat/bin, /moat/shims…): no flag grants it.
+    MoatBuilt,
 }
 
 impl DenyReason {
@@ -38,6 +40,7 @@ impl DenyReason {
             DenyReason::OutsideView => "outside_view",
             DenyReason::MoatState => "moat_state",
             DenyReason::ReadOnlyGrant => "read_only_grant",
+            DenyReason::MoatBuilt => "moat_built",
         }
     }
 
@@ -61,6 +64,9 @@ impl DenyReason {
                 "moat's own audit log and configuration are read-only to sandboxed commands".into()
             }
             DenyReason::ReadOnlyGrant => "granted read-only; grant it with --rw to write".into(),
+            DenyReason::MoatBuilt => {
+                "built by moat for this run (its binary, shims and their table); read-only, no flag changes it".into()
+            }
         }
     }
 }
@@ -108,6 +114,10 @@ pub fn explain(
         if x.mode == Mode::Hidden && (x.path == abs || x.kind == Kind::Dir) {
             return Some(DenyReason::Protected);
         }
+    }
+    let home = Path::new(crate::plan::SANDBOX_HOME);
+    if abs.starts_with(crate::plan::SANDBOX_MOAT_DIR) && !abs.starts_with(home) {
+        return (errno != "ENOENT").then_some(DenyReason::MoatBuilt);
     }
     match errno {
         "EROFS" | "EACCES" | "EPERM" => {

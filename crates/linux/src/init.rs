@@ -41,6 +41,9 @@ pub struct InitArgs<'a> {
     pub seccomp: Option<seccompiler::BpfProgram>,
     /// Resource limits set in the command before exec (lowered only).
     pub rlimits: &'a [(nix::sys::resource::Resource, u64, u64)],
+    /// Give the command a pty of its own (stdin and stdout are a terminal);
+    /// `Some(true)`: stderr too.
+    pub pty: Option<bool>,
 }
 
 fn report(fd: RawFd, msg: &str) {
@@ -50,18 +53,23 @@ fn report(fd: RawFd, msg: &str) {
 /// Entry point of the cloned child. Never returns.
 pub fn main(args: InitArgs<'_>) -> ! {
     let fd = args.report_fd;
-    match setup(&args) {
-        Ok(()) => {}
+    let slave = match setup(&args) {
+        Ok(slave) => slave,
         Err(msg) => {
             report(fd, &format!("E {}\n", msg.replace('\n', " ")));
             sys::exit_now(125);
         }
-    }
+    };
     let sandboxed = args.plan.sandboxed;
     // The command: forked with glibc's fork so its thread state is right.
     let main_pid = match fork_command() {
-        Ok(None) => command(&args),
-        Ok(Some(pid)) => pid,
+        Ok(None) => command(&args, slave.as_ref()),
+        Ok(Some(pid)) => {
+            // Only the command holds the slave: its last close is the end
+            // of the session for the supervisor's relay.
+            drop(slave);
+            pid
+        }
         Err(e) => {
             report(fd, &format!("E fork the command: {e}\n"));
             sys::exit_now(125);
@@ -79,7 +87,8 @@ fn fork_command() -> io::Result<Option<Pid>> {
 }
 
 /// Namespace, mount and identity setup; runs with the host still reachable.
-fn setup(args: &InitArgs<'_>) -> Result<(), String> {
+/// Returns the slave of the command's pty, when it gets one.
+fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
     let plan = args.plan;
     let fd = args.report_fd;
     if plan.sandboxed {
@@ -107,7 +116,7 @@ fn setup(args: &InitArgs<'_>) -> Result<(), String> {
     )
     .map_err(|e| format!("close inherited fds: {e}"))?;
     if !plan.sandboxed {
-        return Ok(());
+        return Ok(None);
     }
     sys::wipe_environ_block().map_err(|e| format!("clear the init's environment: {e}"))?;
     sys::wipe_argv_block().map_err(|e| format!("clear the init's command line: {e}"))?;
@@ -131,12 +140,25 @@ fn setup(args: &InitArgs<'_>) -> Result<(), String> {
         crate::netns::send_fds(hfd, b'B', &[listener.as_raw_fd()])
             .map_err(|e| format!("hand the broker socket to moat: {e}"))?;
     }
+    // The pty pair lives in the view's own devpts; the supervisor gets the master.
+    let mut slave = None;
+    if let (Some(hfd), Some(_)) = (args.handoff_fd, args.pty) {
+        use std::os::fd::AsRawFd;
+        let (master, s) = crate::pty::open_pair()
+            .map_err(|e| format!("open a terminal in the sandbox's /dev/pts: {e}"))?;
+        // The size first, so the command never sees 0x0 (the supervisor's
+        // copy may come after the command has started).
+        crate::pty::copy_window_size_to(master.as_raw_fd());
+        crate::netns::send_fds(hfd, b'T', &[master.as_raw_fd()])
+            .map_err(|e| format!("hand the terminal to moat: {e}"))?;
+        slave = Some(s);
+    }
     if let Some(hfd) = args.handoff_fd {
         let _ = nix::unistd::close(hfd);
     }
     nix::unistd::chdir(&plan.cwd)
         .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
-    Ok(())
+    Ok(slave)
 }
 
 /// Closes every fd >= 3 except `keep`.
@@ -154,12 +176,20 @@ fn close_all_but(keep: &[RawFd]) -> io::Result<()> {
 }
 
 /// The command's own process: confine, then exec. Never returns.
-fn command(args: &InitArgs<'_>) -> ! {
+fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
     let fd = args.report_fd;
     sys::reset_signals();
     if let Err(e) = crate::limits::apply_rlimits(args.rlimits) {
         report(fd, &format!("E {e}\n"));
         sys::exit_now(125);
+    }
+    if let Some(s) = slave {
+        use std::os::fd::AsRawFd;
+        let stderr = args.pty == Some(true);
+        if let Err(e) = crate::pty::attach_slave(s.as_raw_fd(), stderr) {
+            report(fd, &format!("E attach the command's terminal: {e}\n"));
+            sys::exit_now(125);
+        }
     }
     let mut layers = [Enforcement::None; 2];
     if args.plan.sandboxed {

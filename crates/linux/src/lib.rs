@@ -21,6 +21,7 @@ pub mod mounts;
 pub mod netns;
 pub mod plan;
 pub mod probe;
+pub mod pty;
 pub mod run;
 mod sweep;
 pub mod sys;

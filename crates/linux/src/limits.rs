@@ -242,13 +242,18 @@ pub fn choose(
                 enforced: true,
                 detail,
             }),
-            Err(why) if limits.mode == LimitsMode::BestEffort => out.push(Applied {
-                limit,
-                value,
-                mechanism: None,
-                enforced: false,
-                detail: why,
-            }),
+            Err(why)
+                if limits.mode == LimitsMode::BestEffort
+                    || limits.best_effort.iter().any(|b| b == limit) =>
+            {
+                out.push(Applied {
+                    limit,
+                    value,
+                    mechanism: None,
+                    enforced: false,
+                    detail: why,
+                })
+            }
             Err(why) => {
                 return Err(LimitError {
                     flag: flag_of(limit),
@@ -561,6 +566,7 @@ pub fn capabilities(facts: &LimitFacts) -> serde_json::Value {
         tmp_size: Some(1),
         output: Some(1),
         mode: LimitsMode::BestEffort,
+        best_effort: Vec::new(),
     };
     let per = |sandboxed: bool| {
         let mut m = serde_json::Map::new();

@@ -48,6 +48,8 @@ pub enum Handoff {
     Proxy(TcpListener, TcpListener),
     /// The listener at [`BROKER_SOCKET`] for nested runs.
     Broker(std::os::unix::net::UnixListener),
+    /// The master of the command's own pty (opened in the sandbox's devpts).
+    Pty(OwnedFd),
 }
 
 /// Receives one handoff message; None at EOF or on a malformed message.
@@ -77,6 +79,7 @@ pub fn receive(sock: &UnixStream) -> Option<Handoff> {
             Some(Handoff::Proxy(TcpListener::from(a), TcpListener::from(b)))
         }
         (b'B', Some(a), None) => Some(Handoff::Broker(std::os::unix::net::UnixListener::from(a))),
+        (b'T', Some(a), None) => Some(Handoff::Pty(a)),
         _ => None,
     }
 }

@@ -13,6 +13,9 @@ use crate::probe::{HostFacts, Kind, PROC_MASKED, PROC_READ_ONLY};
 use crate::view::{Mode, View, Why, BUILT_BY_MOAT, SYSTEM_RUNTIME};
 pub use crate::view::{SANDBOX_HOME, SANDBOX_MOAT_BIN};
 
+/// Everything moat builds into the view (the sandbox HOME, its binary, the
+/// shims and their table, the broker socket) lives under this directory.
+pub const SANDBOX_MOAT_DIR: &str = "/moat";
 /// Default PATH when the caller has none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Device nodes bound from the host into the sandbox's /dev.
@@ -418,6 +421,23 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             },
         });
     }
+    // The user's own tool configuration (~/.npmrc, pip.conf, git identity),
+    // redacted by the caller, where the tools look under the sandbox HOME;
+    // a grant the view already shows there wins.
+    if policy.level.is_sandboxed() {
+        for (rel, contents) in &host.home_config_copies {
+            let target = Path::new(SANDBOX_HOME).join(rel);
+            let shown = all_ops[base.len()..]
+                .iter()
+                .any(|op| target.starts_with(op.target()));
+            if !shown {
+                all_ops.push(MountOp::File {
+                    target,
+                    contents: contents.clone(),
+                });
+            }
+        }
+    }
     let pins = pins_for(&all_ops);
     all_ops.extend(pins);
 
@@ -454,8 +474,10 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
                 ll.read.push(target.clone());
             }
         }
+        // Every moat-built path is readable at every level: a shimmed tool
+        // reads /moat/shims.json, and /moat/bin holds moat itself.
         ll.read
-            .extend(["/proc".into(), "/tmp".into(), SANDBOX_HOME.into()]);
+            .extend(["/proc".into(), "/tmp".into(), SANDBOX_MOAT_DIR.into()]);
     }
     ll.write
         .extend(["/tmp".into(), SANDBOX_HOME.into(), "/dev/shm".into()]);
@@ -568,6 +590,13 @@ fn command_env(policy: &Policy, host: &HostFacts) -> Vec<(String, String)> {
         let base = SAFE_BASE_ENV.contains(&k.as_str()) || k.starts_with("LC_");
         if base && !is_secret_env_name(k) {
             env.insert(k.clone(), v.clone());
+        }
+    }
+    // The user's tool configuration (PIP_INDEX_URL, NPM_CONFIG_REGISTRY,
+    // GIT_AUTHOR_NAME…), never a credential in it.
+    for (k, v) in &host.env {
+        if let Some(v) = moat_policy::tool_config_env(k, v) {
+            env.insert(k.clone(), v);
         }
     }
     env.entry("PATH".into())

@@ -87,6 +87,9 @@ pub struct HostFacts {
     /// moat's configuration (profiles, config): read-only wherever a
     /// writable part of the view contains it.
     pub moat_readonly: Vec<PathBuf>,
+    /// The user's tool configuration files, redacted (relative to HOME,
+    /// contents): copied under the sandbox HOME. Filled in by the caller.
+    pub home_config_copies: Vec<(PathBuf, String)>,
     /// moat's config/state directories that do not exist and could not be
     /// created (the plan refuses if the command could create them).
     pub moat_missing: Vec<PathBuf>,

@@ -361,6 +361,19 @@ fn launch(
     let mut captures = Vec::new();
     let (mut stdout_end, mut stderr_end) = (None, None);
     let stderr_is_tty = nix::unistd::isatty(std::io::stderr()).unwrap_or(false);
+    // An interactive run: the command gets a terminal of its own inside the
+    // sandbox (the host's never enters it); stderr joins it when it is a
+    // terminal too.
+    let pty = (plan.sandboxed
+        && opts.output == OutputMode::Passthrough
+        // An output limit counts every byte in pipes; a terminal would bypass it.
+        && enforcer.output.is_none()
+        && nix::unistd::isatty(std::io::stdin()).unwrap_or(false)
+        && nix::unistd::isatty(std::io::stdout()).unwrap_or(false)
+        // Only in the terminal's foreground: a backgrounded moat must not
+        // put the user's terminal in raw mode under their shell.
+        && nix::unistd::tcgetpgrp(std::io::stdin()).ok() == Some(nix::unistd::getpgrp()))
+    .then_some(stderr_is_tty);
     let wanted: &[(Stream, usize, Option<i32>)] = match opts.output {
         // An output limit needs every byte to pass through moat to be counted.
         OutputMode::Passthrough if enforcer.output.is_some() => {
@@ -443,6 +456,7 @@ fn launch(
             envp,
             seccomp,
             rlimits: &enforcer.rlimits,
+            pty,
         }),
         Ok(Forked::Parent(pid)) => Pid::from_raw(pid),
         Err(e) => {
@@ -490,6 +504,12 @@ fn supervise(
     let watch = enforcer.cgroup.is_some() || enforcer.nproc_limit.is_some();
     let tick = Duration::from_millis(50);
     let mut broker: Option<std::os::unix::net::UnixListener> = None;
+    // The command's own terminal, once the init has opened it.
+    let mut relay: Option<crate::pty::Relay> = None;
+    if plan.sandboxed && nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
+        // Resizes of the host terminal arrive through the signalfd.
+        let _ = sys::set_sigmask(libc::SIG_BLOCK, &[libc::SIGWINCH]);
+    }
     let pidfd = sys::pidfd_open(child.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
     let mut mask = SigSet::empty();
     for s in [
@@ -497,6 +517,7 @@ fn supervise(
         Signal::SIGHUP,
         Signal::SIGINT,
         Signal::SIGQUIT,
+        Signal::SIGWINCH,
     ] {
         mask.add(s);
     }
@@ -546,6 +567,12 @@ fn supervise(
         for c in captures.iter().filter(|c| c.open) {
             fds.push(PollFd::new(c.fd.as_fd(), PollFlags::POLLIN));
         }
+        let relay_index = fds.len();
+        let relay_set = relay.as_ref().map(|r| r.poll_set()).unwrap_or_default();
+        let relay_has_master = relay_set.first().is_some_and(|(fd, _)| fd.as_raw_fd() != 0);
+        for (fd, flags) in &relay_set {
+            fds.push(PollFd::new(*fd, *flags));
+        }
         match poll(&mut fds, timeout) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(format!("poll: {e}")),
@@ -564,7 +591,17 @@ fn supervise(
         let cap_ready: Vec<bool> = (0..captures.iter().filter(|c| c.open).count())
             .map(|i| ready(cap_index + i))
             .collect();
+        let (master_ready, stdin_ready) = match (relay_has_master, relay_set.len()) {
+            (true, 2) => (ready(relay_index), ready(relay_index + 1)),
+            (true, _) => (ready(relay_index), false),
+            (false, 1) => (false, ready(relay_index)),
+            _ => (false, false),
+        };
         drop(fds);
+        drop(relay_set);
+        if let Some(r) = relay.as_mut() {
+            r.pump(master_ready, stdin_ready);
+        }
         if handoff_ready {
             match handoff.as_ref().and_then(crate::netns::receive) {
                 Some(crate::netns::Handoff::Proxy(http, socks)) => {
@@ -573,6 +610,9 @@ fn supervise(
                 Some(crate::netns::Handoff::Broker(l)) => {
                     let _ = l.set_nonblocking(true);
                     broker = Some(l);
+                }
+                Some(crate::netns::Handoff::Pty(master)) => {
+                    relay = Some(crate::pty::Relay::start(master));
                 }
                 None => handoff = None,
             }
@@ -631,6 +671,11 @@ fn supervise(
                     libc::SIGHUP => {
                         let _ = sys::kill(child.as_raw(), libc::SIGHUP);
                     }
+                    libc::SIGWINCH => {
+                        if let Some(r) = &relay {
+                            r.copy_window_size();
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -667,6 +712,10 @@ fn supervise(
     } else {
         waitpid(child, None).map_err(|e| format!("wait for the sandbox: {e}"))?
     };
+    // What the command wrote last, then the host terminal's own settings back.
+    if let Some(mut r) = relay.take() {
+        r.drain_master();
+    }
     // Everything that could hold the pipes is gone now; drain what is left.
     set_nonblocking(&report_r);
     if report_open {
@@ -717,7 +766,8 @@ fn supervise(
             let _ = waitpid(child, None);
         }
     }
-    let r = interpret(&report_buf, init_status, plan, out);
+    let program = opts.argv.first().cloned().unwrap_or_default();
+    let r = interpret(&report_buf, init_status, plan, &program, out);
     out.termination_reason = termination_reason(out, reached);
     r
 }
@@ -786,11 +836,55 @@ fn read_report(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
     }
 }
 
+/// Why `program` was not found in the view: named, with where it is on
+/// the host and the flag that would show it.
+fn not_in_view(plan: &Plan, program: &std::ffi::OsStr) -> String {
+    let shown = program.to_string_lossy();
+    // Where the host would find it: the path as given, or the first match
+    // on the command's PATH (as the host sees those directories).
+    let host_path = if shown.contains('/') {
+        Some(crate::explain::absolute(&plan.cwd, &shown))
+    } else {
+        plan.env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+            .split(':')
+            .filter(|d| d.starts_with('/'))
+            .map(|d| std::path::Path::new(d).join(&*shown))
+            .find(|p| p.is_file())
+    };
+    let why = host_path.as_ref().and_then(|p| {
+        let text = p.to_string_lossy();
+        crate::explain::explain(plan, &text, "ENOENT", |q| q.symlink_metadata().is_ok())
+            .map(|r| (p, r))
+    });
+    match why {
+        Some((p, _)) if p.starts_with("/tmp") => format!(
+            "{shown}: not found in the sandbox's view: it is {} on the host, and the sandbox's /tmp is its own (empty, private); add --ro {} to show it, or move it into the workspace",
+            p.display(),
+            p.parent().unwrap_or(p).display()
+        ),
+        Some((p, r)) => format!(
+            "{shown}: not found in the sandbox's view: it is {} on the host ({}: {})",
+            p.display(),
+            r.code(),
+            r.phrase(plan.level)
+        ),
+        None => format!(
+            "{shown}: command not found in the sandbox's view; at --policy {} only the paths the policy shows exist",
+            plan.level
+        ),
+    }
+}
+
 /// Turns the init's report lines and exit status into the outcome.
 fn interpret(
     report: &[u8],
     init_status: WaitStatus,
     plan: &Plan,
+    program: &std::ffi::OsStr,
     out: &mut RunOutcome,
 ) -> Result<(), String> {
     let text = String::from_utf8_lossy(report);
@@ -817,11 +911,7 @@ fn interpret(
                 if !plan.sandboxed || errno != libc::ENOENT {
                     return Ok(());
                 }
-                out.error = Some(format!(
-                    "command not found in the sandbox's view ({}); at --policy {} only the paths the policy shows exist",
-                    io::Error::from_raw_os_error(errno),
-                    plan.level
-                ));
+                out.error = Some(not_in_view(plan, program));
                 return Ok(());
             }
             "S" => {

@@ -699,6 +699,40 @@ pub fn borrow_stdio(fd: RawFd) -> Option<std::os::fd::BorrowedFd<'static>> {
     Some(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
 }
 
+/// TIOCGWINSZ: the window size of the terminal at `fd`.
+pub fn get_winsize(fd: RawFd) -> io::Result<libc::winsize> {
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct we own.
+    if unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ws)
+}
+
+/// TIOCSWINSZ: sets the window size of the terminal at `fd` (the kernel
+/// sends SIGWINCH to its foreground process group).
+pub fn set_winsize(fd: RawFd, ws: &libc::winsize) -> io::Result<()> {
+    // SAFETY: TIOCSWINSZ reads one `winsize` from a struct we own.
+    if unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, ws as *const libc::winsize) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// TIOCSCTTY: makes the terminal at `fd` this session's controlling terminal.
+pub fn set_controlling_tty(fd: RawFd) -> io::Result<()> {
+    // SAFETY: integer-only ioctl.
+    if unsafe { libc::ioctl(fd, libc::TIOCSCTTY, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Takes ownership of fd `fd`, which the parent process left open for us and
 /// named (a nested run's pipe from the broker). Fails if it is not open.
 pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {

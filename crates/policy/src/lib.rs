@@ -29,7 +29,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub use duration::{parse_duration, DurationError};
-pub use env::{is_secret_env_name, SAFE_BASE_ENV};
+pub use env::{
+    is_secret_env_name, strip_url_userinfo, tool_config_env, SAFE_BASE_ENV,
+    TOOL_CONFIG_ENV_PREFIXES,
+};
 pub use limits::{parse_count, parse_size, CountError, Limits, LimitsMode, SizeError};
 pub use nested::{covers, Widening};
 pub use protected::{

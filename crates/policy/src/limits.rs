@@ -78,6 +78,7 @@ impl LimitsMode {
 /// The resource limits of one run. Sizes are bytes, times milliseconds;
 /// `None` is "no limit from moat" (the host's own limits still apply).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Limits {
     /// Memory of the whole run (cgroup), else virtual memory per process (RLIMIT_AS).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -101,6 +102,10 @@ pub struct Limits {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output: Option<u64>,
     pub mode: LimitsMode,
+    /// Limits that are best-effort whatever the mode: they came from a
+    /// profile's or moat's defaults, not from the user.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub best_effort: Vec<String>,
 }
 
 impl Limits {
@@ -115,6 +120,52 @@ impl Limits {
             && self.output.is_none()
     }
 
+    /// Each limit by its name (`memory`, `pids`, `cpu_time`, `file_size`,
+    /// `open_files`, `tmp_size`, `output`), for walking them all.
+    pub fn by_name(&self) -> [(&'static str, Option<u64>); 7] {
+        [
+            ("memory", self.memory),
+            ("pids", self.pids),
+            ("cpu_time", self.cpu_time_ms),
+            ("file_size", self.file_size),
+            ("open_files", self.open_files),
+            ("tmp_size", self.tmp_size),
+            ("output", self.output),
+        ]
+    }
+
+    /// Sets the limit named `name` (see [`Limits::by_name`]).
+    pub fn set(&mut self, name: &str, value: Option<u64>) {
+        match name {
+            "memory" => self.memory = value,
+            "pids" => self.pids = value,
+            "cpu_time" => self.cpu_time_ms = value,
+            "file_size" => self.file_size = value,
+            "open_files" => self.open_files = value,
+            "tmp_size" => self.tmp_size = value,
+            _ => self.output = value,
+        }
+    }
+
+    /// These limits, each at most `outer`'s (a nested run gets no more than
+    /// the run it was started from; it is counted on its own, though, not
+    /// inside the outer run's budget). Strict if either is strict.
+    pub fn bounded_by(&self, outer: &Limits) -> Limits {
+        let mut out = self.clone();
+        for ((name, mine), (_, theirs)) in self.by_name().into_iter().zip(outer.by_name()) {
+            if let Some(t) = theirs {
+                out.set(name, Some(mine.map_or(t, |m| m.min(t))));
+                if mine.is_none() && outer.best_effort.iter().any(|b| b == name) {
+                    out.best_effort.push(name.to_string());
+                }
+            }
+        }
+        if outer.mode == LimitsMode::Strict {
+            out.mode = LimitsMode::Strict;
+        }
+        out
+    }
+
     /// `over`'s limits where set, else these (a later layer wins per limit).
     pub fn merged(&self, over: &Limits) -> Limits {
         Limits {
@@ -126,6 +177,7 @@ impl Limits {
             tmp_size: over.tmp_size.or(self.tmp_size),
             output: over.output.or(self.output),
             mode: over.mode,
+            best_effort: Vec::new(),
         }
     }
 }
@@ -153,6 +205,26 @@ mod tests {
         for bad in ["0", "-1", "1.5", "x", ""] {
             assert!(parse_count(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_nested_run_gets_at_most_the_outer_limits() {
+        let outer = Limits {
+            pids: Some(64),
+            memory: Some(1 << 30),
+            ..Default::default()
+        };
+        let inner = Limits {
+            pids: Some(1000),
+            memory: Some(1 << 20),
+            mode: LimitsMode::BestEffort,
+            ..Default::default()
+        };
+        let b = inner.bounded_by(&outer);
+        assert_eq!(b.pids, Some(64));
+        assert_eq!(b.memory, Some(1 << 20));
+        assert_eq!(b.mode, LimitsMode::Strict);
+        assert_eq!(Limits::default().bounded_by(&outer).pids, Some(64));
     }
 
     #[test]

@@ -13,6 +13,10 @@ pub const PROTECTED_HOME_PATHS: &[&str] = &[
     ".git-credentials",
     ".npmrc",
     ".pypirc",
+    // pip's index URLs carry credentials; a redacted copy is what the
+    // sandbox sees (under its own HOME).
+    ".config/pip",
+    ".pip",
     ".config/gcloud",
     ".azure",
     ".password-store",

@@ -230,12 +230,10 @@ async fn refuse(
     reason: Reason,
 ) {
     ctx.deny(protocol, host, port, reason);
-    let hp = host_port(host, port);
+    let body = format!("{}\n", crate::refusal_line(host, port, reason));
     if reason == Reason::UpstreamFailed {
-        let body = format!("moat: cannot reach {hp} ({reason})\n");
         answer(client, "502 Bad Gateway", reason, &body).await;
     } else {
-        let body = format!("moat: blocked {hp} ({reason})\n");
         answer(client, "403 Forbidden", reason, &body).await;
     }
 }
@@ -378,6 +376,17 @@ async fn serve_plain(
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"Connection: close\r\n");
+    // The user's credential for this host, added here so it never enters
+    // the sandbox; a request that brings its own keeps it.
+    if !req.headers.iter().any(|(n, _)| n == "authorization") {
+        if let Some(c) = cfg
+            .credentials
+            .iter()
+            .find(|c| c.host == host && c.port == port)
+        {
+            out.extend_from_slice(format!("Authorization: {}\r\n", c.authorization).as_bytes());
+        }
+    }
     if let Some(a) = cfg.upstream.as_ref().and_then(|u| u.proxy_authorization()) {
         out.extend_from_slice(a.as_bytes());
     }

@@ -46,6 +46,41 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use server::{ProxyHandle, MAX_KEPT_RECORDS};
+
+/// What to do about a refusal, with the flag that changes it: one text for
+/// the 403 body, `moat proxy-connect`'s message and moat's stderr line.
+pub fn refusal_hint(host: &str, port: u16, reason: moat_policy::net::Reason) -> String {
+    use moat_policy::net::Reason;
+    let hp = http::host_port(host, port);
+    match reason {
+        Reason::NotAllowed => format!("no allow entry matches; add --allow-domain {hp} to allow it"),
+        Reason::Denied => "a --deny-domain entry matches it, and deny wins over allow".into(),
+        Reason::PrivateAddress => format!(
+            "it resolves to a loopback, private or metadata address; if you mean it, allow that exact IP literal with --allow-domain IP:{port}"
+        ),
+        Reason::BadRequest => {
+            "the proxy takes absolute-form HTTP, CONNECT, or SOCKS5 with a host name".into()
+        }
+        Reason::UpstreamFailed => {
+            "allowed, but the host (or the upstream proxy) could not be reached".into()
+        }
+    }
+}
+
+/// The one-line refusal: `moat: blocked HOST:PORT (REASON); HINT`.
+pub fn refusal_line(host: &str, port: u16, reason: moat_policy::net::Reason) -> String {
+    let hp = http::host_port(host, port);
+    let verb = if reason == moat_policy::net::Reason::UpstreamFailed {
+        "cannot reach"
+    } else {
+        "blocked"
+    };
+    format!(
+        "moat: {verb} {hp} ({reason}); {}",
+        refusal_hint(host, port, reason),
+        reason = reason.as_str()
+    )
+}
 pub use stdio::{socks_connect, socks_relay, socks_stdio};
 pub use upstream::{parse_upstream, Upstream};
 
@@ -58,6 +93,26 @@ pub struct ProxyConfig {
     pub upstream: Option<Upstream>,
     /// Budget for resolving and connecting to a target (or the upstream).
     pub connect_timeout: Duration,
+    /// `Authorization` values the proxy adds to plain-HTTP requests for one
+    /// host and port (the user's own registry credentials, which never
+    /// enter the sandbox). HTTPS cannot carry them without TLS interception.
+    pub credentials: Vec<HostCredential>,
+}
+
+/// An `Authorization` value for requests to one host and port.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HostCredential {
+    /// Lowercase host name or IP literal (IPv6 without brackets).
+    pub host: String,
+    pub port: u16,
+    /// The header value, e.g. `Basic dXNlcjpwdw==` or `Bearer TOKEN`.
+    pub authorization: String,
+}
+
+impl std::fmt::Debug for HostCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostCredential({}:{}, ***)", self.host, self.port)
+    }
 }
 
 impl ProxyConfig {
@@ -67,6 +122,7 @@ impl ProxyConfig {
             rules,
             upstream: None,
             connect_timeout: Duration::from_secs(10),
+            credentials: Vec::new(),
         }
     }
 }

@@ -71,7 +71,14 @@ fn inner() {
     ]);
     assert_eq!(
         o.stdout,
-        format!("moat: blocked loop.moat.test:{port} (private_address)\n403")
+        format!(
+            "{}\n403",
+            moat_proxy::refusal_line(
+                "loop.moat.test",
+                port,
+                moat_policy::net::Reason::PrivateAddress
+            )
+        )
     );
     let o = curl(&[
         "-p",
@@ -152,7 +159,11 @@ fn inner() {
         "%{http_code}",
         &url("loop.moat.test"),
     ]);
-    assert!(o.stdout.ends_with("(private_address)\n403"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("(private_address)") && o.stdout.ends_with("\n403"),
+        "{}",
+        o.stdout
+    );
     p.finish();
     // A deny on the IP literal applies to names resolving to it.
     let p = proxy(&["*.moat.test", "127.0.0.1"], &["127.0.0.1"]);
@@ -165,7 +176,10 @@ fn inner() {
     ]);
     assert_eq!(
         o.stdout,
-        format!("moat: blocked loop.moat.test:{port} (denied)\n403")
+        format!(
+            "{}\n403",
+            moat_proxy::refusal_line("loop.moat.test", port, moat_policy::net::Reason::Denied)
+        )
     );
     p.finish();
     println!("guard-inner-ok");

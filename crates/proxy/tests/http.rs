@@ -123,7 +123,14 @@ fn refused_hosts_and_ports_get_403_with_reason_and_no_connection() {
     ]);
     assert_eq!(
         o.stdout,
-        format!("moat: blocked 127.0.0.1:{} (not_allowed)\n403", other.port)
+        format!(
+            "{}\n403",
+            moat_proxy::refusal_line(
+                "127.0.0.1",
+                other.port,
+                moat_policy::net::Reason::NotAllowed
+            )
+        )
     );
     // Not-allowed host, plain HTTP and CONNECT.
     let o = curl(&[
@@ -133,7 +140,20 @@ fn refused_hosts_and_ports_get_403_with_reason_and_no_connection() {
         "%{http_code}",
         "http://example.org/",
     ]);
-    assert_eq!(o.stdout, "moat: blocked example.org:80 (not_allowed)\n403");
+    assert_eq!(
+        o.stdout,
+        format!(
+            "{}\n403",
+            moat_proxy::refusal_line("example.org", 80, moat_policy::net::Reason::NotAllowed)
+        )
+    );
+    // The body says why and which flag allows it.
+    assert!(
+        o.stdout
+            .starts_with("moat: blocked example.org:80 (not_allowed); no allow entry matches; add --allow-domain example.org:80"),
+        "{}",
+        o.stdout
+    );
     let o = curl(&[
         "-p",
         "-x",
@@ -163,7 +183,10 @@ fn refused_hosts_and_ports_get_403_with_reason_and_no_connection() {
     ]);
     assert_eq!(
         o.stdout,
-        format!("moat: blocked 127.0.0.1:{} (denied)\n403", denied.port)
+        format!(
+            "{}\n403",
+            moat_proxy::refusal_line("127.0.0.1", denied.port, moat_policy::net::Reason::Denied)
+        )
     );
 
     assert_eq!(other.hits(), 0);
@@ -218,7 +241,14 @@ fn localhost_pattern_is_port_scoped() {
     ]);
     assert_eq!(
         o.stdout,
-        format!("moat: blocked localhost:{} (not_allowed)\n403", origin.port)
+        format!(
+            "{}\n403",
+            moat_proxy::refusal_line(
+                "localhost",
+                origin.port,
+                moat_policy::net::Reason::NotAllowed
+            )
+        )
     );
     // An IP literal of loopback is not covered by `localhost`.
     let o = curl(&[
@@ -228,7 +258,11 @@ fn localhost_pattern_is_port_scoped() {
         "%{http_code}",
         &format!("http://127.0.0.1:{}/", origin.port),
     ]);
-    assert!(o.stdout.ends_with("(not_allowed)\n403"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("(not_allowed)") && o.stdout.ends_with("\n403"),
+        "{}",
+        o.stdout
+    );
     assert_eq!(origin.hits(), 0);
     p.finish();
 }
@@ -310,7 +344,10 @@ fn unreachable_target_gets_502_upstream_failed() {
     ]);
     assert_eq!(
         o.stdout,
-        format!("moat: cannot reach 127.0.0.1:{port} (upstream_failed)\n502")
+        format!(
+            "{}\n502",
+            moat_proxy::refusal_line("127.0.0.1", port, moat_policy::net::Reason::UpstreamFailed)
+        )
     );
     let e = connect_tunnel(p.http, &format!("127.0.0.1:{port}"))
         .err()

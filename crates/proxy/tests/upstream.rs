@@ -125,7 +125,13 @@ fn chains_connect_and_plain_http_through_upstream_with_credentials() {
         "%{http_code}",
         "http://example.org/",
     ]);
-    assert_eq!(o.stdout, "moat: blocked example.org:80 (not_allowed)\n403");
+    assert_eq!(
+        o.stdout,
+        format!(
+            "{}\n403",
+            moat_proxy::refusal_line("example.org", 80, moat_policy::net::Reason::NotAllowed)
+        )
+    );
 
     // base64("user:pa:ss")
     let auth = "Proxy-Authorization: Basic dXNlcjpwYTpzcw==";
@@ -170,7 +176,14 @@ fn upstream_down_is_upstream_failed() {
     ]);
     assert_eq!(
         o.stdout,
-        "moat: cannot reach allowed.example.com:80 (upstream_failed)\n502"
+        format!(
+            "{}\n502",
+            moat_proxy::refusal_line(
+                "allowed.example.com",
+                80,
+                moat_policy::net::Reason::UpstreamFailed
+            )
+        )
     );
     let o = curl(&[
         "-p",

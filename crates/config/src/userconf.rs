@@ -1,0 +1,442 @@
+//! The user's own tool configuration, redacted for the sandbox: where code
+//! comes from (pip's index, npm's registry and settings) and who commits
+//! (git's identity) reach the tool; credentials in those files do not.
+//!
+//! Redaction keeps structure, not text: only section headers, comments and
+//! `key = value` lines survive, a key that names a credential is dropped
+//! (with git's whole `[credential]` sections and includes moat cannot
+//! follow), and every URL loses its userinfo. A line moat cannot read as one
+//! of those is dropped, so a file that is not a configuration file (a key
+//! behind a symlink) yields nothing secret.
+
+use std::path::{Path, PathBuf};
+
+/// The files copied, relative to HOME.
+pub const USER_TOOL_CONFIGS: &[&str] = &[
+    ".config/pip/pip.conf",
+    ".pip/pip.conf",
+    ".npmrc",
+    ".gitconfig",
+    ".config/git/config",
+];
+
+/// Largest file copied (a configuration file is small).
+const MAX_SIZE: u64 = 256 * 1024;
+
+/// Words in a key (lowercased) that mark a credential.
+const SECRET_KEY_WORDS: &[&str] = &[
+    "password",
+    "passwd",
+    "token",
+    "secret",
+    "_auth",
+    "extraheader",
+    "cookie",
+    "keyfile",
+    "privatekey",
+    "private-key",
+    "client-key",
+    "credential",
+];
+
+/// One redacted copy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedactedConfig {
+    /// Relative to HOME (the same place under the sandbox HOME).
+    pub rel: PathBuf,
+    pub contents: String,
+    /// What was removed: key names and "userinfo of KEY", never values.
+    pub removed: Vec<String>,
+}
+
+/// Reads and redacts the user's tool configuration files under `home`.
+/// Missing, unreadable, oversized or non-UTF-8 files are skipped.
+pub fn redacted_user_configs(home: &Path) -> Vec<RedactedConfig> {
+    USER_TOOL_CONFIGS
+        .iter()
+        .filter_map(|rel| {
+            let path = home.join(rel);
+            let meta = std::fs::metadata(&path).ok()?;
+            if !meta.is_file() || meta.len() > MAX_SIZE {
+                return None;
+            }
+            let text = std::fs::read_to_string(&path).ok()?;
+            let (contents, removed) = redact_config_text(&text)?;
+            // Nothing but credentials (or nothing at all): no copy.
+            let settings = contents.lines().any(|l| {
+                let l = l.trim();
+                !l.is_empty() && !l.starts_with(['#', ';', '['])
+            });
+            if !settings {
+                return None;
+            }
+            let header = format!(
+                "# moat: a copy of ~/{rel} with credentials removed; the original stays on the host\n"
+            );
+            Some(RedactedConfig {
+                rel: PathBuf::from(rel),
+                contents: header + &contents,
+                removed,
+            })
+        })
+        .collect()
+}
+
+/// Whether a key names a credential (`//host/:_authToken`, `password`,
+/// `http.extraHeader`, …).
+fn secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    let last = k.rsplit([':', '.', '/']).next().unwrap_or(&k);
+    SECRET_KEY_WORDS.iter().any(|w| k.contains(w)) || last == "auth" || last == "_auth"
+}
+
+/// A key as configuration files write them (`index-url`, `user.name`,
+/// `//host/path/:always-auth`, `@scope:registry`).
+fn plain_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 100
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:@/".contains(c))
+}
+
+/// Redacts INI-like text (pip.conf, .npmrc, git config). Returns the kept
+/// text and what was removed, or None when the text does not read as a
+/// configuration file (a PEM block, a line that is neither a section, a
+/// comment nor `key = value`): then nothing of it is copied.
+pub fn redact_config_text(text: &str) -> Option<(String, Vec<String>)> {
+    if text.contains("-----BEGIN") {
+        return None;
+    }
+    let mut out = String::new();
+    let mut removed = Vec::new();
+    // Inside a section dropped whole ([credential], [include], [includeIf]).
+    let mut skipping = false;
+    for raw in text.lines() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            if !skipping {
+                out.push_str(raw);
+                out.push('\n');
+            }
+            continue;
+        }
+        if line.starts_with('[') {
+            let end = line.find(']')?;
+            let header = &line[..=end];
+            let name = header[1..end]
+                .split_whitespace()
+                .next()
+                .unwrap_or("")
+                .to_ascii_lowercase();
+            skipping = matches!(name.as_str(), "credential" | "include" | "includeif");
+            if skipping {
+                removed.push(format!("section {name}"));
+                continue;
+            }
+            let (clean, had) = moat_policy::strip_url_userinfo(header);
+            if had {
+                removed.push(format!("userinfo of section {name}"));
+            }
+            out.push_str(&clean);
+            out.push('\n');
+            continue;
+        }
+        if skipping {
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            // git allows a bare boolean key (`[core] bare`).
+            if line.len() <= 32 && line.chars().all(|c| c.is_ascii_alphabetic() || c == '-') {
+                out.push_str(line);
+                out.push('\n');
+                continue;
+            }
+            return None;
+        };
+        let key = key.trim();
+        if !plain_key(key) {
+            return None;
+        }
+        if secret_key(key) {
+            removed.push(key.to_string());
+            continue;
+        }
+        let (value, had) = moat_policy::strip_url_userinfo(value.trim());
+        if had {
+            removed.push(format!("userinfo of {key}"));
+        }
+        out.push_str(&format!("{key} = {value}\n"));
+    }
+    Some((out, removed))
+}
+
+/// How a registry credential is presented.
+#[derive(Clone, PartialEq, Eq)]
+pub enum CredentialKind {
+    /// `Basic base64(user:password)`.
+    Basic { user: String, password: String },
+    /// `Basic VALUE`, already encoded (npm's `_auth`).
+    BasicEncoded(String),
+    /// `Bearer TOKEN` (npm's `_authToken`).
+    Bearer(String),
+}
+
+/// A credential from the user's own configuration for a registry the same
+/// configuration names with `http://` (plain HTTP, where a proxy can add a
+/// header). Debug never prints the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HttpCredential {
+    pub host: String,
+    pub port: u16,
+    pub kind: CredentialKind,
+}
+
+impl std::fmt::Debug for HttpCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HttpCredential({}:{}, ***)", self.host, self.port)
+    }
+}
+
+/// A URL's host, port and (user, password), percent-decoded.
+type HttpUrl = (String, u16, Option<(String, String)>);
+
+/// `http://[user[:pw]@]host[:port]/…` → (host, port, userinfo).
+fn http_url(url: &str) -> Option<HttpUrl> {
+    let rest = url.trim().strip_prefix("http://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+        let (h, after) = v6.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().ok()?,
+            None => 80,
+        };
+        (h.to_string(), port)
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), p.parse().ok()?),
+            None => (hostport.to_string(), 80),
+        }
+    };
+    if host.is_empty() {
+        return None;
+    }
+    let creds = userinfo.map(|u| {
+        let (user, pw) = u.split_once(':').unwrap_or((u, ""));
+        (percent_decode(user), percent_decode(pw))
+    });
+    Some((host.to_ascii_lowercase(), port, creds))
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `key = value` pairs of INI-like text (sections ignored).
+fn pairs(text: &str) -> impl Iterator<Item = (String, String)> + '_ {
+    text.lines().filter_map(|l| {
+        let l = l.trim();
+        if l.starts_with(['#', ';', '[']) {
+            return None;
+        }
+        let (k, v) = l.split_once('=')?;
+        Some((k.trim().to_string(), v.trim().to_string()))
+    })
+}
+
+/// Credentials for plain-HTTP registries in the user's pip and npm
+/// configuration and in `PIP_INDEX_URL`/`PIP_EXTRA_INDEX_URL`: an index
+/// URL's userinfo, and npm's `//host/:_authToken`/`:_auth` for a host that
+/// a `registry` setting names with `http://`. HTTPS registries are left
+/// out: a proxy cannot add a header inside TLS without intercepting it.
+pub fn http_registry_credentials(home: &Path, env: &[(String, String)]) -> Vec<HttpCredential> {
+    let read = |rel: &str| {
+        let p = home.join(rel);
+        let m = std::fs::metadata(&p).ok()?;
+        (m.is_file() && m.len() <= MAX_SIZE)
+            .then(|| std::fs::read_to_string(&p).ok())
+            .flatten()
+    };
+    let mut out: Vec<HttpCredential> = Vec::new();
+    let mut push = |c: HttpCredential| {
+        if !out.iter().any(|o| o.host == c.host && o.port == c.port) {
+            out.push(c);
+        }
+    };
+    let index_keys = [
+        "index-url",
+        "extra-index-url",
+        "index_url",
+        "extra_index_url",
+    ];
+    let mut urls: Vec<String> = Vec::new();
+    for rel in [".config/pip/pip.conf", ".pip/pip.conf"] {
+        if let Some(text) = read(rel) {
+            for (k, v) in pairs(&text) {
+                if index_keys.contains(&k.to_ascii_lowercase().as_str()) {
+                    urls.extend(v.split_whitespace().map(str::to_string));
+                }
+            }
+        }
+    }
+    for (k, v) in env {
+        if k == "PIP_INDEX_URL" || k == "PIP_EXTRA_INDEX_URL" {
+            urls.extend(v.split_whitespace().map(str::to_string));
+        }
+    }
+    for u in &urls {
+        if let Some((host, port, Some((user, password)))) = http_url(u) {
+            push(HttpCredential {
+                host,
+                port,
+                kind: CredentialKind::Basic { user, password },
+            });
+        }
+    }
+    if let Some(text) = read(".npmrc") {
+        let all: Vec<(String, String)> = pairs(&text).collect();
+        let http_registries: Vec<(String, u16)> = all
+            .iter()
+            .filter(|(k, _)| k == "registry" || k.ends_with(":registry"))
+            .filter_map(|(_, v)| http_url(v).map(|(h, p, _)| (h, p)))
+            .collect();
+        for (k, v) in &all {
+            let Some(rest) = k.strip_prefix("//") else {
+                continue;
+            };
+            let Some((hostpath, key)) = rest.rsplit_once(':') else {
+                continue;
+            };
+            let Some((host, port, _)) = http_url(&format!("http://{hostpath}")) else {
+                continue;
+            };
+            if !http_registries.contains(&(host.clone(), port)) {
+                continue;
+            }
+            let kind = match key {
+                "_authToken" => CredentialKind::Bearer(v.clone()),
+                "_auth" => CredentialKind::BasicEncoded(v.clone()),
+                _ => continue,
+            };
+            push(HttpCredential { host, port, kind });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npmrc_keeps_settings_and_drops_credentials() {
+        let (out, removed) = redact_config_text(
+            "registry=https://npm.corp.example/\nfund=false\ninit-author-name=Ada\n\
+             //npm.corp.example/:_authToken=NPMSECRET\n_auth=QUJDU0VDUkVU\n\
+             //npm.corp.example/:_password=PWSECRET\nemail=ada@example.com\n\
+             @corp:registry=https://user:URLSECRET@npm.corp.example/\n",
+        )
+        .unwrap();
+        for kept in [
+            "registry = https://npm.corp.example/",
+            "fund = false",
+            "init-author-name = Ada",
+            "@corp:registry = https://npm.corp.example/",
+        ] {
+            assert!(out.contains(kept), "{kept}: {out}");
+        }
+        for secret in ["NPMSECRET", "QUJDU0VDUkVU", "PWSECRET", "URLSECRET"] {
+            assert!(!out.contains(secret), "{secret}: {out}");
+            assert!(!removed.iter().any(|r| r.contains(secret)));
+        }
+        assert!(removed.iter().any(|r| r.ends_with(":_authToken")));
+    }
+
+    #[test]
+    fn pip_and_git_keep_index_and_identity() {
+        let (out, _) = redact_config_text(
+            "[global]\nindex-url = https://me:PIPSECRET@pypi.corp.example/simple\ntimeout = 30\n",
+        )
+        .unwrap();
+        assert!(
+            out.contains("index-url = https://pypi.corp.example/simple"),
+            "{out}"
+        );
+        assert!(!out.contains("PIPSECRET"));
+        let (out, _) = redact_config_text(
+            "[user]\n\tname = Ada Lovelace\n\temail = ada@example.com\n[credential]\n\thelper = store\n\
+             [http \"https://x\"]\n\textraHeader = Authorization: Bearer GITSECRET\n\
+             [url \"https://tok:URLSECRET@github.com/\"]\n\tinsteadOf = https://github.com/\n\
+             [include]\n\tpath = ~/.gitconfig.local\n[core]\n\tbare\n",
+        )
+        .unwrap();
+        assert!(out.contains("name = Ada Lovelace"), "{out}");
+        assert!(out.contains("email = ada@example.com"), "{out}");
+        assert!(out.contains("[url \"https://github.com/\"]"), "{out}");
+        for secret in ["GITSECRET", "URLSECRET", "helper", "gitconfig.local"] {
+            assert!(!out.contains(secret), "{secret}: {out}");
+        }
+        assert!(out.contains("bare"), "{out}");
+    }
+
+    #[test]
+    fn credentials_for_plain_http_registries_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path();
+        std::fs::create_dir_all(h.join(".config/pip")).unwrap();
+        std::fs::write(
+            h.join(".config/pip/pip.conf"),
+            "[global]\nindex-url = http://me:p%40ss@pypi.corp.example:8080/simple\n\
+             extra-index-url = https://u:tls@secure.example/simple\n",
+        )
+        .unwrap();
+        std::fs::write(
+            h.join(".npmrc"),
+            "registry=http://npm.corp.example/\n//npm.corp.example/:_authToken=TOK\n\
+             //registry.npmjs.org/:_authToken=PUBLIC\n",
+        )
+        .unwrap();
+        let c = http_registry_credentials(h, &[]);
+        assert_eq!(c.len(), 2, "{c:?}");
+        assert_eq!((c[0].host.as_str(), c[0].port), ("pypi.corp.example", 8080));
+        assert!(
+            c[0].kind
+                == CredentialKind::Basic {
+                    user: "me".into(),
+                    password: "p@ss".into()
+                }
+        );
+        assert_eq!((c[1].host.as_str(), c[1].port), ("npm.corp.example", 80));
+        assert!(c[1].kind == CredentialKind::Bearer("TOK".into()));
+        assert!(!format!("{c:?}").contains("TOK"));
+    }
+
+    #[test]
+    fn a_file_that_is_not_configuration_yields_nothing() {
+        for text in [
+            "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n",
+            "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7+xyz/abc=\n",
+            "AKIAABCDEFGHIJKLMNOP\nwJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY\n",
+        ] {
+            assert_eq!(redact_config_text(text), None, "{text}");
+        }
+    }
+}
