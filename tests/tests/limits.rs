@@ -352,3 +352,56 @@ fn resource_usage_is_reported_contract() {
     let (_, v) = json_run(&fx, "read-only", &[], "kill -TERM $$");
     assert_eq!(reason(&v), "signal");
 }
+
+#[test]
+fn limits_from_a_profile_and_the_user_config_hold() {
+    let fx = Fixture::new();
+    let cfg = fx.root.join("xdg-config");
+    let profiles = cfg.join("moat/profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    write(
+        profiles.join("filler.toml"),
+        "name = \"filler\"\nprogram = \"bash\"\nlevel = \"rw\"\n[limits]\ntmp_size = \"16M\"\n",
+    );
+    let moat_run = |args: &[&str]| {
+        let mut c = fx.moat(["run", "--json"].iter().chain(args));
+        c.env("XDG_CONFIG_HOME", &cfg)
+            .env("XDG_STATE_HOME", fx.root.join("xdg-state"));
+        run(c)
+    };
+    let script = "echo FILL-START; dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>&1; echo DD-RC=$?";
+    // From the profile: enforced here, but best-effort by nature (a default).
+    let out = moat_run(&["filler", "-c", script]);
+    let v = out.json();
+    let stdout = v["stdout"].as_str().unwrap_or_default();
+    assert!(stdout.contains("FILL-START"), "{}", out.dump());
+    assert!(stdout.contains("No space left on device"), "{}", out.dump());
+    assert!(stdout.contains("DD-RC=1"), "{}", out.dump());
+    assert_eq!(applied(&v, "tmp_size")["value"], 16 << 20);
+    // The user config's [tools.filler.limits] wins over the profile's (its
+    // top-level [limits] are defaults that yield to a profile, like the
+    // other top-level keys).
+    write(
+        cfg.join("moat/config.toml"),
+        "[limits]\ntmp_size = \"1G\"\n[tools.filler.limits]\ntmp_size = \"8M\"\n",
+    );
+    let out = moat_run(&["filler", "-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>/dev/null; echo SIZE=$(stat -c %s /tmp/fill)"]);
+    let v = out.json();
+    assert_eq!(applied(&v, "tmp_size")["value"], 8 << 20, "{}", out.dump());
+    let size: u64 = v["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .trim()
+        .strip_prefix("SIZE=")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(size <= 8 << 20, "wrote {size} bytes under the config's 8M");
+    // And a flag wins over both.
+    let out = moat_run(&["--tmp-size", "4M", "filler", "-c", "true"]);
+    assert_eq!(
+        applied(&out.json(), "tmp_size")["value"],
+        4 << 20,
+        "{}",
+        out.dump()
+    );
+}
