@@ -644,6 +644,12 @@ pub fn run_resolved(
                 "duration_ms": outcome.duration.as_millis() as u64,
                 "timed_out": outcome.timed_out,
                 "termination_reason": outcome.termination_reason.map(|r| r.as_str()),
+                "backend": outcome.backend,
+                "layers": {
+                    "namespaces": outcome.layers.namespaces.as_str(),
+                    "landlock": outcome.layers.landlock.as_str(),
+                    "seccomp": outcome.layers.seccomp.as_str(),
+                },
                 "resource_usage": outcome.usage,
                 "limits": outcome.limits,
             }),
@@ -863,6 +869,8 @@ fn result_json(
         "sandbox": {
             "enforced": enforced,
             "level": policy.level.as_str(),
+            "backend": o.backend,
+            "not_given": o.not_given,
             "layers": {
                 "namespaces": o.layers.namespaces.as_str(),
                 "landlock": o.layers.landlock.as_str(),

@@ -338,6 +338,7 @@ mod tests {
             "tmp-size" => "512M",
             "output-limit" => "64M",
             "limits" => "best-effort",
+            "backend" => "landlock",
             _ => return None,
         })
     }

@@ -22,13 +22,14 @@ pub const UPSTREAM_AUTH_ENV: &str = "MOAT_UPSTREAM_PROXY_AUTH";
 /// Flags of the table that `MOAT_ARGS` may not carry (by clap id): the
 /// workspace is where the user stands, and the upstream proxy decides where
 /// traffic goes: neither may come from an inherited environment variable.
-/// `--limits best-effort` neither: it would turn the user's limits into
-/// wishes on a host that cannot enforce them.
+/// `--limits best-effort` and `--backend` neither: they would turn the
+/// user's limits into wishes, or choose a weaker sandbox, from the environment.
 pub const NOT_IN_MOAT_ARGS: &[&str] = &[
     "cwd",
     "upstream_proxy",
     "upstream_proxy_auth_file",
     "limits_mode",
+    "backend",
 ];
 
 /// Every policy flag, declared once.
@@ -81,8 +82,17 @@ pub struct PolicyFlags {
     /// A file holding USER:PASSWORD for --upstream-proxy (one line)
     #[arg(long = "upstream-proxy-auth-file", value_name = "FILE")]
     pub upstream_proxy_auth_file: Option<PathBuf>,
+    /// Confinement backend: namespaces (default), landlock (Landlock +
+    /// seccomp only, for hosts without user namespaces; gives less, says
+    /// what), auto (namespaces where available, else landlock)
+    #[arg(long, value_name = "BACKEND", value_parser = backend_arg)]
+    pub backend: Option<moat_policy::Backend>,
     #[command(flatten)]
     pub limits: LimitFlags,
+}
+
+fn backend_arg(s: &str) -> Result<moat_policy::Backend, String> {
+    moat_policy::Backend::parse(s).ok_or_else(|| "use namespaces, landlock or auto".to_string())
 }
 
 /// The resource limits of the table (one group, so `--help` lists them together).
@@ -231,6 +241,7 @@ impl PolicyFlags {
             timeout_ms: self.timeout,
             limits: self.limits.to_limits(),
             limits_mode: self.limits.limits_mode,
+            backend: self.backend,
             ..Settings::default()
         };
         for (flag, list, access) in [
@@ -526,6 +537,7 @@ mod tests {
                 "--open-files" => ("1024", "[limits]\nopen_files = 1024"),
                 "--tmp-size" => ("512M", "[limits]\ntmp_size = \"512M\""),
                 "--output-limit" => ("64M", "[limits]\noutput = \"64M\""),
+                "--backend" => ("landlock", "backend = \"landlock\""),
                 other => panic!("{other}: give it a file key here (or exclude it from MOAT_ARGS)"),
             };
             let from_args = parse_moat_args_words(&[flag.clone(), value.to_string()])
@@ -549,6 +561,7 @@ mod tests {
                 "--upstream-proxy",
                 "--upstream-proxy-auth-file",
                 "--limits",
+                "--backend",
             ]
             .contains(&f.as_str());
             assert_eq!(carried.contains(f), !excluded, "{f}");

@@ -96,6 +96,7 @@ pub fn parse_profile(text: &str, file: &str) -> Result<Profile, ConfigError> {
         rw: Vec::new(),
         timeout: raw.timeout,
         limits: raw.limits,
+        backend: None,
     };
     let ctx = Ctx {
         file,

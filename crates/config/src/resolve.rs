@@ -97,6 +97,8 @@ pub struct Resolved {
     pub limits: Vec<Sourced<(&'static str, u64)>>,
     /// `--limits` / `limits.mode`.
     pub limits_mode: Option<Sourced<moat_policy::LimitsMode>>,
+    /// `--backend` / `backend`.
+    pub backend: Option<Sourced<moat_policy::Backend>>,
     /// `--upstream-proxy` (without credentials), from a flag.
     pub upstream_proxy: Option<Sourced<String>>,
     /// With `MOAT_ARGS`: the paths the other sources grant, which every
@@ -220,6 +222,7 @@ fn merge(layers: &[Layer], home: Option<&Path>) -> Result<Resolved, ConfigError>
         })
         .collect();
     let limits_mode = first(layers, |s| s.limits_mode);
+    let backend = first(layers, |s| s.backend);
     let upstream_proxy = first(layers, |s| s.upstream_proxy.clone());
     let mut notes = Vec::new();
     let rank = |get: fn(&Settings) -> bool| {
@@ -416,6 +419,7 @@ fn merge(layers: &[Layer], home: Option<&Path>) -> Result<Resolved, ConfigError>
         timeout_ms,
         limits,
         limits_mode,
+        backend,
         upstream_proxy,
         moat_args_base: Vec::new(),
         notes,
@@ -667,6 +671,9 @@ impl Resolved {
         for l in &self.limits {
             push("limit", format!("{}={}", l.value.0, l.value.1), &l.source);
         }
+        if let Some(b) = &self.backend {
+            push("backend", b.value.as_str().to_string(), &b.source);
+        }
         if let Some(m) = &self.limits_mode {
             push("limits_mode", format!("{:?}", m.value), &m.source);
         }
@@ -816,6 +823,7 @@ impl Resolved {
             pass_env: self.pass_env.iter().map(|k| k.value.clone()).collect(),
             timeout_ms: self.timeout_ms.as_ref().map(|t| t.value),
             limits: self.policy_limits(),
+            backend: self.backend.as_ref().map(|b| b.value).unwrap_or_default(),
             allow_domains: if proxy {
                 self.allow_domains.iter().map(|d| d.value.clone()).collect()
             } else {

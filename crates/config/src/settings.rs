@@ -44,6 +44,8 @@ pub struct Settings {
     pub limits: moat_policy::Limits,
     /// `--limits` / `limits.mode`: strict or best-effort.
     pub limits_mode: Option<moat_policy::LimitsMode>,
+    /// `--backend` / `backend`.
+    pub backend: Option<moat_policy::Backend>,
 }
 
 impl Settings {
@@ -67,6 +69,7 @@ impl Settings {
             upstream_proxy: self.upstream_proxy.clone(),
             limits: self.limits.clone(),
             limits_mode: self.limits_mode,
+            backend: self.backend,
             ..Settings::default()
         }
     }
@@ -81,6 +84,7 @@ impl Settings {
             upstream_proxy: None,
             limits: moat_policy::Limits::default(),
             limits_mode: None,
+            backend: None,
             ..self.clone()
         }
     }
@@ -102,6 +106,7 @@ impl Settings {
         out.upstream_proxy = over.upstream_proxy.clone().or(self.upstream_proxy.clone());
         out.limits = self.limits.merged(&over.limits);
         out.limits_mode = over.limits_mode.or(self.limits_mode);
+        out.backend = over.backend.or(self.backend);
         extend_unique(&mut out.allow_domains, &over.allow_domains);
         extend_unique(&mut out.deny_domains, &over.deny_domains);
         extend_unique(&mut out.pass_env, &over.pass_env);
@@ -165,6 +170,7 @@ pub(crate) struct RawOverrides {
     pub rw: Vec<String>,
     pub timeout: Option<String>,
     pub limits: Option<RawLimits>,
+    pub backend: Option<String>,
 }
 
 /// A `[limits]` table as written: sizes as strings (`"2G"`), counts as
@@ -213,6 +219,7 @@ macro_rules! raw_file_struct {
             rw: Vec<String>,
             timeout: Option<String>,
             limits: Option<$crate::settings::RawLimits>,
+            backend: Option<String>,
             $(#[serde(default)] $extra: $ty,)*
         }
 
@@ -234,6 +241,7 @@ macro_rules! raw_file_struct {
                         rw: self.rw,
                         timeout: self.timeout,
                         limits: self.limits,
+                        backend: self.backend,
                     },
                     ($(self.$extra),*),
                 )
@@ -499,6 +507,23 @@ impl RawOverrides {
                 moat_policy::parse_duration(t)
                     .map_err(|e| ctx.invalid("timeout", q(t), e.to_string()))?,
             );
+        }
+        if let Some(b) = &self.backend {
+            if !matches!(ctx.kind, Kind::Config) {
+                // Which backend a host uses is the user's call, not a tool's or a project's.
+                return Err(ctx.invalid(
+                    "backend",
+                    q(b),
+                    "only your own config (or --backend) chooses the backend",
+                ));
+            }
+            out.backend = Some(moat_policy::Backend::parse(b).ok_or_else(|| {
+                ctx.invalid(
+                    "backend",
+                    q(b),
+                    "use \"namespaces\", \"landlock\" or \"auto\"",
+                )
+            })?);
         }
         if let Some(l) = &self.limits {
             let size = |k: &str, v: &Option<String>| -> Result<Option<u64>, ConfigError> {

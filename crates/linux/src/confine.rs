@@ -309,7 +309,11 @@ pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, Con
             .collect::<Result<Vec<_>, _>>()?;
         rules.insert(libc::SYS_ioctl, ioctls);
     }
-    if let Some(families) = &spec.socket_families {
+    if spec.socket_families.as_ref().is_some_and(|f| f.is_empty()) {
+        // No family at all (the Landlock backend): socket() is refused
+        // unconditionally; socketpair() stays (its ends reach nothing else).
+        rules.insert(libc::SYS_socket, Vec::new());
+    } else if let Some(families) = &spec.socket_families {
         // One rule whose conditions are ANDed: the family is none of the allowed.
         let conditions = families
             .iter()

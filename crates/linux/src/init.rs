@@ -60,7 +60,7 @@ pub fn main(args: InitArgs<'_>) -> ! {
             sys::exit_now(125);
         }
     };
-    let sandboxed = args.plan.sandboxed;
+    let sandboxed = args.plan.namespaces();
     // The command: forked with glibc's fork so its thread state is right.
     let main_pid = match fork_command() {
         Ok(None) => command(&args, slave.as_ref()),
@@ -91,7 +91,7 @@ fn fork_command() -> io::Result<Option<Pid>> {
 fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
     let plan = args.plan;
     let fd = args.report_fd;
-    if plan.sandboxed {
+    if plan.namespaces() {
         // The namespace dies if the supervisor dies (and so does everything in it).
         nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
             .map_err(|e| format!("set parent-death signal: {e}"))?;
@@ -115,7 +115,11 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
             .collect::<Vec<_>>(),
     )
     .map_err(|e| format!("close inherited fds: {e}"))?;
-    if !plan.sandboxed {
+    if !plan.namespaces() {
+        if plan.landlock_only() {
+            nix::unistd::chdir(&plan.cwd)
+                .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
+        }
         return Ok(None);
     }
     sys::wipe_environ_block().map_err(|e| format!("clear the init's environment: {e}"))?;

@@ -144,6 +144,20 @@ pub struct Plan {
     /// Resource limits; the mechanism for each is chosen when the run starts.
     #[serde(skip_serializing_if = "moat_policy::Limits::is_unset")]
     pub limits: moat_policy::Limits,
+    /// The backend that runs it (`auto` resolved): namespaces or landlock.
+    pub backend: moat_policy::Backend,
+}
+
+impl Plan {
+    /// The run gets its own namespaces (the namespaces backend of a sandboxed level).
+    pub fn namespaces(&self) -> bool {
+        self.sandboxed && self.backend == moat_policy::Backend::Namespaces
+    }
+
+    /// The run is confined by the Landlock backend alone.
+    pub fn landlock_only(&self) -> bool {
+        self.sandboxed && self.backend == moat_policy::Backend::Landlock
+    }
 }
 
 /// Why a plan cannot be built on this host.
@@ -159,6 +173,10 @@ pub enum PlanError {
     NoTcpBindControl(i32),
     #[error("cannot find moat's own binary (needed inside the sandbox for ssh through the proxy)")]
     NoMoatBinary,
+    #[error("the Landlock backend cannot give --network {0}: without a network namespace Landlock's TCP rules match ports, not hosts, and seccomp cannot see connect()'s address; use --network disabled, or the namespaces backend on a host with user namespaces")]
+    LandlockNetwork(NetworkMode),
+    #[error("the Landlock backend needs Landlock ABI 6 (Linux >= 6.12) to keep signals and abstract unix sockets inside the run (it has no pid namespace), and this kernel has ABI {0}; use the namespaces backend on a host with user namespaces")]
+    LandlockTooOld(i32),
     #[error("{0} does not exist on the host; --ro/--rw paths must exist")]
     MissingGrant(PathBuf),
     #[error("moat's own directory {0} is missing and could not be created, and the command could create it (it lies in a writable part of the view); create it (mkdir -p {0}) or point XDG_CONFIG_HOME/XDG_STATE_HOME outside the writable paths")]
@@ -213,6 +231,11 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         },
         landlock_abi: host.landlock_abi,
         limits: policy.limits.clone(),
+        backend: match policy.backend {
+            moat_policy::Backend::Auto if host.userns => moat_policy::Backend::Namespaces,
+            moat_policy::Backend::Auto => moat_policy::Backend::Landlock,
+            b => b,
+        },
     };
     let tmp_size = policy.limits.tmp_size;
     if !sandboxed {
@@ -230,6 +253,27 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     }
     if policy.net_class == Some(moat_policy::NetClass::NetConnect) && host.landlock_abi < 4 {
         return Err(PlanError::NoTcpBindControl(host.landlock_abi));
+    }
+    if plan.landlock_only() {
+        // No namespaces: no mounts; the Landlock rules are made from the
+        // view on the host's paths when the run starts (they need listings).
+        if policy.network.mode != NetworkMode::Disabled {
+            return Err(PlanError::LandlockNetwork(policy.network.mode));
+        }
+        if host.landlock_abi < 6 {
+            return Err(PlanError::LandlockTooOld(host.landlock_abi));
+        }
+        plan.new_netns = false;
+        plan.broker = false;
+        // Not even AF_UNIX: pathname sockets on the host (a container
+        // engine's, the session bus) would be reachable. socketpair() stays.
+        plan.seccomp.socket_families = Some(Vec::new());
+        plan.sweep = view.swept.clone();
+        if policy.level.workspace_writable() {
+            plan.sweep_prefixed = host.prefix_guards.clone();
+        }
+        plan.view = view;
+        return Ok(plan);
     }
 
     let whole_host = policy.level != Level::WorkspaceContained;

@@ -123,6 +123,11 @@ pub struct RunOutcome {
     pub usage: ResourceUsage,
     /// Each resource limit and the mechanism that enforced it.
     pub limits: Vec<Applied>,
+    /// The backend that ran it: `namespaces`, `landlock`, or `none`
+    /// (danger-full-access).
+    pub backend: &'static str,
+    /// What the backend could not give (the Landlock backend's list).
+    pub not_given: Vec<&'static str>,
 }
 
 /// Limits reached while the run was under way.
@@ -138,6 +143,36 @@ struct Reached {
 struct Budget {
     left: Option<u64>,
     exceeded: bool,
+}
+
+impl RunOutcome {
+    /// A run that moat refused before anything started (exit 125).
+    pub fn refused(error: String) -> RunOutcome {
+        RunOutcome {
+            status: RunStatus::FailedToStart,
+            exit_code: 125,
+            signal: None,
+            timed_out: false,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration: Duration::ZERO,
+            layers: Layers {
+                namespaces: Enforcement::None,
+                landlock: Enforcement::None,
+                seccomp: Enforcement::None,
+            },
+            error: Some(error),
+            swept: Vec::new(),
+            stderr_tail: Vec::new(),
+            termination_reason: None,
+            usage: ResourceUsage::default(),
+            limits: Vec::new(),
+            backend: "none",
+            not_given: Vec::new(),
+        }
+    }
 }
 
 struct Capture {
@@ -240,7 +275,7 @@ fn clone_error(e: io::Error, plan: &Plan) -> String {
             .to_string()
     };
     format!(
-        "cannot create the sandbox namespaces (user, mount, pid, ipc, uts{}): {e}. Fix: {fix}",
+        "cannot create the sandbox namespaces (user, mount, pid, ipc, uts{}): {e}. Fix: {fix}. Or run without namespaces: --backend landlock (Landlock and seccomp only; no private /tmp, HOME or pid namespace, no network; see README)",
         if plan.new_netns { ", net" } else { "" }
     )
 }
@@ -249,29 +284,35 @@ fn clone_error(e: io::Error, plan: &Plan) -> String {
 /// the command could start; they map to exit 125.
 pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> RunOutcome {
     let start = Instant::now();
-    let mut out = RunOutcome {
-        status: RunStatus::FailedToStart,
-        exit_code: 125,
-        signal: None,
-        timed_out: false,
-        stdout: Vec::new(),
-        stderr: Vec::new(),
-        stdout_truncated: false,
-        stderr_truncated: false,
-        duration: Duration::ZERO,
-        layers: Layers {
-            namespaces: Enforcement::None,
-            landlock: Enforcement::None,
-            seccomp: Enforcement::None,
-        },
-        error: None,
-        swept: Vec::new(),
-        stderr_tail: Vec::new(),
-        termination_reason: None,
-        usage: ResourceUsage::default(),
-        limits: Vec::new(),
+    // The Landlock backend: a per-run scratch directory (TMPDIR and HOME)
+    // and the rules made from the view on the host's paths.
+    let landlock_plan;
+    let mut scratch = None;
+    let plan = if plan.landlock_only() {
+        match crate::backend::prepare(plan, &opts.tag) {
+            Ok((p, dir)) => {
+                scratch = Some(dir);
+                landlock_plan = p;
+                &landlock_plan
+            }
+            Err(e) => {
+                let mut out = RunOutcome::refused(e);
+                out.backend = "landlock";
+                return out;
+            }
+        }
+    } else {
+        plan
     };
-    if !plan.sandboxed {
+    let mut out = RunOutcome::refused(String::new());
+    out.error = None;
+    if plan.namespaces() {
+        out.backend = "namespaces";
+    } else if plan.landlock_only() {
+        out.backend = "landlock";
+        out.not_given = crate::backend::NOT_GIVEN.to_vec();
+    }
+    if !plan.namespaces() {
         // Without a pid namespace the command could kill its reaper (same
         // uid, no confinement): moat itself adopts whatever is orphaned
         // then, and kills it below.
@@ -282,7 +323,8 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
     } else {
         crate::limits::prepare(
             &plan.limits,
-            plan.sandboxed,
+            // Private tmpfs and a user namespace of its own: namespaces only.
+            plan.namespaces(),
             &LimitFacts::probe(),
             &opts.tag,
         )
@@ -298,11 +340,19 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
         }
         Err(e) => out.error = Some(e.clone()),
     }
-    if !plan.sandboxed {
+    if !plan.namespaces() {
         crate::tree::kill_descendants_until_gone();
     }
     out.duration = start.elapsed();
     out.usage.duration_ms = out.duration.as_millis() as u64;
+    if let Some(dir) = &scratch {
+        if let Err(e) = std::fs::remove_dir_all(dir) {
+            out.error.get_or_insert(format!(
+                "remove the run's scratch directory {}: {e}",
+                dir.display()
+            ));
+        }
+    }
     if let Some(cg) = enforcer.as_ref().ok().and_then(|e| e.cgroup.as_ref()) {
         if let Err(e) = cg.remove() {
             // The run happened; the leftover is moat's failure to report.
@@ -364,7 +414,7 @@ fn launch(
     // An interactive run: the command gets a terminal of its own inside the
     // sandbox (the host's never enters it); stderr joins it when it is a
     // terminal too.
-    let pty = (plan.sandboxed
+    let pty = (plan.namespaces()
         && opts.output == OutputMode::Passthrough
         // An output limit counts every byte in pipes; a terminal would bypass it.
         && enforcer.output.is_none()
@@ -406,7 +456,7 @@ fn launch(
     }
     // The init hands sockets it creates inside the sandbox (the proxy's
     // listeners, the broker's) back over this pair.
-    let (handoff_rx, handoff_tx) = if plan.sandboxed {
+    let (handoff_rx, handoff_tx) = if plan.namespaces() {
         let (a, b) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| format!("create a socket pair: {e}"))?;
         (Some(a), Some(b))
@@ -418,7 +468,7 @@ fn launch(
     let old_mask = sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS)
         .map_err(|e| format!("block signals: {e}"))?;
     let mut ns_flags = 0;
-    if plan.sandboxed {
+    if plan.namespaces() {
         ns_flags = libc::CLONE_NEWUSER
             | libc::CLONE_NEWNS
             | libc::CLONE_NEWPID
@@ -471,7 +521,7 @@ fn launch(
     drop(stdout_end);
     drop(stderr_end);
     drop(handoff_tx);
-    if plan.sandboxed {
+    if plan.namespaces() {
         out.layers.namespaces = Enforcement::Full;
     }
     let result = supervise(
@@ -506,7 +556,7 @@ fn supervise(
     let mut broker: Option<std::os::unix::net::UnixListener> = None;
     // The command's own terminal, once the init has opened it.
     let mut relay: Option<crate::pty::Relay> = None;
-    if plan.sandboxed && nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
+    if plan.namespaces() && nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
         // Resizes of the host terminal arrive through the signalfd.
         let _ = sys::set_sigmask(libc::SIG_BLOCK, &[libc::SIGWINCH]);
     }

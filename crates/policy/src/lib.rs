@@ -98,6 +98,44 @@ impl fmt::Display for Level {
     }
 }
 
+/// Which confinement backend runs a sandboxed level.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// User, mount, pid, ipc, uts and net namespaces, then Landlock and
+    /// seccomp (the default; refuses when namespaces are unavailable).
+    #[default]
+    Namespaces,
+    /// Landlock, seccomp and no_new_privs only: for hosts without user
+    /// namespaces. Less than the namespaces backend (no private /tmp, HOME or
+    /// pid namespace); what it cannot give is listed and refused.
+    Landlock,
+    /// Namespaces where available, else Landlock.
+    Auto,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Namespaces => "namespaces",
+            Backend::Landlock => "landlock",
+            Backend::Auto => "auto",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Backend> {
+        [Backend::Namespaces, Backend::Landlock, Backend::Auto]
+            .into_iter()
+            .find(|b| b.as_str() == s)
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Backend::Namespaces
+    }
+}
+
 /// How the command reaches the network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -228,6 +266,8 @@ pub struct PolicyRequest {
     pub timeout_ms: Option<u64>,
     /// Resource limits (`--memory`, `--pids`, …).
     pub limits: Limits,
+    /// `--backend`.
+    pub backend: Backend,
     /// `--allow-domain` / `--deny-domain` (presets allowed), proxy mode only.
     pub allow_domains: Vec<String>,
     pub deny_domains: Vec<String>,
@@ -286,6 +326,9 @@ pub struct Policy {
     /// Resource limits; absent from the canonical form when none is set.
     #[serde(skip_serializing_if = "Limits::is_unset")]
     pub limits: Limits,
+    /// The backend asked for; absent from the canonical form when it is the default.
+    #[serde(skip_serializing_if = "Backend::is_default")]
+    pub backend: Backend,
     /// The tool's network class, narrowing the network mode.
     pub net_class: Option<NetClass>,
     /// The profile this run is for.
@@ -416,6 +459,7 @@ impl Policy {
             pass_env,
             timeout_ms: req.timeout_ms,
             limits: req.limits,
+            backend: req.backend,
             net_class: req.net_class,
             tool: req.tool,
             shims: {
