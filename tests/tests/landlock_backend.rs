@@ -1,7 +1,8 @@
 //! The Landlock-only backend (`--backend landlock|auto`), run where user
-//! namespaces are taken away: moat is started inside a child user namespace
-//! whose `user.max_user_namespaces` is 0 (as root and as an unprivileged
-//! user alike), so it cannot create namespaces of its own. The escape cases
+//! namespaces are taken away: moat is started under a seccomp filter that
+//! refuses CLONE_NEWUSER (a container's default profile does that), and
+//! once inside a child user namespace whose `user.max_user_namespaces` is 0,
+//! as root and as an unprivileged user alike. The escape cases
 //! that still apply must hold; what the backend cannot give is refused.
 
 use std::ffi::OsString;
@@ -11,15 +12,38 @@ use std::time::Duration;
 use moat_conformance::*;
 use serde_json::Value;
 
-/// `cmd` run inside a child user namespace that may not create any more.
-fn without_userns(cmd: Command) -> Command {
-    let mut w = Command::new("unshare");
-    w.arg("-Ur")
-        .arg("sh")
-        .arg("-c")
-        .arg("echo 0 > /proc/sys/user/max_user_namespaces && exec \"$@\"")
-        .arg("sh")
-        .arg(cmd.get_program())
+/// A seccomp filter refusing new user namespaces (`unshare`/`clone` with
+/// CLONE_NEWUSER: EPERM; `clone3`: ENOSYS so libc falls back to `clone`),
+/// like a container's default profile; installed by a tiny Python wrapper
+/// that then execs its arguments.
+const NO_USERNS_PY: &str = r#"import ctypes, os, struct, sys
+def ins(code, jt, jf, k): return struct.pack("HBBI", code, jt, jf, k)
+LD, JEQ, JSET, RET = 0x20, 0x15, 0x45, 0x06
+ALLOW, ERRNO = 0x7fff0000, 0x00050000
+prog = b"".join([
+    ins(LD, 0, 0, 0),                    # syscall number
+    ins(JEQ, 3, 0, 272),                 # unshare
+    ins(JEQ, 2, 0, 56),                  # clone
+    ins(JEQ, 5, 0, 435),                 # clone3
+    ins(RET, 0, 0, ALLOW),
+    ins(LD, 0, 0, 16),                   # flags (args[0], low word)
+    ins(JSET, 0, 1, 0x10000000),         # CLONE_NEWUSER
+    ins(RET, 0, 0, ERRNO | 1),
+    ins(RET, 0, 0, ALLOW),
+    ins(RET, 0, 0, ERRNO | 38),
+])
+buf = ctypes.create_string_buffer(prog)
+class FProg(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+fp = FProg(len(prog) // 8, ctypes.addressof(buf))
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(fp), 0, 0) != 0:
+    sys.exit("seccomp: errno %d" % ctypes.get_errno())
+os.execvp(sys.argv[1], sys.argv[1:])
+"#;
+
+fn rewrap(cmd: Command, mut w: Command) -> Command {
+    w.arg(cmd.get_program())
         .args(cmd.get_args())
         .env_clear()
         .envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))))
@@ -30,34 +54,99 @@ fn without_userns(cmd: Command) -> Command {
     w
 }
 
+/// `cmd` under a seccomp filter that refuses new user namespaces.
+fn without_userns(fx: &Fixture, cmd: Command) -> Command {
+    let script = fx.root.join("no-userns.py");
+    if !exists(&script) {
+        write(&script, NO_USERNS_PY);
+    }
+    let mut w = Command::new(PY);
+    w.arg(&script);
+    rewrap(cmd, w)
+}
+
+/// `cmd` inside a child user namespace whose `user.max_user_namespaces` is
+/// 0 (moat runs as that namespace's root; host-owned files show as nobody).
+fn in_userns_without_more(cmd: Command) -> Command {
+    let mut w = Command::new("unshare");
+    w.args([
+        "-Ur",
+        "sh",
+        "-c",
+        "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$@\"",
+        "sh",
+    ]);
+    rewrap(cmd, w)
+}
+
 fn ll_sh(fx: &Fixture, level: &str, extra: &[&str], script: &str) -> Out {
     let mut args = vec!["--backend", "landlock"];
     args.extend_from_slice(extra);
-    run(without_userns(fx.sh(level, &args, script)))
+    run(without_userns(fx, fx.sh(level, &args, script)))
 }
 
 #[test]
-fn namespaces_are_really_gone_in_the_wrapper_positive_control() {
-    let out = run(without_userns({
+fn namespaces_are_really_gone_in_the_wrappers_positive_control() {
+    let fx = Fixture::new();
+    let unshare = || {
         let mut c = Command::new("unshare");
         c.args(["-U", "true"]);
         c
-    }));
-    assert_ne!(
-        out.code,
+    };
+    assert_eq!(
+        run(unshare()).code,
         Some(0),
-        "the wrapper must take user namespaces away"
+        "user namespaces exist on this host"
     );
+    let out = run(without_userns(&fx, unshare()));
+    assert_ne!(out.code, Some(0), "the seccomp wrapper must take them away");
+    let out = run(in_userns_without_more(unshare()));
+    assert_ne!(out.code, Some(0), "the sysctl wrapper must take them away");
 }
 
 #[test]
 fn default_backend_refuses_and_names_the_landlock_option_contract() {
     let fx = Fixture::new();
-    let out = run(without_userns(fx.sh("read-only", &[], "echo RAN")));
+    let out = run(without_userns(&fx, fx.sh("read-only", &[], "echo RAN")));
+    out.expect_code(125)
+        .expect_absent("RAN", "a refused run's output");
+    assert!(out.stderr.contains("--backend landlock"), "{}", out.dump());
+    assert!(out.stderr.contains("seccomp"), "{}", out.dump());
+    let out = run(in_userns_without_more(fx.sh(
+        "read-only",
+        &["--no-audit"],
+        "echo RAN",
+    )));
     out.expect_code(125)
         .expect_absent("RAN", "a refused run's output");
     assert!(out.stderr.contains("--backend landlock"), "{}", out.dump());
     assert!(out.stderr.contains("max_user_namespaces"), "{}", out.dump());
+}
+
+#[test]
+fn the_sysctl_way_gets_the_same_backend() {
+    // moat is root of a child user namespace here (as root or moat-ci on the
+    // host): the audit log's ownership checks see host dirs as nobody, so
+    // this run is not audited; the secrets must stay unreadable all the same.
+    let fx = Fixture::new();
+    let h = fx.home.display();
+    let script = format!("echo PROBE-RAN; cat {h}/.ssh/id_rsa; cat {h}/.aws/credentials");
+    let out = run(in_userns_without_more(fx.sh(
+        "workspace-write",
+        &["--no-audit", "--json", "--backend", "auto"],
+        &script,
+    )));
+    let v = out.json();
+    assert_eq!(v["sandbox"]["backend"], "landlock", "{}", out.dump());
+    let stdout = v["stdout"].as_str().unwrap_or_default();
+    assert!(stdout.contains("PROBE-RAN"), "{}", out.dump());
+    for s in [&fx.ssh_secret, &fx.aws_secret] {
+        assert!(
+            !stdout.contains(s.as_str()),
+            "a secret leaked\n{}",
+            out.dump()
+        );
+    }
 }
 
 #[test]
@@ -158,7 +247,7 @@ fn the_network_is_refused_outright() {
         port.to_string().into(),
         sock.clone().into(),
     ]);
-    let out = run(without_userns(fx.moat(args)));
+    let out = run(without_userns(&fx, fx.moat(args)));
     out.expect_stdout_has("PROBE-RAN")
         .expect_absent("CONNECTED", "a connection");
     assert_eq!(out.tagged("REFUSED").len(), 2, "{}", out.dump());
@@ -233,11 +322,10 @@ fn results_events_and_audit_say_which_backend_ran() {
     assert_eq!(rec["backend"], "landlock", "audit record: {rec}");
     assert_eq!(rec["layers"]["namespaces"], "none");
     // auto: landlock here, namespaces where they exist.
-    let out = run(without_userns(fx.sh(
-        "read-only",
-        &["--json", "--backend", "auto"],
-        "true",
-    )));
+    let out = run(without_userns(
+        &fx,
+        fx.sh("read-only", &["--json", "--backend", "auto"], "true"),
+    ));
     assert_eq!(
         out.json()["sandbox"]["backend"],
         "landlock",
