@@ -346,3 +346,35 @@ fn results_events_and_audit_say_which_backend_ran() {
     ));
     assert!(!exists(&scratch), "{} left behind", scratch.display());
 }
+
+#[test]
+fn capabilities_report_which_backend_gives_what_contract() {
+    let fx = Fixture::new();
+    let out = run(without_userns(&fx, fx.moat(["capabilities"])));
+    out.expect_code(0);
+    let v = out.json();
+    for level in SANDBOXED {
+        let cell = &v["backends"][level]["disabled"];
+        assert_eq!(cell["landlock"], "supported", "{level}: {cell}");
+        assert!(
+            cell["namespaces"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("unsupported"),
+            "{level}: {cell}"
+        );
+        for mode in ["proxy", "unmanaged"] {
+            let cell = &v["backends"][level][mode];
+            assert!(
+                cell["landlock"]
+                    .as_str()
+                    .unwrap_or("")
+                    .starts_with("unsupported"),
+                "{level} {mode}: {cell}"
+            );
+        }
+    }
+    assert!(v["landlock_backend_cannot_give"]
+        .as_array()
+        .is_some_and(|a| !a.is_empty()));
+}

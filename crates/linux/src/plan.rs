@@ -173,7 +173,7 @@ pub enum PlanError {
     NoTcpBindControl(i32),
     #[error("cannot find moat's own binary (needed inside the sandbox for ssh through the proxy)")]
     NoMoatBinary,
-    #[error("the Landlock backend cannot give --network {0}: without a network namespace Landlock's TCP rules match ports, not hosts, and seccomp cannot see connect()'s address; use --network disabled, or the namespaces backend on a host with user namespaces")]
+    #[error("the Landlock backend cannot give --network {0}: it gives no network at all (proxy needs a network namespace: Landlock's TCP rules match ports, not hosts, and seccomp cannot see connect()'s address; unmanaged would reach host unix sockets, such as a container engine's, that only a mount namespace hides); use --network disabled, or the namespaces backend on a host with user namespaces")]
     LandlockNetwork(NetworkMode),
     #[error("the Landlock backend needs Landlock ABI 6 (Linux >= 6.12) to keep signals and abstract unix sockets inside the run (it has no pid namespace), and this kernel has ABI {0}; use the namespaces backend on a host with user namespaces")]
     LandlockTooOld(i32),
