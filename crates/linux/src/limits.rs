@@ -284,7 +284,7 @@ pub fn choose(
             "every process and thread of the run (cgroup v1 pids controller)".into(),
         ))
     } else if !sandboxed {
-        Err(format!("danger-full-access has no user namespace of its own, so RLIMIT_NPROC would count every process of the user, and no per-run cgroup is usable ({})", facts.cgroup_missing))
+        Err(format!("this run has no user namespace of its own (danger-full-access, or the Landlock backend), so RLIMIT_NPROC would count every process of the user, and no per-run cgroup is usable ({})", facts.cgroup_missing))
     } else if facts.uid == 0 {
         Err(format!(
             "host root is exempt from RLIMIT_NPROC, and no per-run cgroup is usable ({})",
@@ -323,7 +323,7 @@ pub fn choose(
                 "each private tmpfs (/tmp, HOME, /dev/shm); writes past it fail with ENOSPC".into(),
             ))
         } else {
-            Err("danger-full-access has no private /tmp or HOME".into())
+            Err("this run has no private /tmp or HOME (danger-full-access, or the Landlock backend)".into())
         },
     )?;
     put(
