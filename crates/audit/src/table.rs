@@ -119,6 +119,11 @@ fn summary(ev: &Value) -> String {
             }
             s
         }
+        "sandbox.sweep_failed" => {
+            let path = str_field(ev, "path").unwrap_or("?");
+            let error = str_field(ev, "error").unwrap_or("");
+            format!("{path} NOT NEUTRALISED ({error})")
+        }
         "policy.resolved" => {
             let level = str_field(ev, "sandbox_level").unwrap_or("?");
             let network = ev

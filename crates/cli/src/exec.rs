@@ -15,7 +15,7 @@ use moat_linux::{
 use moat_policy::{NetworkMode, Policy};
 use serde_json::{json, Map, Value};
 
-use crate::{resolve_policy, ExecArgs, CAPTURE_LIMIT, EXIT_MOAT_FAILED};
+use crate::{resolve_policy, ExecArgs, CAPTURE_LIMIT, EXIT_MOAT_FAILED, EXIT_SWEEP_FAILED};
 
 /// Where events go while the run is live: stdout (with `--events`), shared
 /// with the proxy's threads, one whole line per write.
@@ -314,12 +314,16 @@ fn network_denials(policy: &Policy, requests: &[Value], o: &RunOutcome) -> Vec<V
 /// command's stderr says was refused, attributed to the plan.
 fn denials(plan: &Plan, o: &RunOutcome) -> Vec<Value> {
     let mut out = Vec::new();
-    for (from, to) in &o.swept {
+    for s in &o.swept {
+        let fate = match &s.moved_to {
+            Some(to) => format!("moved to {}", to.display()),
+            None => "deleted".to_string(),
+        };
         out.push(json!({
             "operation": "create",
-            "path": from,
+            "path": s.path,
             "reason": DenyReason::WriteProtected.code(),
-            "detail": format!("created by the command at a write-protected path; moved to {}", to.display()),
+            "detail": format!("{}; {fate}", s.detail),
         }));
     }
     let text = String::from_utf8_lossy(if o.stderr.is_empty() {
@@ -624,6 +628,28 @@ pub fn run_resolved(
         .iter()
         .map(|d| session.event("sandbox.denied", d.clone()))
         .collect();
+    // A path the sweep could not neutralise is still live on the host: it
+    // is recorded, said in red whatever --quiet says, and the run exits
+    // EXIT_SWEEP_FAILED so no caller mistakes it for a clean run.
+    for f in &outcome.sweep_failed {
+        tail_events.push(session.event(
+            "sandbox.sweep_failed",
+            json!({"path": f.path, "error": f.error}),
+        ));
+        if mode != Mode::Events {
+            use std::io::IsTerminal;
+            let (red, reset) = if std::io::stderr().is_terminal() {
+                ("\x1b[31m", "\x1b[0m")
+            } else {
+                ("", "")
+            };
+            eprintln!(
+                "{red}moat: NOT NEUTRALISED: {} ({}); the host may run it. Remove it by hand before using this directory outside moat.{reset}",
+                f.path.display(),
+                f.error
+            );
+        }
+    }
     // Live subscribers saw each decision as it happened; the log gets them now.
     let decision_events: Vec<Value> = requests
         .iter()
@@ -684,6 +710,9 @@ pub fn run_resolved(
     }
     if let Some(e) = &session.audit_error {
         eprintln!("moat: {e}");
+    }
+    if !outcome.sweep_failed.is_empty() {
+        return ExitCode::from(EXIT_SWEEP_FAILED);
     }
     ExitCode::from(outcome.exit_code.clamp(0, 255) as u8)
 }
@@ -888,8 +917,16 @@ fn result_json(
         v["swept"] = json!(o
             .swept
             .iter()
-            .map(|(a, b)| json!({"path": a, "moved_to": b}))
+            .map(|s| json!({"path": s.path, "moved_to": s.moved_to, "detail": s.detail}))
             .collect::<Vec<_>>());
+    }
+    if !o.sweep_failed.is_empty() {
+        v["sweep_failed"] = json!(o
+            .sweep_failed
+            .iter()
+            .map(|f| json!({"path": f.path, "error": f.error}))
+            .collect::<Vec<_>>());
+        v["exit_code"] = json!(EXIT_SWEEP_FAILED);
     }
     v
 }

@@ -20,7 +20,9 @@ macro_rules! out {
 
 mod audit_cmd;
 mod exec;
+mod export_cmd;
 mod nested;
+mod state;
 mod tools;
 
 use std::ffi::OsString;
@@ -42,6 +44,9 @@ const PROTOCOL_VERSION: &str = "1";
 pub(crate) const CAPTURE_LIMIT: usize = 1 << 20;
 /// Exit status when moat itself refuses or fails.
 pub(crate) const EXIT_MOAT_FAILED: u8 = 125;
+/// The command ran, but the post-run sweep could not neutralise something
+/// it left at a write-protected path (still live on the host).
+pub(crate) const EXIT_SWEEP_FAILED: u8 = 122;
 
 #[derive(Parser)]
 #[command(
@@ -51,6 +56,7 @@ pub(crate) const EXIT_MOAT_FAILED: u8 = 125;
     long_about = "moat runs one command inside a boundary the kernel enforces: the command sees the \
 workspace and what its policy grants, and nothing else. No daemon, no container engine.\n\n\
 Exit status of `moat exec`: the command's own code; 128+N if it was killed by signal N; \
+122 when something the command left at a write-protected path could not be neutralised; \
 124 on --timeout; 125 when moat refused or failed; 126 not executable; 127 not found."
 )]
 pub(crate) struct Cli {
@@ -92,6 +98,9 @@ pub(crate) enum Command {
     },
     /// Forget the trust given to the project's .moat.toml
     Untrust { dir: Option<PathBuf> },
+    /// Translate the policy for another target: an OCI bundle, Kubernetes manifests, a macOS Seatbelt profile
+    #[command(subcommand)]
+    Export(export_cmd::ExportCommand),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
     Completions {
         #[arg(value_enum)]
@@ -164,6 +173,7 @@ fn main() -> ExitCode {
         Command::Shim(cmd) => tools::shim(cmd),
         Command::Trust { dir, list } => tools::trust(dir, list, false),
         Command::Untrust { dir } => tools::trust(dir, false, true),
+        Command::Export(cmd) => export_cmd::run(cmd),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();
@@ -173,7 +183,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Capabilities => {
-            let report = moat_linux::capabilities::report(std::env::vars().collect());
+            let mut report = moat_linux::capabilities::report(std::env::vars().collect());
+            report["other_backends"] = export_cmd::backends();
             print_json(&report);
             ExitCode::SUCCESS
         }

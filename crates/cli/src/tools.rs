@@ -13,8 +13,8 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use moat_config::{
     find_project_file, load_catalogue, load_project, load_user_config, moat_args_from_env,
-    render_grants, resolve, resolve_program, shimmable_names, user_config_path, Catalogue,
-    FlagOrigin, PolicyFlags, ProfileOrigin, ProjectFile, Sources, TrustStore,
+    render_grants, resolve, resolve_program, session_shims, shimmable_names, user_config_path,
+    Catalogue, FlagOrigin, PolicyFlags, ProfileOrigin, ProjectFile, Sources, TrustStore,
 };
 use moat_policy::Policy;
 
@@ -172,7 +172,17 @@ fn resolve_tool(
     tool: &str,
     argv1: Option<&str>,
     a: &RunArgs,
-) -> Result<(Policy, Option<Duration>, PathBuf, moat_config::Resolved), String> {
+    prepare_state: bool,
+) -> Result<
+    (
+        Policy,
+        Option<Duration>,
+        PathBuf,
+        moat_config::Resolved,
+        crate::state::StateRun,
+    ),
+    String,
+> {
     let cat = catalogue()?;
     let profile = cat.get(tool).cloned().ok_or_else(|| {
         format!("no profile for {tool:?}; `moat profile list` shows them, or add ~/.config/moat/profiles/{tool}.toml")
@@ -209,41 +219,137 @@ fn resolve_tool(
         moat_args: moat_args_from_env().map_err(|e| e.to_string())?,
         project: trusted_project(&workspace)?,
         user_config,
-        profile: Some(profile),
+        profile: Some(profile.clone()),
         defaults: None,
         home: Some(h.clone()),
     };
-    let resolved = resolve(Some(tool), argv1, sources).map_err(|e| e.to_string())?;
+    let mut resolved = resolve(Some(tool), argv1, sources).map_err(|e| e.to_string())?;
+    let home_canon = std::fs::canonicalize(&h).unwrap_or(h.clone());
+    // At workspace-contained the view has only the system runtime: a tool
+    // installed elsewhere (an npm prefix, ~/.local, rustup under ~) needs its
+    // own install tree, read-only, to start at all.
+    if resolved.level.value == moat_policy::Level::WorkspaceContained {
+        for p in install_tree(&program, &path_var, &home_canon, &shim) {
+            let listed = |l: &[moat_config::Sourced<PathBuf>]| l.iter().any(|g| g.value == p);
+            if !listed(&resolved.ro) && !listed(&resolved.rw) {
+                resolved.ro.push(moat_config::Sourced {
+                    value: p,
+                    source: moat_config::Source::InstallTree,
+                });
+            }
+        }
+    }
+    // First-use state: create what the profile declares before the grants
+    // are resolved on the host (a missing grant would be dropped), and give
+    // files the tool replaces by rename a synced private copy. Only for a
+    // real run: `--dry-run` and `profile show` change nothing.
+    let state = if resolved.level.value.is_sandboxed() {
+        crate::state::prepare(
+            &profile,
+            &mut resolved,
+            &home_canon,
+            moat_config::state_dir_from_env().as_deref(),
+            prepare_state,
+        )?
+    } else {
+        crate::state::StateRun::default()
+    };
     let mut policy =
         crate::finish_policy(&resolved, &a.policy, workspace, &h).map_err(|e| format!("{e:#}"))?;
-    // Tools composed inside the session keep their own net class.
-    // Under the profile's name and under its program's (python → python3),
-    // so calling either inside the session keeps the tool's class.
-    let shims: Vec<moat_policy::ShimSpec> = shimmable_names(&cat)
-        .into_iter()
-        .filter(|n| *n != tool)
-        .filter_map(|n| cat.get(n))
-        .flat_map(|p| {
-            let spec = |name: &str| moat_policy::ShimSpec {
-                name: name.to_string(),
-                program: p.program.clone(),
-                net_class: p.base.net_class,
-                subcommands: p
-                    .subcommands
-                    .iter()
-                    .filter_map(|(k, s)| s.net_class.map(|c| (k.clone(), c)))
-                    .collect(),
-            };
-            let mut v = vec![spec(&p.name)];
-            if p.program != p.name && p.program != tool {
-                v.push(spec(&p.program));
-            }
-            v
-        })
-        .collect();
+    // Leaf tools composed inside the session keep their own net class;
+    // launchers (shells, interpreters) inherit the session's. The rule
+    // lives in `session_shims`.
+    let shims = session_shims(&cat, tool);
     policy = with_shims(policy, shims)?;
+    policy.synced_home_files = state.synced_files();
+    policy.private_home = state.private_home.clone();
     let timeout = policy.timeout_ms.map(Duration::from_millis);
-    Ok((policy, timeout, program, resolved))
+    Ok((policy, timeout, program, resolved, state))
+}
+
+/// The install tree of `program` (as found on PATH): what a contained view
+/// must show, read-only, for it to start. A toolchain under the home
+/// (`moat_policy::HOME_TOOLCHAINS`: rustup's `~/.cargo/bin` needs
+/// `~/.rustup` too) as a whole; an npm package from its package root
+/// (`…/node_modules/[@scope/]name`, its dependencies included); anything
+/// else by its directory. A symlinked program brings its bin directory, and
+/// a script its interpreter's tree (`#!/usr/bin/env node` → node's).
+fn install_tree(
+    program: &Path,
+    path_var: &std::ffi::OsStr,
+    home: &Path,
+    shim: &Path,
+) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let add = |p: PathBuf, out: &mut Vec<PathBuf>| {
+        let too_broad = p.components().count() < 3 || home.starts_with(&p);
+        // Visible at workspace-contained anyway: the system runtime.
+        let system = moat_linux::view::SYSTEM_RUNTIME
+            .iter()
+            .any(|r| p.starts_with(Path::new("/").join(r)));
+        if !too_broad && !system && p.exists() && !out.contains(&p) {
+            out.push(p);
+        }
+    };
+    let tree_of = |file: &Path, out: &mut Vec<PathBuf>| {
+        let Ok(canon) = std::fs::canonicalize(file) else {
+            return;
+        };
+        if let Ok(rel) = canon.strip_prefix(home) {
+            if let Some(t) = moat_policy::toolchain_containing(rel) {
+                for e in t.entries {
+                    add(home.join(e), out);
+                }
+                return;
+            }
+        }
+        let comps: Vec<_> = canon.components().collect();
+        if let Some(i) = comps.iter().rposition(|c| c.as_os_str() == "node_modules") {
+            let scoped = comps
+                .get(i + 1)
+                .is_some_and(|c| c.as_os_str().to_string_lossy().starts_with('@'));
+            let end = (i + if scoped { 3 } else { 2 }).min(comps.len());
+            add(comps[..end].iter().collect(), out);
+        } else if let Some(dir) = canon.parent() {
+            add(dir.to_path_buf(), out);
+        }
+    };
+    // The program itself, and the bin directory of a symlinked one.
+    if program
+        .symlink_metadata()
+        .is_ok_and(|m| m.file_type().is_symlink())
+    {
+        if let Some(bin) = program.parent() {
+            add(bin.to_path_buf(), &mut out);
+        }
+    }
+    tree_of(program, &mut out);
+    // A script's interpreter.
+    let head = std::fs::File::open(program).ok().and_then(|f| {
+        use std::io::Read;
+        let mut b = [0u8; 256];
+        let n = f.take(256).read(&mut b).ok()?;
+        let line = String::from_utf8_lossy(&b[..n]).lines().next()?.to_string();
+        line.strip_prefix("#!").map(str::to_string)
+    });
+    if let Some(line) = head {
+        let mut words = line.split_whitespace();
+        let interp = words.next().map(PathBuf::from);
+        let interp = match (interp, words.next()) {
+            (Some(e), Some(name)) if e.file_name().is_some_and(|n| n == "env") => {
+                std::env::split_paths(path_var)
+                    .filter(|d| d.is_absolute() && d != shim)
+                    .map(|d| d.join(name))
+                    .find(|c| is_executable(c))
+            }
+            (Some(i), _) => Some(i),
+            _ => None,
+        };
+        if let Some(i) = interp {
+            tree_of(&i, &mut out);
+        }
+    }
+    out
 }
 
 /// Adds the in-sandbox shims to `policy` (they are part of its hash).
@@ -273,8 +379,8 @@ pub fn run(a: RunArgs) -> ExitCode {
     };
     let args: Vec<OsString> = it.cloned().collect();
     let argv1 = args.first().map(|s| s.to_string_lossy().into_owned());
-    match resolve_tool(&tool, argv1.as_deref(), &a) {
-        Ok((policy, timeout, program, resolved)) => {
+    match resolve_tool(&tool, argv1.as_deref(), &a, !a.dry_run) {
+        Ok((policy, timeout, program, resolved, state)) => {
             if a.dry_run {
                 outln!("{}", resolved.render());
                 outln!("program: {}", program.display());
@@ -295,7 +401,9 @@ pub fn run(a: RunArgs) -> ExitCode {
             }
             let mut command = vec![program.into_os_string()];
             command.extend(args);
-            run_resolved(Ok((policy, timeout)), &reporting, &command)
+            let code = run_resolved(Ok((policy, timeout)), &reporting, &command);
+            state.finish();
+            code
         }
         Err(e) => refuse_early(&reporting, &e),
     }
@@ -306,10 +414,11 @@ pub fn run(a: RunArgs) -> ExitCode {
 /// table has it). Any other name runs the normal command line.
 pub fn is_shim_name(name: &str) -> bool {
     if crate::nested::inside_sandbox() {
-        return std::fs::read_to_string(moat_linux::plan::SANDBOX_SHIM_TABLE)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Vec<moat_policy::ShimSpec>>(&t).ok())
-            .is_some_and(|table| table.iter().any(|s| s.name == name));
+        // Inside a sandbox moat only runs under another name through a
+        // symlink to it: the session's shims, or shims installed on the host
+        // (`moat shim install node`) that a readable host shows. Every such
+        // name dispatches; one the table lacks (a launcher) passes through.
+        return true;
     }
     catalogue().map(|c| c.get(name).is_some()).unwrap_or(false)
 }
@@ -330,31 +439,61 @@ pub fn shim_main(name: &str, args: Vec<OsString>) -> ExitCode {
 }
 
 fn in_sandbox_shim(name: &str, args: Vec<OsString>) -> ExitCode {
+    use std::os::unix::fs::MetadataExt;
     // The table the host wrote into the view when it resolved the session:
     // which program each shim runs and with which class (the user's own
     // profiles included — their files are not visible in here).
-    let table: Vec<moat_policy::ShimSpec> =
-        std::fs::read_to_string(moat_linux::plan::SANDBOX_SHIM_TABLE)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
-    let Some(spec) = table.into_iter().find(|s| s.name == name) else {
-        eprintln!("moat: {name}: no shim of that name in this session");
-        return ExitCode::from(127);
+    // A session without shims (`moat exec`) has no table: every name passes
+    // through. A table that exists but cannot be read or parsed fails closed:
+    // running a leaf tool without its class would be a quiet downgrade.
+    let table: Vec<moat_policy::ShimSpec> = match std::fs::read_to_string(
+        moat_linux::plan::SANDBOX_SHIM_TABLE,
+    ) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            eprintln!(
+                    "moat: {name}: cannot read the session's shim table {}: {e}; not running {name} without its network class",
+                    moat_linux::plan::SANDBOX_SHIM_TABLE
+                );
+            return ExitCode::from(126);
+        }
+        Ok(t) => match serde_json::from_str(&t) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!(
+                    "moat: {name}: the session's shim table {} does not parse: {e}",
+                    moat_linux::plan::SANDBOX_SHIM_TABLE
+                );
+                return ExitCode::from(126);
+            }
+        },
     };
+    // No entry: a launcher (or a name without a profile) reached through a
+    // host-installed shim. It passes through with the caller's class, as if
+    // the shim were not there.
+    let spec = table.into_iter().find(|s| s.name == name);
     let argv1 = args.first().map(|s| s.to_string_lossy().into_owned());
-    let class = spec.class_for(argv1.as_deref());
+    let class = spec.as_ref().and_then(|s| s.class_for(argv1.as_deref()));
+    let wanted = spec.as_ref().map_or(name, |s| s.program.as_str());
     let path_var = std::env::var_os("PATH").unwrap_or_default();
     let skip: Vec<PathBuf> = vec![moat_linux::plan::SANDBOX_SHIMS.into(), "/moat/bin".into()];
+    // moat itself, by inode: a host shim dir on PATH holds symlinks to the
+    // same binary that is bound at /moat/bin/moat; exec'ing one of those
+    // would loop back here.
+    let me = std::fs::metadata("/proc/self/exe")
+        .ok()
+        .map(|m| (m.dev(), m.ino()));
+    let is_moat = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .is_some_and(|m| Some((m.dev(), m.ino())) == me)
+    };
     let program = std::env::split_paths(&path_var)
         .filter(|d| d.is_absolute() && !skip.contains(d))
-        .map(|d| d.join(&spec.program))
-        .find(|c| is_executable(c));
+        .map(|d| d.join(wanted))
+        .find(|c| is_executable(c) && !is_moat(c));
     let Some(program) = program else {
-        eprintln!(
-            "moat: {name}: {} not found in the sandbox's view",
-            spec.program
-        );
+        eprintln!("moat: {name}: {wanted} not found in the sandbox's view");
         return ExitCode::from(127);
     };
     if let Some(c) = class {
@@ -400,8 +539,8 @@ pub fn profile(cmd: ProfileCommand) -> ExitCode {
         },
         ProfileCommand::Show { tool, subcommand } => {
             let a = RunArgs::default();
-            match resolve_tool(&tool, subcommand.as_deref(), &a) {
-                Ok((policy, _, program, resolved)) => {
+            match resolve_tool(&tool, subcommand.as_deref(), &a, false) {
+                Ok((policy, _, program, resolved, _)) => {
                     outln!("{}", resolved.render());
                     outln!("program      {}", program.display());
                     outln!("policy_hash  {}", policy.hash());

@@ -36,7 +36,9 @@ mod settings;
 mod trust;
 mod userconf;
 
-pub use catalogue::{builtin, builtin_checked, builtin_names, builtin_source, BUILTIN_SOURCES};
+pub use catalogue::{
+    builtin, builtin_checked, builtin_names, builtin_source, session_shims, BUILTIN_SOURCES,
+};
 pub use error::ConfigError;
 pub use flags::{
     moat_args_flag_names, parse_moat_args_words, policy_flag_names, url_has_userinfo,
@@ -49,7 +51,7 @@ pub use load::{
     ProfileOrigin, UserConfig,
 };
 pub use moat_args::{moat_args_from_env, parse_moat_args};
-pub use profile::{parse_profile, Profile};
+pub use profile::{parse_profile, FirstUse, FirstUseKind, Profile};
 pub use project::{
     find_project_file, find_project_file_with, load_project, parse_project, project_digest,
     ProjectFile, PROJECT_FILE_NAME,

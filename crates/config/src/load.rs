@@ -366,7 +366,7 @@ mod tests {
         );
         assert_eq!(cat.origin("cargo"), Some(&ProfileOrigin::BuiltIn));
         assert!(cat.get("ssh").is_some());
-        assert_eq!(cat.names().len(), 21);
+        assert_eq!(cat.names().len(), BUILTIN_SOURCES.len() + 1);
     }
 
     #[test]
@@ -398,7 +398,7 @@ mod tests {
                 .unwrap()
                 .names()
                 .len(),
-            20
+            BUILTIN_SOURCES.len()
         );
         assert!(load_user_config(&dir.path().join("config.toml"))
             .unwrap()

@@ -1,7 +1,7 @@
 //! Tool profiles: the TOML declaration of one tool's boundary, parsed and validated.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use moat_policy::NetworkMode;
 use serde::Deserialize;
@@ -11,6 +11,28 @@ use crate::settings::{
     protected_containing, protected_exact, Ctx, Kind, NetClass, RawMount, RawOverrides, Settings,
 };
 
+/// What a missing profile grant is, so moat can create it before the first
+/// run instead of dropping it (`create = "dir"` / `"file"` on a mount).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstUseKind {
+    /// Created with mode 0700.
+    Dir,
+    /// Created empty with mode 0600.
+    File,
+}
+
+/// A home grant the tool's first run creates: `~/.claude`, `~/.claude.json`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FirstUse {
+    /// As written, `~/…`.
+    pub path: PathBuf,
+    pub kind: FirstUseKind,
+    /// The tool replaces the file by an atomic rename (write a temporary,
+    /// rename it over): rename onto a bind-mounted file fails with EBUSY, so
+    /// moat gives the run a private copy and merges it back afterwards.
+    pub replaced_by_rename: bool,
+}
+
 /// A validated tool profile.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Profile {
@@ -18,12 +40,19 @@ pub struct Profile {
     /// The program resolved on the host PATH (skipping moat's shim directory).
     pub program: String,
     pub description: Option<String>,
+    /// A composition tool (shell, interpreter, `make`, `env`-like runner):
+    /// inside a session it inherits the class of whatever launched it and
+    /// never narrows the session by itself. Its settings apply only when it
+    /// is the command moat starts (`moat run bash`). See [`session_shims`].
+    pub launcher: bool,
     /// The profile's own settings (its top-level keys).
     pub base: Settings,
     /// `[subcommands.NAME]`: overrides applied when `argv[1] == NAME`.
     pub subcommands: BTreeMap<String, Settings>,
     /// Things `moat profile check` should point out (e.g. an unmanaged network).
     pub warnings: Vec<String>,
+    /// Grants created on first use (from every `[[mounts]]` with `create`).
+    pub first_use: Vec<FirstUse>,
 }
 
 #[derive(Deserialize)]
@@ -32,6 +61,8 @@ struct RawProfile {
     name: String,
     program: Option<String>,
     description: Option<String>,
+    #[serde(default)]
+    launcher: bool,
     level: Option<String>,
     network: Option<String>,
     net_class: Option<String>,
@@ -81,6 +112,23 @@ pub fn parse_profile(text: &str, file: &str) -> Result<Profile, ConfigError> {
     check_name(file, "name", &raw.name)?;
     let program = raw.program.clone().unwrap_or_else(|| raw.name.clone());
     check_name(file, "program", &program)?;
+    let mut first_use = Vec::new();
+    let all_mounts =
+        raw.mounts
+            .iter()
+            .map(|m| (String::new(), m))
+            .chain(raw.subcommands.iter().flat_map(|(sub, o)| {
+                o.mounts
+                    .iter()
+                    .map(move |m| (format!("subcommands.{sub}."), m))
+            }));
+    for (prefix, m) in all_mounts {
+        if let Some(f) = first_use_of(file, &prefix, m)? {
+            if !first_use.iter().any(|x: &FirstUse| x.path == f.path) {
+                first_use.push(f);
+            }
+        }
+    }
 
     let base_raw = RawOverrides {
         level: raw.level,
@@ -129,9 +177,11 @@ pub fn parse_profile(text: &str, file: &str) -> Result<Profile, ConfigError> {
         name: raw.name,
         program,
         description: raw.description,
+        launcher: raw.launcher,
         base,
         subcommands,
         warnings,
+        first_use,
     };
     let mut variants: Vec<(String, Settings)> = vec![(String::new(), profile.settings_for(None))];
     for sub in profile.subcommands.keys() {
@@ -144,6 +194,57 @@ pub fn parse_profile(text: &str, file: &str) -> Result<Profile, ConfigError> {
         check_consistent(file, prefix, s)?;
     }
     Ok(profile)
+}
+
+/// The `create` / `replaced_by_rename` keys of one mount, validated.
+fn first_use_of(
+    file: &str,
+    prefix: &str,
+    m: &crate::settings::RawMount,
+) -> Result<Option<FirstUse>, ConfigError> {
+    let key = format!("{prefix}mounts[{}]", m.path);
+    let kind = match m.create.as_deref() {
+        None if m.replaced_by_rename => {
+            return Err(ConfigError::invalid(
+                file,
+                &format!("{key}.replaced_by_rename"),
+                "true",
+                "declare the file with create = \"file\" as well",
+            ))
+        }
+        None => return Ok(None),
+        Some("dir") => FirstUseKind::Dir,
+        Some("file") => FirstUseKind::File,
+        Some(other) => {
+            return Err(ConfigError::invalid(
+                file,
+                &format!("{key}.create"),
+                format!("{other:?}"),
+                "use \"dir\" or \"file\"",
+            ))
+        }
+    };
+    if !m.path.starts_with("~/") || m.mode != "rw" {
+        return Err(ConfigError::invalid(
+            file,
+            &format!("{key}.create"),
+            format!("{:?}", m.path),
+            "moat creates only read-write grants under ~/ (the tool's own state)",
+        ));
+    }
+    if m.replaced_by_rename && kind != FirstUseKind::File {
+        return Err(ConfigError::invalid(
+            file,
+            &format!("{key}.replaced_by_rename"),
+            "true",
+            "only a file is replaced by rename; use create = \"file\"",
+        ));
+    }
+    Ok(Some(FirstUse {
+        path: crate::settings::normalize_lexically(Path::new(&m.path)),
+        kind,
+        replaced_by_rename: m.replaced_by_rename,
+    }))
 }
 
 fn check_name(file: &str, key: &str, v: &str) -> Result<(), ConfigError> {

@@ -29,6 +29,9 @@ pub enum Source {
     Profile(String),
     /// moat's built-in defaults.
     Default,
+    /// The program's own install tree, added read-only at
+    /// workspace-contained so the tool can start.
+    InstallTree,
 }
 
 impl fmt::Display for Source {
@@ -40,6 +43,7 @@ impl fmt::Display for Source {
             Source::Config(p) => write!(f, "config:{}", p.display()),
             Source::Profile(n) => write!(f, "profile:{n}"),
             Source::Default => f.write_str("default"),
+            Source::InstallTree => f.write_str("install-tree"),
         }
     }
 }

@@ -141,6 +141,13 @@ pub(crate) fn access_str(a: Access) -> &'static str {
 pub(crate) struct RawMount {
     pub path: String,
     pub mode: String,
+    /// Profiles only: what to create when the path is missing (`dir`,
+    /// `file`); read by `profile.rs`, see [`crate::FirstUse`].
+    #[serde(default)]
+    pub create: Option<String>,
+    /// Profiles only: the tool replaces this file by an atomic rename.
+    #[serde(default)]
+    pub replaced_by_rename: bool,
 }
 
 /// The overridable keys shared by a profile's `[subcommands.X]`, the user
@@ -471,6 +478,19 @@ impl RawOverrides {
                     .iter()
                     .map(|p| ("rw".to_string(), p.as_str(), Some("rw"))),
             );
+        if !matches!(ctx.kind, Kind::Profile) {
+            if let Some(m) = self
+                .mounts
+                .iter()
+                .find(|m| m.create.is_some() || m.replaced_by_rename)
+            {
+                return Err(ctx.invalid(
+                    &format!("mounts[{}]", m.path),
+                    q(&m.path),
+                    "create and replaced_by_rename belong in a tool profile; create the path yourself",
+                ));
+            }
+        }
         for (key, raw, mode) in mounts {
             let access = match mode {
                 Some("ro") => Access::ReadOnly,

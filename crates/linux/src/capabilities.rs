@@ -120,8 +120,14 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
             .unwrap_or_else(|| "filter installed and refused socket(AF_INET) with EPERM".into()),
     ));
 
-    // Each level end to end: build its real plan and run `true` in it.
-    let ws = std::env::temp_dir();
+    // Each level end to end: build its real plan and run `true` in it, in
+    // an empty workspace of its own (a shared /tmp can hold other users'
+    // directories the complete `.env` walk must refuse).
+    let scratch = std::env::temp_dir().join(format!("moat-capabilities-{}", std::process::id()));
+    let ws = match std::fs::create_dir(&scratch) {
+        Ok(()) => scratch.clone(),
+        Err(_) => std::env::temp_dir(),
+    };
     let home = moat_env
         .iter()
         .find(|(k, _)| k == "HOME")
@@ -195,6 +201,7 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
         }),
     ));
     modes.insert("proxy".into(), status_value(&proxy));
+    let _ = std::fs::remove_dir(&scratch);
 
     // Which backend can give each level with each network mode, probed:
     // namespaces from the runs above, the Landlock backend by its own runs

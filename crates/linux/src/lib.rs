@@ -24,7 +24,7 @@ pub mod plan;
 pub mod probe;
 pub mod pty;
 pub mod run;
-mod sweep;
+pub mod sweep;
 pub mod sys;
 pub mod tree;
 pub mod view;

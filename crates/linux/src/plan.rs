@@ -133,13 +133,12 @@ pub struct Plan {
     pub broker: bool,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
-    /// Host paths that must not exist after the run (write-protected paths
-    /// the command could create because they did not exist before).
-    pub sweep: Vec<PathBuf>,
+    /// What the post-run sweep checks under each writable root
+    /// (write-protected paths that did not exist before the run, new
+    /// `.moat*` names, git dirs' executable parts).
+    pub sweep: Vec<crate::sweep::SweepRoot>,
     /// What the sandbox sees; the mounts and Landlock rules translate it.
     pub view: View,
-    /// Directories where new `<prefix>*` entries are swept after the run.
-    pub sweep_prefixed: Vec<crate::probe::PrefixGuard>,
     pub landlock_abi: i32,
     /// Resource limits; the mechanism for each is chosen when the run starts.
     #[serde(skip_serializing_if = "moat_policy::Limits::is_unset")]
@@ -179,6 +178,10 @@ pub enum PlanError {
     LandlockTooOld(i32),
     #[error("{0} does not exist on the host; --ro/--rw paths must exist")]
     MissingGrant(PathBuf),
+    #[error("{0}")]
+    WorkspaceIncomplete(String),
+    #[error("{0} is write-protected (the host runs it later); no grant makes it writable. Drop the --rw (or the project file's rw entry) for it, or use --ro")]
+    GrantOnWriteProtected(PathBuf),
     #[error("moat's own directory {0} is missing and could not be created, and the command could create it (it lies in a writable part of the view); create it (mkdir -p {0}) or point XDG_CONFIG_HOME/XDG_STATE_HOME outside the writable paths")]
     MoatDirUnprotected(PathBuf),
 }
@@ -191,6 +194,32 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         }
     }
     let sandboxed = policy.level.is_sandboxed();
+    if sandboxed {
+        if let Some(e) = &host.incomplete {
+            return Err(PlanError::WorkspaceIncomplete(e.clone()));
+        }
+        // A grant never reaches a write-protected path (a protected home
+        // path the caller opted in, like a profile's `~/.claude`, excepted).
+        for g in policy
+            .paths
+            .iter()
+            .filter(|g| g.access == moat_policy::Access::ReadWrite)
+        {
+            let opted = policy
+                .protected_opt_in
+                .iter()
+                .any(|o| g.path.starts_with(o));
+            // (A git dir itself is bound read-write; only its parts are not.)
+            let reaches = |(w, k): (&PathBuf, &Kind)| {
+                let git_dir =
+                    w.file_name() == Some(std::ffi::OsStr::new(".git")) && *k == Kind::Dir;
+                !git_dir && g.path.starts_with(w)
+            };
+            if !opted && host.workspace_write_protected.iter().any(reaches) {
+                return Err(PlanError::GrantOnWriteProtected(g.path.clone()));
+            }
+        }
+    }
     let view = crate::view::compute(policy, host);
     let mut plan = Plan {
         level: policy.level,
@@ -224,7 +253,6 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         env: command_env(policy, host),
         cwd: policy.workspace.clone(),
         sweep: Vec::new(),
-        sweep_prefixed: Vec::new(),
         view: View {
             entries: Vec::new(),
             ..view.clone()
@@ -268,10 +296,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         // Not even AF_UNIX: pathname sockets on the host (a container
         // engine's, the session bus) would be reachable. socketpair() stays.
         plan.seccomp.socket_families = Some(Vec::new());
-        plan.sweep = view.swept.clone();
-        if policy.level.workspace_writable() {
-            plan.sweep_prefixed = host.prefix_guards.clone();
-        }
+        plan.sweep = sweep_roots(host, &view);
         plan.view = view;
         return Ok(plan);
     }
@@ -321,10 +346,22 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             size: None,
         });
     }
-    base.push(MountOp::Tmpfs {
-        target: SANDBOX_HOME.into(),
-        mode: 0o700,
-        size: tmp_size,
+    // HOME is a tmpfs, or the run's private host directory when the tool
+    // replaces a state file by rename (its synced copy lives there).
+    base.push(match &policy.private_home {
+        Some(dir) => MountOp::Bind {
+            source: dir.clone(),
+            target: SANDBOX_HOME.into(),
+            kind: Kind::Dir,
+            recursive: false,
+            readonly: false,
+            device: false,
+        },
+        None => MountOp::Tmpfs {
+            target: SANDBOX_HOME.into(),
+            mode: 0o700,
+            size: tmp_size,
+        },
     });
     base.push(MountOp::Tmpfs {
         target: "/dev".into(),
@@ -493,10 +530,10 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     rest.sort_by_key(|op| op.target().components().count());
     all_ops.extend(rest);
     plan.mounts = all_ops;
-    plan.sweep = view.swept.clone();
-    if policy.level.workspace_writable() {
-        plan.sweep_prefixed = host.prefix_guards.clone();
-    }
+    // The sweep checks the writable roots the probe recorded (the workspace
+    // at the writable levels, writable grants at any level, homes inside
+    // them), as far as this view shows them writable.
+    plan.sweep = sweep_roots(host, &view);
 
     // Landlock: rules matching the view.
     let mut ll = LandlockSpec {
@@ -538,6 +575,20 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     Ok(plan)
 }
 
+/// The writable roots the probe recorded (the workspace at the writable
+/// levels, writable grants at any level, homes inside them), as far as this
+/// view shows them writable: the sweep checks them after the run.
+fn sweep_roots(host: &HostFacts, view: &View) -> Vec<crate::sweep::SweepRoot> {
+    host.sweep
+        .iter()
+        .filter(|s| {
+            view.host_mode(&s.root)
+                .is_some_and(|x| x.mode == Mode::Write)
+        })
+        .cloned()
+        .collect()
+}
+
 /// A protected mount inside a writable bind stays put only if nothing above
 /// it can be renamed: `mv ~/.config ~/.c2` would carry a `.config/gh`
 /// stand-in away and leave the real directory unprotected on the host for
@@ -559,6 +610,9 @@ fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
             } => Some((target.as_path(), source.as_path())),
             _ => None,
         })
+        // A private HOME directory is thrown away after the run: nothing in
+        // it protects a later run, and its parts need not exist on the host.
+        .filter(|(t, _)| *t != Path::new(SANDBOX_HOME))
         .collect();
     let mut pins: Vec<(PathBuf, PathBuf)> = Vec::new();
     for op in ops {

@@ -1,17 +1,17 @@
 //! Reads the host facts a plan depends on (what exists where, which kernel
 //! features are present). This is the only I/O before planning; the plan
-//! itself is a pure function of (Policy, HostFacts).
+//! itself is a pure function of (Policy, HostFacts). Its one write: the
+//! empty `hooks` directory an existing git dir lacks (see
+//! `sweep::ensure_hooks_dir`), so a read-only mount can cover it.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use moat_policy::{
-    is_protected_workspace_name, is_write_protected_name, Level, Policy, PROTECTED_HOME_PATHS,
-    WRITE_PROTECTED_GIT_PATHS,
-};
+use moat_policy::{Access, Level, Policy, PROTECTED_HOME_PATHS, WRITE_PROTECTED_WORKSPACE_NAMES};
 use serde::Serialize;
 
+use crate::sweep::{PrefixGuard, SweepRoot};
 use crate::sys;
 
 /// What kind of filesystem object a path is.
@@ -38,14 +38,6 @@ pub struct RootEntry {
     pub link: Option<PathBuf>,
 }
 
-/// New entries named `<prefix>*` in `dir` are swept after the run.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct PrefixGuard {
-    pub dir: PathBuf,
-    pub prefix: String,
-    pub existing: Vec<String>,
-}
-
 /// Everything the planner needs to know about this host.
 #[derive(Clone, Debug, Default)]
 pub struct HostFacts {
@@ -63,16 +55,21 @@ pub struct HostFacts {
     pub home_protected: BTreeMap<PathBuf, PathBuf>,
     /// Host unix socket locations to hide: $SSH_AUTH_SOCK, $XDG_RUNTIME_DIR.
     pub sockets: BTreeMap<PathBuf, Kind>,
-    /// Workspace entries that matter: protected and write-protected names,
-    /// found by a bounded walk, as paths with their kind.
+    /// Workspace entries that matter: protected names found by a complete
+    /// walk, and write-protected paths (looked up by name), with their kind.
     pub workspace_protected: BTreeMap<PathBuf, Kind>,
     pub workspace_write_protected: BTreeMap<PathBuf, Kind>,
-    /// Write-protected paths that do not exist yet: the first missing
-    /// component of each, to be swept after the run.
+    /// What the post-run sweep checks, per writable root, with the state
+    /// before the run (missing write-protected paths, `.moat*` names
+    /// present, git dirs and their executable parts).
+    pub sweep: Vec<SweepRoot>,
+    /// The same as absolute paths: what the sweep watches that did not
+    /// exist before the run (the view's `swept`; the sweep itself works
+    /// from `sweep`, relative to each root's directory fd).
     pub workspace_missing: Vec<PathBuf>,
-    /// Directories where any new entry starting with a prefix (`.moat`) is
-    /// write-protected: (directory, prefix, names present before the run).
-    pub prefix_guards: Vec<PrefixGuard>,
+    /// Why the workspace could not be probed completely (a directory that
+    /// cannot be listed): the run must not happen (exit 125).
+    pub incomplete: Option<String>,
     /// `/etc/resolv.conf`'s canonical target when it lives under /run.
     pub resolv_conf_in_run: Option<PathBuf>,
     /// /proc entries (host view) that exist, for read-only remounts/masks.
@@ -95,6 +92,10 @@ pub struct HostFacts {
     pub moat_missing: Vec<PathBuf>,
     /// moat's own binary (canonical), probed in proxy mode.
     pub moat_exe: Option<PathBuf>,
+    /// Toolchain installs under the invoking user's home (rustup, pyenv…),
+    /// probed at the levels that read the whole host: (home-relative entry,
+    /// canonical host path, kind). The plan mirrors them under the sandbox HOME.
+    pub home_toolchains: Vec<(PathBuf, PathBuf, Kind)>,
     /// moat itself already runs under a seccomp filter (probed only when
     /// Landlock looks absent, to explain why: a nested sandbox).
     pub under_seccomp: bool,
@@ -120,20 +121,13 @@ const ETC_SECRETS: &[&str] = &[
 pub const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 pub const PROC_MASKED: &[&str] = &["kcore", "keys", "timer_list", "sched_debug", "kallsyms"];
 
-/// Directory names never walked when looking for `.env` files.
-const WALK_SKIP: &[&str] = &[
-    "node_modules",
-    ".git",
-    "target",
-    "vendor",
-    ".venv",
-    "venv",
-    "__pycache__",
-    "dist",
-    "build",
-];
-const WALK_MAX_DEPTH: usize = 3;
-const WALK_MAX_DIRS: usize = 2000;
+/// Directory names never walked when looking for `.env` files: a git dir
+/// (git's own objects and refs, never a user's `.env`) and `node_modules`
+/// (installed packages: a `.env` there is a package's, not the user's, and
+/// a command cannot move a hidden `.env` into one: the directory holding it
+/// is pinned during the run). Build outputs (`dist`, `build`, `target`) are
+/// walked: build tools copy `.env` files into them.
+pub const WALK_SKIP: &[&str] = &[".git", "node_modules"];
 
 /// lstat(2) in one syscall (std's statx path costs two for a missing file).
 fn lstat_kind(p: &Path) -> Option<Kind> {
@@ -292,9 +286,36 @@ impl HostFacts {
         f.probe_root();
         f.probe_secrets(policy);
         f.probe_sockets();
+        // moat's own dirs are created first: the workspace probe then
+        // records them as existing, so the sweep never takes them for
+        // something the command created.
+        f.probe_moat_dirs();
         f.probe_workspace(policy);
         f.probe_write_protected_in_grants(policy);
-        f.probe_moat_dirs();
+        f.workspace_missing = f
+            .sweep
+            .iter()
+            .flat_map(|r| {
+                let new_gitdirs = r
+                    .gitdirs
+                    .iter()
+                    .filter(|g| !r.git_existing.contains(*g) && !r.git_links.contains_key(*g));
+                r.missing
+                    .iter()
+                    .chain(new_gitdirs)
+                    .map(|m| r.root.join(m))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if policy.level != Level::WorkspaceContained && policy.home != Path::new("/") {
+            for rel in moat_policy::toolchain_entries() {
+                if let Some((c, k)) = resolve(&policy.home.join(rel)) {
+                    if matches!(k, Kind::Dir | Kind::File) {
+                        f.home_toolchains.push((rel.into(), c, k));
+                    }
+                }
+            }
+        }
         if let Ok(target) = fs::canonicalize("/etc/resolv.conf") {
             if target.starts_with("/run")
                 && lstat_kind(Path::new("/etc/resolv.conf")) == Some(Kind::Symlink)
@@ -485,17 +506,41 @@ impl HostFacts {
                     // An existing protected path is a secret: a stand-in.
                     Some(_) => {}
                     None => {
-                        let mut cur = g.path.clone();
-                        if let Ok(below) = p.strip_prefix(&g.path) {
-                            for c in below.components() {
-                                cur.push(c);
-                                if lstat_kind(&cur).is_none() {
+                        // The first missing component, swept from the
+                        // grant's root, recorded only when every component
+                        // before it is a real directory (the sweep never
+                        // follows a symlink).
+                        let Ok(below) = p.strip_prefix(&g.path) else {
+                            continue;
+                        };
+                        let mut cur = PathBuf::new();
+                        let mut real_dirs = true;
+                        for c in below.components() {
+                            cur.push(c);
+                            match lstat_kind(&g.path.join(&cur)) {
+                                None => break,
+                                Some(Kind::Dir) => {}
+                                Some(_) => {
+                                    real_dirs = false;
                                     break;
                                 }
                             }
                         }
-                        if !self.workspace_missing.contains(&cur) {
-                            self.workspace_missing.push(cur);
+                        if !real_dirs {
+                            continue;
+                        }
+                        let i = match self.sweep.iter().position(|r| r.root == g.path) {
+                            Some(i) => i,
+                            None => {
+                                self.sweep.push(SweepRoot {
+                                    root: g.path.clone(),
+                                    ..Default::default()
+                                });
+                                self.sweep.len() - 1
+                            }
+                        };
+                        if !self.sweep[i].missing.contains(&cur) {
+                            self.sweep[i].missing.push(cur);
                         }
                     }
                 }
@@ -503,60 +548,48 @@ impl HostFacts {
         }
     }
 
-    /// Records the write-protected entries under `root` (and the missing
-    /// ones, by their first missing component); returns the root's names.
+    /// Records the write-protected paths under `root`, a place the command
+    /// may write (the workspace, a writable grant, a home inside one):
+    /// existing ones become read-only binds; missing ones, new `.moat*`
+    /// names and the executable parts of git dirs are checked by the sweep
+    /// after the run. Fixed names are looked up with lstat, never by
+    /// listing; only the `.moat*` prefix needs the root listed.
     fn write_protected_at(
         &mut self,
-        policy: &Policy,
         root: &Path,
         is_home: bool,
-    ) -> BTreeMap<String, Kind> {
-        let mut present: BTreeMap<String, Kind> = BTreeMap::new();
-        if let Ok(rd) = fs::read_dir(root) {
-            for e in rd.flatten() {
-                let n = e.file_name().to_string_lossy().into_owned();
-                if is_write_protected_name(&n) || n == ".git" {
-                    if let Ok(ft) = e.file_type() {
-                        present.insert(n, dirent_kind(&ft));
+        nested_git: Option<&[PathBuf]>,
+    ) -> Result<(), String> {
+        let mut sr = SweepRoot {
+            root: root.to_path_buf(),
+            ..Default::default()
+        };
+        for n in WRITE_PROTECTED_WORKSPACE_NAMES {
+            if let Some(prefix) = n.strip_suffix('*') {
+                let mut existing = Vec::new();
+                let rd = fs::read_dir(root).map_err(|e| unlistable(root, &e))?;
+                for e in rd {
+                    let e = e.map_err(|e| unlistable(root, &e))?;
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if name.starts_with(prefix) {
+                        if let Ok(ft) = e.file_type() {
+                            self.workspace_write_protected
+                                .insert(e.path(), dirent_kind(&ft));
+                        }
+                        existing.push(name);
                     }
                 }
+                sr.prefixes.push(PrefixGuard {
+                    prefix: prefix.to_string(),
+                    existing,
+                });
+                continue;
             }
-        }
-        let mut names: Vec<String> = policy
-            .write_protected
-            .iter()
-            .filter(|n| !n.contains('*'))
-            .map(|n| n.to_string())
-            .collect();
-        names.extend(
-            present
-                .keys()
-                .filter(|n| *n != ".git" && !names.contains(n))
-                .cloned()
-                .collect::<Vec<_>>(),
-        );
-        for pattern in policy
-            .write_protected
-            .iter()
-            .filter_map(|n| n.strip_suffix('*'))
-        {
-            self.prefix_guards.push(PrefixGuard {
-                dir: root.to_path_buf(),
-                prefix: pattern.to_string(),
-                existing: present
-                    .keys()
-                    .filter(|n| n.starts_with(pattern))
-                    .cloned()
-                    .collect(),
-            });
-        }
-        for n in names {
-            let p = root.join(&n);
-            match present.get(&n) {
+            match lstat_kind(&root.join(n)) {
                 Some(k) => {
-                    self.workspace_write_protected.insert(p, *k);
+                    self.workspace_write_protected.insert(root.join(n), k);
                 }
-                None => self.workspace_missing.push(p),
+                None => sr.missing.push(PathBuf::from(n)),
             }
         }
         if is_home {
@@ -566,111 +599,211 @@ impl HostFacts {
             let missing_protected = PROTECTED_HOME_PATHS
                 .iter()
                 .filter(|rel| lstat_kind(&root.join(rel)).is_none());
-            for rel in policy.write_protected_home.iter().chain(missing_protected) {
+            for rel in moat_policy::WRITE_PROTECTED_HOME_PATHS
+                .iter()
+                .chain(missing_protected)
+            {
                 let p = root.join(rel);
-                match lstat_kind(&p) {
-                    Some(k) => {
-                        self.workspace_write_protected.insert(p, k);
-                    }
-                    None => {
-                        // Sweep the first missing component: creating it is
-                        // the first step towards the protected path.
-                        let mut cur = root.to_path_buf();
-                        for c in Path::new(rel).components() {
-                            cur.push(c);
-                            if lstat_kind(&cur).is_none() {
-                                break;
-                            }
-                        }
-                        if !self.workspace_missing.contains(&cur) {
-                            self.workspace_missing.push(cur);
+                if let Some(k) = lstat_kind(&p) {
+                    self.workspace_write_protected.insert(p, k);
+                    continue;
+                }
+                // Sweep the first missing component (creating it is the
+                // first step towards the protected path), recorded only when
+                // every component before it is a real directory: the sweep
+                // then neutralises one that the command turned into a
+                // symlink, and never follows it.
+                let mut cur = PathBuf::new();
+                let mut real_dirs = true;
+                for c in Path::new(rel).components() {
+                    cur.push(c);
+                    match lstat_kind(&root.join(&cur)) {
+                        None => break,
+                        Some(Kind::Dir) => {}
+                        Some(_) => {
+                            real_dirs = false;
+                            break;
                         }
                     }
                 }
+                if real_dirs && !sr.missing.contains(&cur) {
+                    sr.missing.push(cur);
+                }
             }
         }
-        present
+        // The walk saw every git dir below this root before the run: new
+        // ones can be told apart after it.
+        sr.find_new_gitdirs = nested_git.is_some();
+        let nested_git = nested_git.unwrap_or(&[]);
+        let mut gitdirs = vec![PathBuf::from(".git")];
+        gitdirs.extend(
+            nested_git
+                .iter()
+                .filter_map(|g| g.strip_prefix(root).ok())
+                .map(Path::to_path_buf),
+        );
+        for rel in gitdirs {
+            // Best effort: without it the sweep still removes new hooks.
+            let _ = crate::sweep::ensure_hooks_dir(root, &rel);
+            let parts = crate::sweep::git_parts(root, &rel).map_err(|e| {
+                format!(
+                    "cannot read the git dir {}: {e}; moat must know its hooks and config before the run. Fix its permissions (chmod -R u+rwX '{}'), then run again",
+                    root.join(&rel).display(),
+                    root.join(&rel).display()
+                )
+            })?;
+            for gp in &parts {
+                if gp.kind == Kind::Symlink {
+                    if let Ok(t) = fs::read_link(root.join(&gp.rel)) {
+                        sr.git_links.insert(gp.rel.clone(), t);
+                    }
+                } else {
+                    sr.git_existing.insert(gp.rel.clone());
+                }
+                // `.git` itself: a dir is bound read-write over itself (a
+                // mount point cannot be renamed away with its protected
+                // children); a gitfile or symlink stays as it is.
+                let keep = gp.protected && gp.kind != Kind::Symlink || gp.rel == Path::new(".git");
+                if keep {
+                    self.workspace_write_protected
+                        .insert(root.join(&gp.rel), gp.kind);
+                }
+            }
+            sr.gitdirs.push(rel);
+        }
+        self.sweep.push(sr);
+        Ok(())
+    }
+
+    /// Every `.env`, `.env.*`, `.envrc` in the workspace, and every git dir
+    /// below its root. Complete or an error: no depth or count budget (a
+    /// command could exhaust one to unhide a `.env`), and a directory that
+    /// cannot be listed stops the run unless the command could not enter
+    /// it either. Uses only readdir's d_type: no stat per entry.
+    fn walk_workspace(&mut self, ws: &Path) -> Result<Vec<PathBuf>, String> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut nested_git = Vec::new();
+        let mut stack = vec![ws.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            let rd = match fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) if unenterable(&dir) => {
+                    // Not ours and not searchable by us: the command (same
+                    // uid, no capabilities) cannot open anything inside it
+                    // nor change its mode.
+                    let _ = e;
+                    continue;
+                }
+                Err(e) => return Err(unlistable(&dir, &e)),
+            };
+            for e in rd {
+                let e = e.map_err(|e| unlistable(&dir, &e))?;
+                let name = e.file_name();
+                let nb = name.as_bytes();
+                if nb == b".env" || nb == b".envrc" || nb.starts_with(b".env.") {
+                    // Hide the resolved target: a `.env` symlink pointing out
+                    // of the workspace is covered wherever it points.
+                    match resolve(&e.path()) {
+                        Some((c, k)) => {
+                            self.workspace_protected.insert(c, k);
+                        }
+                        // Listed but not searchable (`chmod a-x`): the
+                        // command could add the bit back and read it.
+                        None if lstat_kind(&e.path()).is_none() && !unenterable(&dir) => {
+                            return Err(unlistable(
+                                &dir,
+                                &std::io::Error::from_raw_os_error(libc::EACCES),
+                            ));
+                        }
+                        // A dangling symlink: nothing to hide yet.
+                        None => {}
+                    }
+                    continue;
+                }
+                let Ok(ft) = e.file_type() else { continue };
+                if nb == b".git" {
+                    if dir != ws {
+                        nested_git.push(e.path());
+                    }
+                } else if ft.is_dir() && !WALK_SKIP.iter().any(|s| s.as_bytes() == nb) {
+                    stack.push(e.path());
+                }
+            }
+        }
+        Ok(nested_git)
     }
 
     fn probe_workspace(&mut self, policy: &Policy) {
-        let ws = &policy.workspace;
-        // `.env`, `.env.*`, `.envrc` anywhere in a bounded walk of the workspace.
-        let mut stack = vec![(ws.clone(), 0usize)];
-        let mut seen = 0usize;
-        while let Some((dir, depth)) = stack.pop() {
-            seen += 1;
-            if seen > WALK_MAX_DIRS {
-                break;
-            }
-            let Ok(rd) = fs::read_dir(&dir) else { continue };
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let Ok(ft) = e.file_type() else { continue };
-                let path = e.path();
-                if is_protected_workspace_name(&name) {
-                    // Hide the resolved target: a `.env` symlink pointing out
-                    // of the workspace is covered wherever it points.
-                    if let Some((c, k)) = resolve(&path) {
-                        self.workspace_protected.insert(c, k);
-                    }
-                } else if ft.is_dir()
-                    && depth < WALK_MAX_DEPTH
-                    && !WALK_SKIP.contains(&name.as_str())
-                {
-                    stack.push((path, depth + 1));
-                }
-            }
+        if let Err(e) = self.probe_workspace_complete(policy) {
+            self.incomplete = Some(e);
         }
-        if !matches!(
+    }
+
+    fn probe_workspace_complete(&mut self, policy: &Policy) -> Result<(), String> {
+        let ws = &policy.workspace;
+        let nested_git = self.walk_workspace(ws)?;
+        // Roots the command may write: the workspace at the writable
+        // levels, and every writable grant at any level (a grant, from the
+        // command line or a project file, never reaches a write-protected
+        // path: a project's `rw = ["."]` used from a subdirectory grants
+        // the project root, whose `.git/hooks` stays read-only).
+        let mut roots: Vec<PathBuf> = Vec::new();
+        if matches!(
             policy.level,
             Level::WorkspaceWrite | Level::WorkspaceContained
         ) {
-            return;
+            roots.push(ws.clone());
         }
-        // Write-protected names apply at the workspace root and at every
-        // home directory inside the workspace (a workspace of /home must not
-        // let the command write /home/u/.bashrc).
-        let mut roots: Vec<(PathBuf, bool)> = vec![(ws.clone(), *ws == policy.home)];
-        for h in host_homes(self.uid, &policy.home, |h| h.starts_with(ws)) {
-            if h != *ws && !roots.iter().any(|(r, _)| *r == h) {
-                roots.push((h, true));
+        for g in &policy.paths {
+            if g.access == Access::ReadWrite
+                && lstat_kind(&g.path) == Some(Kind::Dir)
+                && !roots.contains(&g.path)
+            {
+                roots.push(g.path.clone());
             }
         }
-        let mut git_kind = None;
-        for (root, is_home) in &roots {
-            let present = self.write_protected_at(policy, root, *is_home);
-            if root == ws {
-                git_kind = present.get(".git").copied();
+        // Home directories inside a writable root get the home lists too
+        // (a workspace of /home must not let the command write
+        // /home/u/.bashrc). Homes come from the passwd database and /home.
+        let homes = host_homes(self.uid, &policy.home, |h| {
+            roots.iter().any(|r| h.starts_with(r))
+        });
+        let mut all: Vec<(PathBuf, bool)> = roots
+            .iter()
+            .map(|r| (r.clone(), homes.contains(r)))
+            .collect();
+        for h in homes {
+            if !all.iter().any(|(r, _)| *r == h) {
+                all.push((h, true));
             }
         }
-        // .git: the directory itself (so it cannot be renamed away), its
-        // hooks and config, and those of submodules.
-        let git = ws.join(".git");
-        match git_kind {
-            Some(Kind::Dir) => {
-                self.workspace_write_protected
-                    .insert(git.clone(), Kind::Dir);
-                let mut gitdirs = vec![git.clone()];
-                if let Ok(rd) = fs::read_dir(git.join("modules")) {
-                    gitdirs.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
-                }
-                for gd in gitdirs {
-                    for rel in WRITE_PROTECTED_GIT_PATHS {
-                        let p = gd.join(rel);
-                        match lstat_kind(&p) {
-                            Some(k) => {
-                                self.workspace_write_protected.insert(p, k);
-                            }
-                            None => self.workspace_missing.push(p),
-                        }
-                    }
-                }
-            }
-            Some(k) => {
-                // A gitfile (worktree/submodule) or symlink: keep it as it is.
-                self.workspace_write_protected.insert(git, k);
-            }
-            None => self.workspace_missing.push(git),
+        for (root, is_home) in &all {
+            let nested = (root == ws).then_some(nested_git.as_slice());
+            self.write_protected_at(root, *is_home, nested)?;
         }
+        Ok(())
     }
+}
+
+/// The error for a workspace directory moat cannot list.
+fn unlistable(dir: &Path, e: &std::io::Error) -> String {
+    format!(
+        "cannot list {} ({e}): moat must see every .env and write-protected file in the workspace before the run, and a directory it cannot list could hide one. Fix: chmod u+rx '{}' (or remove it), then run again",
+        dir.display(),
+        dir.display()
+    )
+}
+
+/// True when `dir` is neither ours nor searchable by us (and we are not
+/// root): nothing inside can be opened by the command, which runs with our
+/// uid and no capabilities over files it does not own.
+fn unenterable(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let uid = nix::unistd::geteuid().as_raw();
+    let Ok(meta) = fs::symlink_metadata(dir) else {
+        return false;
+    };
+    uid != 0
+        && meta.uid() != uid
+        && nix::unistd::access(dir, nix::unistd::AccessFlags::X_OK).is_err()
 }

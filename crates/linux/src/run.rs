@@ -7,7 +7,7 @@ use std::ffi::{CString, OsString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
+
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -112,8 +112,11 @@ pub struct RunOutcome {
     pub layers: Layers,
     /// Why moat refused or failed (exit 125), or why exec failed (126/127).
     pub error: Option<String>,
-    /// Write-protected paths the command created, and where they were moved.
-    pub swept: Vec<(PathBuf, PathBuf)>,
+    /// What the sweep neutralised after the run (write-protected paths the
+    /// command created, keys it put in a new git config…).
+    pub swept: Vec<crate::sweep::Swept>,
+    /// Paths the sweep could not neutralise: still live on the host.
+    pub sweep_failed: Vec<crate::sweep::SweepFailure>,
     /// The last bytes of stderr that moat saw (empty when stderr went to a
     /// terminal directly), for reading refusals back.
     pub stderr_tail: Vec<u8>,
@@ -165,6 +168,7 @@ impl RunOutcome {
             },
             error: Some(error),
             swept: Vec::new(),
+            sweep_failed: Vec::new(),
             stderr_tail: Vec::new(),
             termination_reason: None,
             usage: ResourceUsage::default(),
@@ -359,16 +363,11 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
             out.error.get_or_insert(e);
         }
     }
-    let mut created: Vec<PathBuf> = plan
-        .sweep
-        .iter()
-        .filter(|p| p.symlink_metadata().is_ok())
-        .cloned()
-        .collect();
-    created.extend(crate::sweep::new_prefixed(&plan.sweep_prefixed));
-    if !created.is_empty() {
-        out.swept = crate::sweep::sweep(&created, &opts.tag);
-    }
+    // Every process of the command is gone (the pid namespace died with
+    // its init), so nothing races the sweep.
+    let report = crate::sweep::sweep(&plan.sweep, &opts.tag);
+    out.swept = report.swept;
+    out.sweep_failed = report.failed;
     out
 }
 

@@ -1,59 +1,1092 @@
 //! After a run at a writable level: write-protected paths that did not exist
 //! before (e.g. `.git/hooks` in a workspace without `.git`) cannot be covered
-//! by a mount, so anything the command created there is moved aside, under a
-//! name no tool will load, and reported.
+//! by a mount, so whatever the command created there is neutralised: moved
+//! aside under a name no tool loads (or deleted), verified gone, reported.
+//!
+//! Every step works from a directory fd opened from the root (workspace or
+//! home) with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//! RESOLVE_NO_XDEV)`: a symlink or a mount the command planted on the way is
+//! never followed, so nothing outside the root can be touched. Directories
+//! the command made unwritable or unsearchable (`chmod a-w .git`) get the
+//! bits the sweep needs back for the duration of the sweep. A path that
+//! cannot be neutralised is a [`SweepFailure`], never a success.
+//!
+//! A git dir the command created (`git init`) is kept: only what a later
+//! host `git` would execute goes (hooks other than `*.sample`, `commondir`,
+//! config keys outside [`moat_policy::gitconfig`]'s allow-list).
 
+use std::collections::BTreeSet;
+use std::ffi::{OsStr, OsString};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-/// Moves each existing path in `paths` to `<name>.moat-quarantine-<tag>` in the
-/// same directory (a rename never crosses filesystems); returns what moved.
-pub fn sweep(paths: &[PathBuf], tag: &str) -> Vec<(PathBuf, PathBuf)> {
-    let mut moved = Vec::new();
-    for p in paths {
-        if p.symlink_metadata().is_err() {
-            continue;
+use moat_policy::{
+    gitconfig, is_inert_hook_name, WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_GIT_WORKTREE_PATHS,
+};
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, RenameFlags};
+use nix::sys::stat::FileStat;
+use nix::unistd::UnlinkatFlags;
+use serde::Serialize;
+
+use crate::probe::Kind;
+use crate::sys;
+
+/// New entries named `<prefix>*` in a root are swept after the run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PrefixGuard {
+    pub prefix: String,
+    /// Names with the prefix present before the run.
+    pub existing: Vec<String>,
+}
+
+/// What to check under one root (the workspace, a home inside it, a
+/// writable grant) after the run. Paths are relative to `root`; all of them
+/// were recorded before the run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SweepRoot {
+    /// Canonical absolute path.
+    pub root: PathBuf,
+    /// First missing component of each write-protected path that did not
+    /// exist before the run (every component before it was a real directory).
+    pub missing: Vec<PathBuf>,
+    pub prefixes: Vec<PrefixGuard>,
+    /// Git dirs (existing or not) whose executable parts are checked.
+    pub gitdirs: Vec<PathBuf>,
+    /// Git dirs and executable parts that existed before the run (left as
+    /// they are: they were read-only binds during it).
+    pub git_existing: BTreeSet<PathBuf>,
+    /// Executable parts that were symlinks before the run, with their
+    /// targets: still "existing" only while they point at the same place.
+    pub git_links: std::collections::BTreeMap<PathBuf, PathBuf>,
+    /// Walk the whole root after the run for git dirs the command created
+    /// below it (`git clone`, `git init sub`): set for the workspace, whose
+    /// git dirs were all recorded by the complete walk before the run.
+    pub find_new_gitdirs: bool,
+}
+
+/// Something the sweep neutralised.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Swept {
+    pub path: PathBuf,
+    /// Where it was moved (None: deleted, or rewritten in place).
+    pub moved_to: Option<PathBuf>,
+    pub detail: String,
+}
+
+/// A path the sweep could not neutralise: still live on the host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SweepFailure {
+    pub path: PathBuf,
+    pub error: String,
+}
+
+/// Everything the sweep did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    pub swept: Vec<Swept>,
+    pub failed: Vec<SweepFailure>,
+}
+
+/// Largest config file the sweep rewrites (git's own are a few hundred bytes).
+const MAX_CONFIG: u64 = 1 << 20;
+/// Deepest `.git/modules/…` nesting followed.
+const MAX_GIT_DEPTH: usize = 32;
+
+/// Runs the sweep for every root; the command's processes are all gone.
+pub fn sweep(roots: &[SweepRoot], tag: &str) -> SweepReport {
+    let mut s = Sweeper {
+        tag: tag.to_string(),
+        report: SweepReport::default(),
+        restore: Vec::new(),
+        euid: nix::unistd::geteuid().as_raw(),
+    };
+    for r in roots {
+        match open_root(&r.root) {
+            Ok(fd) => s.sweep_root(r, &fd),
+            Err(e) => s.fail(&r.root, format!("cannot open the root: {e}")),
         }
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let dest = p.with_file_name(format!("{name}.moat-quarantine-{tag}"));
-        match std::fs::rename(p, &dest) {
-            Ok(()) => moved.push((p.clone(), dest)),
-            Err(_) => {
-                // Renaming failed (e.g. a read-only parent): remove it instead,
-                // never leave it in place.
-                let _ = remove_any(p);
-                moved.push((p.clone(), PathBuf::from("(deleted)")));
+    }
+    // Put back the modes the command left (only the bits the sweep needed
+    // were added; a directory it deleted is simply gone).
+    for (fd, mode) in s.restore.drain(..).rev() {
+        let _ = chmod_fd(&fd, mode);
+    }
+    s.report
+}
+
+/// Whether the entry `name` in `parent` (at `rel`) was there before the
+/// run: a recorded file or directory (read-only during it), or a recorded
+/// symlink that still points where it pointed.
+fn existed(r: &SweepRoot, parent: &OwnedFd, name: &OsStr, rel: &Path) -> bool {
+    if r.git_existing.contains(rel) {
+        return true;
+    }
+    match r.git_links.get(rel) {
+        Some(target) => nix::fcntl::readlinkat(parent, name)
+            .map(|t| Path::new(&t) == target)
+            .unwrap_or(false),
+        None => false,
+    }
+}
+
+/// An O_PATH fd for a root (a canonical path moat chose): no symlink on the
+/// way, and a directory.
+fn open_root(root: &Path) -> io::Result<OwnedFd> {
+    let fd = sys::open_path_nofollow(libc::AT_FDCWD, root)?;
+    let st = nix::sys::stat::fstat(&fd)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+    }
+    Ok(fd)
+}
+
+/// Lists `dir` (an O_PATH fd) through its /proc magic link: the exact
+/// directory opened, no path lookup.
+fn list_fd(dir: &OwnedFd) -> io::Result<Vec<OsString>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))? {
+        out.push(e?.file_name());
+    }
+    Ok(out)
+}
+
+fn chmod_fd(fd: &OwnedFd, mode: u32) -> io::Result<()> {
+    std::fs::set_permissions(
+        format!("/proc/self/fd/{}", fd.as_raw_fd()),
+        std::fs::Permissions::from_mode(mode),
+    )
+}
+
+fn kind_of(st: &FileStat) -> Kind {
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR => Kind::Dir,
+        libc::S_IFLNK => Kind::Symlink,
+        _ => Kind::File,
+    }
+}
+
+/// lstat relative to a directory fd; `None` when nothing is there.
+pub(crate) fn lstat_at(dir: &OwnedFd, name: &OsStr) -> io::Result<Option<FileStat>> {
+    match nix::sys::stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(st)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// An O_PATH fd for directory `name` in `dir`, refusing symlinks and mounts.
+pub(crate) fn open_dir(dir: &OwnedFd, name: &OsStr) -> io::Result<OwnedFd> {
+    sys::openat_beneath(
+        dir.as_raw_fd(),
+        Path::new(name),
+        libc::O_PATH | libc::O_DIRECTORY,
+    )
+}
+
+/// Reads a small regular file: O_NONBLOCK so a FIFO the command planted
+/// cannot hang the sweep, and anything but a regular file is refused.
+fn read_small(dir: &OwnedFd, name: &OsStr, limit: u64) -> io::Result<Vec<u8>> {
+    let fd = sys::openat_beneath(
+        dir.as_raw_fd(),
+        Path::new(name),
+        libc::O_RDONLY | libc::O_NONBLOCK,
+    )?;
+    let mut f = std::fs::File::from(fd);
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
+    if meta.len() > limit {
+        return Err(io::Error::other("too large"));
+    }
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+struct Sweeper {
+    tag: String,
+    report: SweepReport,
+    /// Directories whose mode the sweep changed, with the mode to put back.
+    restore: Vec<(OwnedFd, u32)>,
+    euid: u32,
+}
+
+impl Sweeper {
+    fn fail(&mut self, path: &Path, error: String) {
+        self.report.failed.push(SweepFailure {
+            path: path.to_path_buf(),
+            error,
+        });
+    }
+
+    /// Adds the `need` owner bits to `fd`'s directory when the command
+    /// removed them (same uid: the supervisor may). Root needs none.
+    fn grant_access(&mut self, fd: &OwnedFd, need: u32) {
+        if self.euid == 0 {
+            return;
+        }
+        let Ok(st) = nix::sys::stat::fstat(fd) else {
+            return;
+        };
+        let mode = st.st_mode & 0o7777;
+        if mode & need == need || st.st_uid != self.euid {
+            return;
+        }
+        if chmod_fd(fd, mode | need).is_ok() {
+            if let Ok(dup) = fd.try_clone() {
+                self.restore.push((dup, mode));
             }
         }
     }
-    moved
+
+    fn sweep_root(&mut self, r: &SweepRoot, root: &OwnedFd) {
+        for rel in &r.gitdirs {
+            self.sanitize_gitdir(r, root, rel, false, 0);
+        }
+        if r.find_new_gitdirs {
+            for rel in self.new_gitdirs(r, root) {
+                self.sanitize_gitdir(r, root, &rel, false, 0);
+            }
+        }
+        for rel in &r.missing {
+            if let Some((parent, name)) = self.open_parent(r, root, rel) {
+                self.neutralise_if_present(
+                    &parent,
+                    &r.root.join(rel),
+                    &name,
+                    "created by the command at a write-protected path",
+                );
+            }
+        }
+        if r.prefixes.is_empty() {
+            return;
+        }
+        self.grant_access(root, 0o500);
+        let names = match list_fd(root) {
+            Ok(n) => n,
+            Err(e) => {
+                self.fail(&r.root, format!("cannot list it to find new entries: {e}"));
+                return;
+            }
+        };
+        for name in names {
+            let s = name.to_string_lossy().into_owned();
+            let new = r
+                .prefixes
+                .iter()
+                .any(|g| s.starts_with(&g.prefix) && !g.existing.contains(&s));
+            if new && !s.contains(".moat-quarantine-") {
+                self.neutralise_if_present(
+                    root,
+                    &r.root.join(&name),
+                    &name,
+                    "created by the command at a write-protected path",
+                );
+            }
+        }
+    }
+
+    /// Every `.git` below the root that was not there before the run, by
+    /// the same rules as the walk before it (no symlink or mount followed,
+    /// `node_modules` and git dirs' insides skipped; readdir's d_type only).
+    fn new_gitdirs(&mut self, r: &SweepRoot, root: &OwnedFd) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        let mut stack = vec![PathBuf::new()];
+        while let Some(rel) = stack.pop() {
+            let dir = if rel.as_os_str().is_empty() {
+                root.try_clone()
+            } else {
+                open_rel(root, &rel)
+            };
+            let dir = match dir {
+                Ok(fd) => fd,
+                // Not ours and not searchable: the command could not have
+                // created anything inside either. Another filesystem mounted
+                // on the host inside the workspace is not followed (README
+                // Limitations); the command cannot add host mounts.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EXDEV)) => {
+                    continue
+                }
+                Err(e) => {
+                    self.fail(
+                        &r.root.join(&rel),
+                        format!("cannot open it to look for new git dirs: {e}"),
+                    );
+                    continue;
+                }
+            };
+            self.grant_access(&dir, 0o500);
+            let rd = match std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())) {
+                Ok(rd) => rd,
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
+                Err(e) => {
+                    self.fail(
+                        &r.root.join(&rel),
+                        format!("cannot list it to look for new git dirs: {e}"),
+                    );
+                    continue;
+                }
+            };
+            for e in rd.flatten() {
+                let name = e.file_name();
+                let child = rel.join(&name);
+                if name == ".git" {
+                    let known = r.git_existing.contains(&child) || r.git_links.contains_key(&child);
+                    if !rel.as_os_str().is_empty() && !known {
+                        found.push(child);
+                    }
+                } else if !crate::probe::WALK_SKIP.iter().any(|s| name == *s)
+                    && e.file_type().map(|t| t.is_dir()).unwrap_or(false)
+                {
+                    stack.push(child);
+                }
+            }
+        }
+        found
+    }
+
+    /// Opens the parent of `rel` component by component. An intermediate
+    /// component that is no longer a directory (the command swapped a
+    /// directory for a symlink to reach outside) is itself neutralised.
+    /// `None`: nothing left to do below (missing, or already handled).
+    fn open_parent(
+        &mut self,
+        r: &SweepRoot,
+        root: &OwnedFd,
+        rel: &Path,
+    ) -> Option<(OwnedFd, OsString)> {
+        let comps: Vec<&OsStr> = rel.iter().collect();
+        let (last, dirs) = comps.split_last()?;
+        let mut cur = match root.try_clone() {
+            Ok(fd) => fd,
+            Err(e) => {
+                self.fail(&r.root.join(rel), format!("cannot duplicate an fd: {e}"));
+                return None;
+            }
+        };
+        let mut at = r.root.clone();
+        for c in dirs {
+            self.grant_access(&cur, 0o100);
+            let here = at.join(c);
+            match lstat_at(&cur, c) {
+                Ok(None) => return None,
+                Ok(Some(st)) if kind_of(&st) == Kind::Dir => match open_dir(&cur, c) {
+                    Ok(fd) => cur = fd,
+                    Err(e) => {
+                        self.fail(&here, format!("cannot open it: {e}"));
+                        return None;
+                    }
+                },
+                Ok(Some(_)) => {
+                    self.neutralise(
+                        &cur,
+                        &here,
+                        c,
+                        "replaced a directory on the way to a write-protected path",
+                    );
+                    return None;
+                }
+                Err(e) => {
+                    self.fail(&here, format!("cannot stat it: {e}"));
+                    return None;
+                }
+            }
+            at = here;
+        }
+        Some((cur, last.to_os_string()))
+    }
+
+    fn neutralise_if_present(&mut self, parent: &OwnedFd, path: &Path, name: &OsStr, why: &str) {
+        self.grant_access(parent, 0o100);
+        match lstat_at(parent, name) {
+            Ok(None) => {}
+            Ok(Some(_)) => self.neutralise(parent, path, name, why),
+            Err(e) => self.fail(path, format!("cannot stat it: {e}")),
+        }
+    }
+
+    /// Moves `name` aside to `<name>.moat-quarantine-<tag>` in the same
+    /// directory (deletes it if that fails), then checks with lstat that
+    /// nothing is left at `name`.
+    fn neutralise(&mut self, parent: &OwnedFd, path: &Path, name: &OsStr, why: &str) {
+        self.grant_access(parent, 0o300);
+        let mut q = name.to_os_string();
+        q.push(format!(".moat-quarantine-{}", self.tag));
+        let moved = nix::fcntl::renameat2(
+            parent,
+            name,
+            parent,
+            q.as_os_str(),
+            RenameFlags::RENAME_NOREPLACE,
+        );
+        let (moved_to, err) = match moved {
+            Ok(()) => (path.parent().map(|p| p.join(&q)), None),
+            Err(e) => (
+                None,
+                self.remove_tree(parent, name)
+                    .err()
+                    .map(|d| format!("rename: {e}; delete: {d}")),
+            ),
+        };
+        match lstat_at(parent, name) {
+            Ok(None) => self.report.swept.push(Swept {
+                path: path.to_path_buf(),
+                moved_to,
+                detail: why.to_string(),
+            }),
+            Ok(Some(_)) => self.fail(
+                path,
+                format!(
+                    "still present after moving and deleting it ({})",
+                    err.unwrap_or_else(|| "no error reported".into())
+                ),
+            ),
+            Err(e) => self.fail(path, format!("cannot verify it is gone: {e}")),
+        }
+    }
+
+    fn remove_tree(&mut self, parent: &OwnedFd, name: &OsStr) -> io::Result<()> {
+        let Some(st) = lstat_at(parent, name)? else {
+            return Ok(());
+        };
+        if kind_of(&st) == Kind::Dir {
+            let dir = open_dir(parent, name)?;
+            self.grant_access(&dir, 0o700);
+            for child in list_fd(&dir)? {
+                self.remove_tree(&dir, &child)?;
+            }
+            nix::unistd::unlinkat(parent, name, UnlinkatFlags::RemoveDir)?;
+        } else {
+            nix::unistd::unlinkat(parent, name, UnlinkatFlags::NoRemoveDir)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the git dir at `rel` and neutralises every executable part of
+    /// it (and of its linked worktrees and submodules) that did not exist
+    /// before the run.
+    fn sanitize_gitdir(
+        &mut self,
+        r: &SweepRoot,
+        root: &OwnedFd,
+        rel: &Path,
+        in_modules: bool,
+        depth: usize,
+    ) {
+        let abs = r.root.join(rel);
+        if depth > MAX_GIT_DEPTH {
+            self.fail(&abs, "git dirs nested too deeply to check".into());
+            return;
+        }
+        let Some((parent, name)) = self.open_parent(r, root, rel) else {
+            return;
+        };
+        self.grant_access(&parent, 0o100);
+        let kind = match lstat_at(&parent, &name) {
+            Ok(None) => return,
+            Ok(Some(st)) => kind_of(&st),
+            Err(e) => return self.fail(&abs, format!("cannot stat it: {e}")),
+        };
+        let was_there = existed(r, &parent, &name, rel);
+        if kind != Kind::Dir {
+            // A gitfile or symlink sends git to a git dir of the command's
+            // choosing, anywhere; a gitfile `git worktree add` or `git
+            // submodule add` wrote (pointing into the root's own
+            // `.git/worktrees` or `.git/modules`, which are checked too) stays.
+            let kept = was_there
+                || (kind == Kind::File && self.gitfile_is_ours(r, root, &parent, &name, rel));
+            if !kept {
+                self.neutralise(
+                    &parent,
+                    &abs,
+                    &name,
+                    "a git dir redirect (gitfile or symlink) created by the command",
+                );
+            }
+            return;
+        }
+        let gd = match open_dir(&parent, &name) {
+            Ok(fd) => fd,
+            Err(e) => return self.fail(&abs, format!("cannot open it: {e}")),
+        };
+        self.grant_access(&gd, 0o100);
+        for part in WRITE_PROTECTED_GIT_PATHS {
+            let prel = rel.join(part);
+            if existed(r, &gd, OsStr::new(part), &prel) {
+                continue;
+            }
+            self.sanitize_part(&gd, &r.root.join(&prel), OsStr::new(part), in_modules);
+        }
+        self.sanitize_worktrees(r, &gd, rel);
+        let mrel = rel.join("modules");
+        if let Ok(Some(st)) = lstat_at(&gd, OsStr::new("modules")) {
+            if kind_of(&st) == Kind::Dir {
+                self.walk_modules(r, root, &mrel, depth + 1);
+            } else if !existed(r, &gd, OsStr::new("modules"), &mrel) {
+                self.neutralise(
+                    &gd,
+                    &r.root.join(&mrel),
+                    OsStr::new("modules"),
+                    "not a directory where git keeps submodules",
+                );
+            }
+        }
+    }
+
+    /// Whether the gitfile `name` (in `parent`, at `rel`) points to a git
+    /// dir inside the root's own `.git/worktrees/` or `.git/modules/`,
+    /// resolved by the kernel without symlinks and beneath the root.
+    fn gitfile_is_ours(
+        &mut self,
+        r: &SweepRoot,
+        root: &OwnedFd,
+        parent: &OwnedFd,
+        name: &OsStr,
+        rel: &Path,
+    ) -> bool {
+        let Ok(bytes) = read_small(parent, name, 4096) else {
+            return false;
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let Some(target) = text.trim_end_matches(['\n', '\r']).strip_prefix("gitdir: ") else {
+            return false;
+        };
+        let target = Path::new(target);
+        let rel_target = if target.is_absolute() {
+            match target.strip_prefix(&r.root) {
+                Ok(t) => t.to_path_buf(),
+                Err(_) => return false,
+            }
+        } else {
+            rel.parent().unwrap_or(Path::new("")).join(target)
+        };
+        let Ok(fd) = open_rel(root, &rel_target) else {
+            return false;
+        };
+        let Ok(real) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+            return false;
+        };
+        let own = r.root.join(".git");
+        real.starts_with(own.join("worktrees")) || real.starts_with(own.join("modules"))
+    }
+
+    fn sanitize_part(&mut self, gd: &OwnedFd, abs: &Path, part: &OsStr, in_modules: bool) {
+        let st = match lstat_at(gd, part) {
+            Ok(None) => return,
+            Ok(Some(st)) => st,
+            Err(e) => return self.fail(abs, format!("cannot stat it: {e}")),
+        };
+        let kind = kind_of(&st);
+        match part.to_str().unwrap_or("") {
+            "hooks" if kind == Kind::Dir => {
+                let hooks = match open_dir(gd, part) {
+                    Ok(fd) => fd,
+                    Err(e) => return self.fail(abs, format!("cannot open it: {e}")),
+                };
+                self.grant_access(&hooks, 0o700);
+                let names = match list_fd(&hooks) {
+                    Ok(n) => n,
+                    Err(e) => return self.fail(abs, format!("cannot list it: {e}")),
+                };
+                for n in names {
+                    let s = n.to_string_lossy();
+                    if !is_inert_hook_name(&s) && !s.contains(".moat-quarantine-") {
+                        self.neutralise(
+                            &hooks,
+                            &abs.join(&n),
+                            &n,
+                            "a git hook created by the command (the host's git would run it)",
+                        );
+                    }
+                }
+            }
+            "config" | "config.worktree" if kind == Kind::File => {
+                self.sanitize_config(gd, abs, part, in_modules)
+            }
+            "commondir" => self.neutralise(
+                gd,
+                abs,
+                part,
+                "redirects git to another repository's config and hooks",
+            ),
+            _ => self.neutralise(gd, abs, part, "not what git expects at this path"),
+        }
+    }
+
+    fn sanitize_worktrees(&mut self, r: &SweepRoot, gd: &OwnedFd, rel: &Path) {
+        let wrel = rel.join("worktrees");
+        let wabs = r.root.join(&wrel);
+        let w = OsStr::new("worktrees");
+        match lstat_at(gd, w) {
+            Ok(Some(st)) if kind_of(&st) == Kind::Dir => {}
+            Ok(Some(_)) if !existed(r, gd, w, &wrel) => {
+                return self.neutralise(gd, &wabs, w, "not a directory where git keeps worktrees")
+            }
+            _ => return,
+        }
+        let wfd = match open_dir(gd, w) {
+            Ok(fd) => fd,
+            Err(e) => return self.fail(&wabs, format!("cannot open it: {e}")),
+        };
+        self.grant_access(&wfd, 0o500);
+        let names = match list_fd(&wfd) {
+            Ok(n) => n,
+            Err(e) => return self.fail(&wabs, format!("cannot list it: {e}")),
+        };
+        for n in names {
+            let trel = wrel.join(&n);
+            let tabs = r.root.join(&trel);
+            match lstat_at(&wfd, &n) {
+                Ok(Some(st)) if kind_of(&st) == Kind::Dir => {}
+                Ok(Some(_)) if !existed(r, &wfd, &n, &trel) => {
+                    self.neutralise(
+                        &wfd,
+                        &tabs,
+                        &n,
+                        "a worktree admin entry that is not a directory",
+                    );
+                    continue;
+                }
+                _ => continue,
+            }
+            let tfd = match open_dir(&wfd, &n) {
+                Ok(fd) => fd,
+                Err(e) => {
+                    self.fail(&tabs, format!("cannot open it: {e}"));
+                    continue;
+                }
+            };
+            self.grant_access(&tfd, 0o100);
+            for part in WRITE_PROTECTED_GIT_WORKTREE_PATHS {
+                let prel = trel.join(part);
+                if existed(r, &tfd, OsStr::new(part), &prel) || *part == "gitdir" {
+                    // `gitdir` only points back at the worktree's `.git`
+                    // file (read by `git worktree list/prune`).
+                    continue;
+                }
+                let pabs = r.root.join(&prel);
+                let p = OsStr::new(part);
+                match lstat_at(&tfd, p) {
+                    Ok(None) => {}
+                    Ok(Some(st)) if *part == "commondir" && kind_of(&st) == Kind::File => {
+                        // `git worktree add` writes `../..`; anything else
+                        // sends git elsewhere.
+                        let ok = read_small(&tfd, p, 4096)
+                            .map(|b| matches!(b.trim_ascii(), b"../.." | b"../../"))
+                            .unwrap_or(false);
+                        if !ok {
+                            self.neutralise(
+                                &tfd,
+                                &pabs,
+                                p,
+                                "redirects the worktree to another repository",
+                            );
+                        }
+                    }
+                    Ok(Some(st)) if kind_of(&st) == Kind::File => {
+                        self.sanitize_config(&tfd, &pabs, p, false)
+                    }
+                    Ok(Some(_)) => {
+                        self.neutralise(&tfd, &pabs, p, "not what git expects at this path")
+                    }
+                    Err(e) => self.fail(&pabs, format!("cannot stat it: {e}")),
+                }
+            }
+        }
+    }
+
+    /// Submodule git dirs live at `.git/modules/<name>`, where a name may
+    /// contain slashes: a directory holding `HEAD` or `config` is a git
+    /// dir, any other directory is walked further.
+    fn walk_modules(&mut self, r: &SweepRoot, root: &OwnedFd, rel: &Path, depth: usize) {
+        let abs = r.root.join(rel);
+        if depth > MAX_GIT_DEPTH {
+            return self.fail(&abs, "submodule dirs nested too deeply to check".into());
+        }
+        let Some((parent, name)) = self.open_parent(r, root, rel) else {
+            return;
+        };
+        let dir = match open_dir(&parent, &name) {
+            Ok(fd) => fd,
+            Err(e) => return self.fail(&abs, format!("cannot open it: {e}")),
+        };
+        self.grant_access(&dir, 0o500);
+        let names = match list_fd(&dir) {
+            Ok(n) => n,
+            Err(e) => return self.fail(&abs, format!("cannot list it: {e}")),
+        };
+        for n in names {
+            let erel = rel.join(&n);
+            match lstat_at(&dir, &n) {
+                Ok(Some(st)) if kind_of(&st) == Kind::Dir => {
+                    let is_gitdir = open_dir(&dir, &n)
+                        .map(|e| {
+                            ["HEAD", "config"]
+                                .iter()
+                                .any(|f| matches!(lstat_at(&e, OsStr::new(f)), Ok(Some(_))))
+                        })
+                        .unwrap_or(true);
+                    if is_gitdir {
+                        self.sanitize_gitdir(r, root, &erel, true, depth + 1);
+                    } else {
+                        self.walk_modules(r, root, &erel, depth + 1);
+                    }
+                }
+                Ok(Some(_))
+                    if !existed(r, &dir, &n, &erel)
+                        && !n.as_bytes().windows(17).any(|w| w == b".moat-quarantine-") =>
+                {
+                    self.neutralise(
+                        &dir,
+                        &r.root.join(&erel),
+                        &n,
+                        "a submodule git dir redirect created by the command",
+                    )
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Rewrites a config file the command created with only the inert keys
+    /// (the original is moved aside); one that is not git config is moved
+    /// aside whole.
+    fn sanitize_config(&mut self, dir: &OwnedFd, abs: &Path, name: &OsStr, in_modules: bool) {
+        let text = match read_small(dir, name, MAX_CONFIG) {
+            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+            Err(_) => {
+                return self.neutralise(dir, abs, name, "a git config file moat cannot read back");
+            }
+        };
+        let (clean, dropped) = match gitconfig::sanitize(&text, in_modules) {
+            Ok(x) => x,
+            Err(e) => {
+                return self.neutralise(
+                    dir,
+                    abs,
+                    name,
+                    &format!("a git config file git would not read as written ({e})"),
+                );
+            }
+        };
+        if dropped.is_empty() {
+            return;
+        }
+        self.grant_access(dir, 0o300);
+        let mut tmp = name.to_os_string();
+        tmp.push(format!(".moat-sanitized-{}", self.tag));
+        let mut q = name.to_os_string();
+        q.push(format!(".moat-quarantine-{}", self.tag));
+        let written = sys::create_excl_at(dir.as_raw_fd(), Path::new(&tmp), 0o644)
+            .and_then(|fd| std::fs::File::from(fd).write_all(clean.as_bytes()))
+            .and_then(|()| {
+                nix::fcntl::renameat2(dir, name, dir, q.as_os_str(), RenameFlags::RENAME_NOREPLACE)
+                    .map_err(io::Error::from)
+            })
+            .and_then(|()| {
+                nix::fcntl::renameat(dir, tmp.as_os_str(), dir, name).map_err(io::Error::from)
+            });
+        if let Err(e) = written {
+            let _ = nix::unistd::unlinkat(dir, tmp.as_os_str(), UnlinkatFlags::NoRemoveDir);
+            // Could not rewrite it: then it must not stay at all.
+            return self.neutralise(
+                dir,
+                abs,
+                name,
+                &format!("a git config with keys that run programs (rewriting it failed: {e})"),
+            );
+        }
+        // Verify: what is there now holds no key outside the allow-list.
+        let verified = read_small(dir, name, MAX_CONFIG)
+            .ok()
+            .and_then(|b| gitconfig::sanitize(&String::from_utf8_lossy(&b), in_modules).ok())
+            .map(|(_, d)| d.is_empty())
+            .unwrap_or(false);
+        if !verified {
+            return self.neutralise(
+                dir,
+                abs,
+                name,
+                "a git config that still held keys that run programs after rewriting",
+            );
+        }
+        let moved_to = abs.parent().map(|p| p.join(&q));
+        for key in dropped {
+            self.report.swept.push(Swept {
+                path: abs.to_path_buf(),
+                moved_to: moved_to.clone(),
+                detail: format!("git config key `{key}` removed (it can run a program or redirect git on the host)"),
+            });
+        }
+    }
 }
 
-/// Entries named `<prefix>*` in each guard's directory that were not there
-/// before the run.
-pub fn new_prefixed(guards: &[crate::probe::PrefixGuard]) -> Vec<PathBuf> {
+/// Prevention rather than sweeping: an existing git dir without `hooks`
+/// gets the empty `hooks` directory `git init` would have made, so it is a
+/// read-only mount during the run and no hook can be live on the host even
+/// for a moment. (Nothing similar exists for `commondir`: an empty one makes
+/// git fail.) Returns whether it created one.
+pub fn ensure_hooks_dir(root: &Path, rel: &Path) -> io::Result<bool> {
+    let root_fd = open_root(root)?;
+    let Ok(gd) = open_rel(&root_fd, rel) else {
+        // Missing, a gitfile or a symlink: nothing to prepare.
+        return Ok(false);
+    };
+    if lstat_at(&gd, OsStr::new("hooks"))?.is_some() {
+        return Ok(false);
+    }
+    nix::sys::stat::mkdirat(
+        &gd,
+        "hooks",
+        nix::sys::stat::Mode::from_bits_truncate(0o755),
+    )?;
+    Ok(true)
+}
+
+/// The executable parts of the git dir at `rel` (and of its worktrees and
+/// submodules) that exist now, with their kinds: before the run these are
+/// made read-only and remembered, so the sweep leaves them alone. Fixed
+/// names are looked up with lstat; only `worktrees/` and `modules/` are
+/// listed. An unreadable one is an error (the run must not start blind).
+/// Each entry: (path relative to `root`, kind, whether it is an executable
+/// part to keep read-only rather than a git dir or a directory on the way).
+pub fn git_parts(root: &Path, rel: &Path) -> io::Result<Vec<GitPart>> {
+    let root_fd = open_root(root)?;
     let mut out = Vec::new();
-    for g in guards {
-        let Ok(rd) = std::fs::read_dir(&g.dir) else {
+    collect_gitdir(&root_fd, rel, &mut out, 0)?;
+    Ok(out)
+}
+
+fn open_rel(root: &OwnedFd, rel: &Path) -> io::Result<OwnedFd> {
+    sys::openat_beneath(root.as_raw_fd(), rel, libc::O_PATH | libc::O_DIRECTORY)
+}
+
+/// One entry found by [`git_parts`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GitPart {
+    pub rel: PathBuf,
+    pub kind: Kind,
+    /// An executable part (hooks, config, commondir…), not a directory
+    /// git writes to (a git dir, `worktrees/NAME`, `modules/…`).
+    pub protected: bool,
+}
+
+fn part(rel: PathBuf, st: &FileStat, protected: bool) -> GitPart {
+    GitPart {
+        rel,
+        kind: kind_of(st),
+        protected,
+    }
+}
+
+fn collect_gitdir(
+    root: &OwnedFd,
+    rel: &Path,
+    out: &mut Vec<GitPart>,
+    depth: usize,
+) -> io::Result<()> {
+    if depth > MAX_GIT_DEPTH {
+        return Err(io::Error::other(format!(
+            "{}: git dirs nested too deeply",
+            rel.display()
+        )));
+    }
+    let parent = match rel.parent() {
+        Some(p) if !p.as_os_str().is_empty() => open_rel(root, p)?,
+        _ => root.try_clone()?,
+    };
+    let Some(name) = rel.file_name() else {
+        return Ok(());
+    };
+    let Some(st) = lstat_at(&parent, name)? else {
+        return Ok(());
+    };
+    out.push(part(rel.to_path_buf(), &st, false));
+    if kind_of(&st) != Kind::Dir {
+        return Ok(());
+    }
+    let gd = open_dir(&parent, name)?;
+    for p in WRITE_PROTECTED_GIT_PATHS {
+        if let Some(st) = lstat_at(&gd, OsStr::new(p))? {
+            out.push(part(rel.join(p), &st, true));
+        }
+    }
+    if let Some(st) = lstat_at(&gd, OsStr::new("worktrees"))? {
+        out.push(part(rel.join("worktrees"), &st, false));
+        if kind_of(&st) == Kind::Dir {
+            let w = open_dir(&gd, OsStr::new("worktrees"))?;
+            for n in list_fd(&w)? {
+                let Some(st) = lstat_at(&w, &n)? else {
+                    continue;
+                };
+                let trel = rel.join("worktrees").join(&n);
+                out.push(part(trel.clone(), &st, false));
+                if kind_of(&st) == Kind::Dir {
+                    let t = open_dir(&w, &n)?;
+                    for p in WRITE_PROTECTED_GIT_WORKTREE_PATHS {
+                        if let Some(st) = lstat_at(&t, OsStr::new(p))? {
+                            out.push(part(trel.join(p), &st, true));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some(st) = lstat_at(&gd, OsStr::new("modules"))? {
+        out.push(part(rel.join("modules"), &st, false));
+        if kind_of(&st) == Kind::Dir {
+            collect_modules(root, &rel.join("modules"), out, depth + 1)?;
+        }
+    }
+    Ok(())
+}
+
+fn collect_modules(
+    root: &OwnedFd,
+    rel: &Path,
+    out: &mut Vec<GitPart>,
+    depth: usize,
+) -> io::Result<()> {
+    if depth > MAX_GIT_DEPTH {
+        return Err(io::Error::other(format!(
+            "{}: submodules nested too deeply",
+            rel.display()
+        )));
+    }
+    let dir = open_rel(root, rel)?;
+    for n in list_fd(&dir)? {
+        let Some(st) = lstat_at(&dir, &n)? else {
             continue;
         };
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&g.prefix) && !g.existing.contains(&name) {
-                out.push(e.path());
-            }
+        let erel = rel.join(&n);
+        if kind_of(&st) != Kind::Dir {
+            out.push(part(erel, &st, false));
+            continue;
+        }
+        let e = open_dir(&dir, &n)?;
+        let is_gitdir = lstat_at(&e, OsStr::new("HEAD"))?.is_some()
+            || lstat_at(&e, OsStr::new("config"))?.is_some();
+        if is_gitdir {
+            collect_gitdir(root, &erel, out, depth + 1)?;
+        } else {
+            out.push(part(erel.clone(), &st, false));
+            collect_modules(root, &erel, out, depth + 1)?;
         }
     }
-    out
+    Ok(())
 }
 
-fn remove_any(p: &Path) -> std::io::Result<()> {
-    let meta = p.symlink_metadata()?;
-    if meta.is_dir() {
-        std::fs::remove_dir_all(p)
-    } else {
-        std::fs::remove_file(p)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("moat-sweep-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d.canonicalize().unwrap()
+    }
+
+    #[test]
+    fn what_cannot_be_removed_is_a_failure_never_a_success() {
+        // procfs entries can be neither renamed nor unlinked: the sweep must
+        // say so rather than report them done.
+        let proc = PathBuf::from(format!("/proc/{}", std::process::id()));
+        let root = SweepRoot {
+            root: proc.clone(),
+            missing: vec![PathBuf::from("status")],
+            ..Default::default()
+        };
+        let r = sweep(&[root], "t");
+        assert!(r.swept.is_empty(), "{r:?}");
+        assert_eq!(r.failed.len(), 1, "{r:?}");
+        assert_eq!(r.failed[0].path, proc.join("status"), "{r:?}");
+        assert!(r.failed[0].error.contains("still present"), "{r:?}");
+    }
+
+    #[test]
+    fn a_symlink_on_the_way_is_neutralised_not_followed() {
+        let ws = tmp("ws");
+        let outside = tmp("outside");
+        std::fs::create_dir_all(outside.join("git")).unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join(".config")).unwrap();
+        let root = SweepRoot {
+            root: ws.clone(),
+            missing: vec![PathBuf::from(".config/git")],
+            ..Default::default()
+        };
+        let r = sweep(&[root], "t");
+        assert!(r.failed.is_empty(), "{r:?}");
+        assert!(outside.join("git").is_dir(), "followed the symlink");
+        assert!(std::fs::symlink_metadata(ws.join(".config")).is_err());
+        assert!(ws
+            .join(".config.moat-quarantine-t")
+            .symlink_metadata()
+            .is_ok());
+        let _ = std::fs::remove_dir_all(&ws);
+        let _ = std::fs::remove_dir_all(&outside);
+    }
+
+    #[test]
+    fn a_user_git_dir_that_existed_is_left_alone() {
+        let ws = tmp("existing");
+        std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+        std::fs::write(ws.join(".git/hooks/pre-commit"), "USER HOOK").unwrap();
+        std::fs::write(ws.join(".git/config"), "[core]\n\tpager = less\n").unwrap();
+        let mut root = SweepRoot {
+            root: ws.clone(),
+            gitdirs: vec![PathBuf::from(".git")],
+            ..Default::default()
+        };
+        for p in git_parts(&ws, Path::new(".git")).unwrap() {
+            root.git_existing.insert(p.rel);
+        }
+        let r = sweep(&[root], "t");
+        assert_eq!(r, SweepReport::default());
+        assert!(ws.join(".git/hooks/pre-commit").exists());
+        assert_eq!(
+            std::fs::read_to_string(ws.join(".git/config")).unwrap(),
+            "[core]\n\tpager = less\n"
+        );
+        let _ = std::fs::remove_dir_all(&ws);
+    }
+
+    #[test]
+    fn a_users_symlinked_hooks_dir_counts_only_while_unchanged() {
+        let ws = tmp("links");
+        std::fs::create_dir_all(ws.join(".git")).unwrap();
+        std::fs::create_dir_all(ws.join("shared-hooks")).unwrap();
+        std::os::unix::fs::symlink("../shared-hooks", ws.join(".git/hooks")).unwrap();
+        let mut root = SweepRoot {
+            root: ws.clone(),
+            gitdirs: vec![PathBuf::from(".git")],
+            ..Default::default()
+        };
+        for p in git_parts(&ws, Path::new(".git")).unwrap() {
+            if p.kind == Kind::Symlink {
+                let t = std::fs::read_link(ws.join(&p.rel)).unwrap();
+                root.git_links.insert(p.rel, t);
+            } else {
+                root.git_existing.insert(p.rel);
+            }
+        }
+        // Unchanged: left alone.
+        assert_eq!(
+            sweep(std::slice::from_ref(&root), "a"),
+            SweepReport::default()
+        );
+        // Replaced by a real directory holding a hook: the hook goes.
+        std::fs::remove_file(ws.join(".git/hooks")).unwrap();
+        std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+        std::fs::write(ws.join(".git/hooks/pre-commit"), "evil").unwrap();
+        let r = sweep(&[root], "b");
+        assert!(r.failed.is_empty(), "{r:?}");
+        assert!(!ws.join(".git/hooks/pre-commit").exists(), "{r:?}");
+        let _ = std::fs::remove_dir_all(&ws);
     }
 }

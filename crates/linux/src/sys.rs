@@ -707,6 +707,61 @@ pub fn borrow_stdio(fd: RawFd) -> Option<std::os::fd::BorrowedFd<'static>> {
     Some(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
 }
 
+/// `openat2` resolution flags for paths a command could have shaped.
+pub const RESOLVE_BENEATH: u64 = 0x08;
+pub const RESOLVE_NO_XDEV: u64 = 0x01;
+
+/// openat2(2) of `name` relative to `dirfd`, confined: never above `dirfd`
+/// (RESOLVE_BENEATH), through no symlink (RESOLVE_NO_SYMLINKS, which also
+/// refuses a symlink as the last component) and on the same mount
+/// (RESOLVE_NO_XDEV). `flags` are open(2) flags; O_CLOEXEC and O_NOFOLLOW
+/// are always added.
+pub fn openat_beneath(dirfd: RawFd, name: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let p = cstr(name)?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+        mode: 0,
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV,
+    };
+    // SAFETY: `p` and `how` are valid for the call and `how`'s size is
+    // passed; the kernel returns a new fd that we own.
+    let fd = check(unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dirfd,
+            p.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    })?;
+    // SAFETY: fresh fd from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Creates `name` in `dirfd` as a new regular file (O_EXCL: never through an
+/// existing entry or symlink) with `mode`, write-only.
+pub fn create_excl_at(dirfd: RawFd, name: &Path, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    let p = cstr(name)?;
+    let how = OpenHow {
+        flags: (libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            as u64,
+        mode: mode as u64,
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV,
+    };
+    // SAFETY: as in `openat_beneath`.
+    let fd = check(unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dirfd,
+            p.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    })?;
+    // SAFETY: fresh fd from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
 /// TIOCGWINSZ: the window size of the terminal at `fd`.
 pub fn get_winsize(fd: RawFd) -> io::Result<libc::winsize> {
     let mut ws = libc::winsize {

@@ -85,6 +85,9 @@ pub enum Why {
     RunsCode,
     /// The workspace's `.git`, pinned in place so its protected children stay.
     GitDir,
+    /// A toolchain install under the real home (rustup, pyenv…), mirrored
+    /// read-only under the sandbox HOME where tools look for it.
+    Toolchain,
 }
 
 /// One path of the view.
@@ -151,6 +154,11 @@ pub struct View {
     pub swept: Vec<PathBuf>,
     pub network: NetView,
     pub net_class: Option<NetClass>,
+}
+
+/// Whether paths under `home` can be mirrored under the sandbox HOME.
+fn home_is_mirrored(home: &Path) -> bool {
+    home != Path::new("/")
 }
 
 /// Where a grant under the real home also appears under the sandbox HOME
@@ -306,18 +314,50 @@ pub fn compute(policy: &Policy, host: &HostFacts) -> View {
         }
     }
 
+    // Toolchains under the real home (rustup, pyenv, nvm…) find their
+    // installs through $HOME: where the host is readable anyway, each also
+    // appears read-only under the sandbox HOME (moat_policy::HOME_TOOLCHAINS),
+    // unless a grant's mirror already shows that place. One resolving onto
+    // or over a secret or moat's state is left out.
+    if whole_host && home_is_mirrored(&policy.home) {
+        let overlaps = |a: &Path, b: &Path| a.starts_with(b) || b.starts_with(a);
+        for (rel, canonical, kind) in &host.home_toolchains {
+            let target = Path::new(SANDBOX_HOME).join(rel);
+            let shown = v
+                .entries
+                .iter()
+                .any(|x| x.relocated && x.why != Why::MoatBinary && target.starts_with(&x.path));
+            let near_secret = host
+                .secrets
+                .keys()
+                .chain(host.moat_hidden.keys())
+                .any(|s| overlaps(canonical, s));
+            if shown || near_secret {
+                continue;
+            }
+            let mut x = entry(target, Some(canonical), Mode::Read, *kind, Why::Toolchain);
+            x.relocated = true;
+            v.entries.push(x);
+        }
+    }
+
     // 3. Write-protected entries: read-only wherever the view shows them.
     // `.git` itself stays writable but pinned (a mount point cannot be
     // renamed), so its protected children stay put.
     let explicit = |p: &Path| policy.paths.iter().any(|g| g.path == p);
     for (p, kind) in &host.workspace_write_protected {
-        if explicit(p) {
+        // No grant makes a write-protected path writable (the plan refuses
+        // one on or under it); a protected home path the caller opted in
+        // (a profile's `~/.claude` when the workspace is HOME) is theirs.
+        if policy.protected_opt_in.iter().any(|o| p.starts_with(o)) {
             continue;
         }
-        // (Only where the workspace is writable: a nested read-only run
+        // A git dir in a writable part (the workspace's, a `--rw` grant's)
+        // stays writable, pinned. (Only there: a nested read-only run
         // inherits the outer `.git` entry, and there it stays read-only.)
-        let git_dir =
-            *p == ws.join(".git") && *kind == Kind::Dir && policy.level.workspace_writable();
+        let git_dir = p.file_name() == Some(std::ffi::OsStr::new(".git"))
+            && *kind == Kind::Dir
+            && v.host_mode(p).is_some_and(|x| x.mode == Mode::Write);
         let (mode, why) = if git_dir {
             (Mode::Write, Why::GitDir)
         } else {

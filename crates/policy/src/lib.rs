@@ -16,10 +16,12 @@
 
 mod duration;
 mod env;
+pub mod gitconfig;
 mod limits;
 mod nested;
 pub mod pathser;
 mod protected;
+mod toolchains;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -36,9 +38,11 @@ pub use env::{
 pub use limits::{parse_count, parse_size, CountError, Limits, LimitsMode, SizeError};
 pub use nested::{covers, Widening};
 pub use protected::{
-    is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
-    WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_HOME_PATHS, WRITE_PROTECTED_WORKSPACE_NAMES,
+    is_inert_hook_name, is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
+    WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_GIT_WORKTREE_PATHS, WRITE_PROTECTED_HOME_PATHS,
+    WRITE_PROTECTED_WORKSPACE_NAMES,
 };
+pub use toolchains::{toolchain_containing, toolchain_entries, HomeToolchain, HOME_TOOLCHAINS};
 
 /// Version of the policy semantics; bumps whenever a level's meaning changes.
 pub const POLICY_VERSION: &str = "1";
@@ -344,6 +348,15 @@ pub struct Policy {
     pub write_protected: Vec<&'static str>,
     /// Home-relative paths that stay read-only when a home lies in a writable workspace.
     pub write_protected_home: Vec<&'static str>,
+    /// Home-relative files the tool replaces by rename (`~/.claude.json`):
+    /// the run gets a private copy in its own HOME, merged back afterwards.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub synced_home_files: Vec<PathBuf>,
+    /// The host directory that backs the sandbox HOME when files are synced
+    /// (a fresh per-run directory; otherwise HOME is a tmpfs). Not part of
+    /// the hash: it differs on every run.
+    #[serde(skip)]
+    pub private_home: Option<PathBuf>,
 }
 
 /// Why a request cannot become a policy. Each message says what to change.
@@ -473,6 +486,8 @@ impl Policy {
                 s
             },
             protected_home_paths: PROTECTED_HOME_PATHS.to_vec(),
+            synced_home_files: Vec::new(),
+            private_home: None,
             protected_opt_in,
             write_protected: if level == Level::WorkspaceWrite || level == Level::WorkspaceContained
             {

@@ -49,6 +49,44 @@ pub const WRITE_PROTECTED_WORKSPACE_NAMES: &[&str] = &[
     ".mcp.json",
     ".envrc",
     ".moat*",
+    // Coding agents' project-level configuration: each can make the agent,
+    // when it next starts on the host outside moat, run a command the file
+    // names (hooks, MCP stdio servers, lint/test commands, container hooks).
+    // Claude Code: `.claude/settings.json` and `settings.local.json` hooks
+    // run shell commands; `.claude/commands`, `agents`, `skills` can
+    // pre-approve tools (`allowed-tools: Bash(…)`).
+    ".claude",
+    // Cursor: `.cursor/mcp.json` stdio servers are commands; `hooks.json`.
+    ".cursor",
+    // Codex CLI: `.codex/config.toml` `[mcp_servers.*] command` (trusted projects).
+    ".codex",
+    // Gemini CLI: `.gemini/settings.json` `mcpServers.*.command`, tool discovery commands.
+    ".gemini",
+    // Aider: `lint-cmd`, `test-cmd` in the project's `.aider.conf.yml`.
+    ".aider.conf.yml",
+    // Continue: `.continue/` config and `mcpServers` blocks with commands.
+    ".continue",
+    // Dev containers: `initializeCommand` runs on the HOST when the editor
+    // (re)opens the folder in a container; the others run in the container.
+    ".devcontainer",
+    ".devcontainer.json",
+    // Windsurf: `.windsurf/` workflows and hooks.
+    ".windsurf",
+    // Roo Code: `.roo/mcp.json` project MCP servers.
+    ".roo",
+    // Kiro: `.kiro/settings/mcp.json` and agent hooks.
+    ".kiro",
+    // Zed: `.zed/tasks.json` and `.zed/settings.json` context servers.
+    ".zed",
+    // Amazon Q Developer: `.amazonq/mcp.json`.
+    ".amazonq",
+    // opencode: project `opencode.json(c)` `mcp.*.command`, `.opencode/` plugins (JS it loads).
+    "opencode.json",
+    "opencode.jsonc",
+    ".opencode",
+    // mise: `[hooks] enter`/`[env] _.source` run on `cd` under `mise activate`.
+    "mise.toml",
+    ".mise.toml",
 ];
 
 /// Home-relative paths that also run code later (login sessions, PATH
@@ -102,9 +140,20 @@ pub const WRITE_PROTECTED_HOME_PATHS: &[&str] = &[
     ".config/user-dirs.dirs",
 ];
 
-/// Paths inside `.git` that run code later, or redirect git to a config or
-/// hooks directory elsewhere (`commondir`, per-worktree config).
+/// Paths inside every git dir (`.git`, `.git/modules/**`) that run code
+/// later, or redirect git to a config or hooks directory elsewhere
+/// (`commondir`, per-worktree config).
 pub const WRITE_PROTECTED_GIT_PATHS: &[&str] = &["hooks", "config", "commondir", "config.worktree"];
+
+/// Paths inside each linked worktree's admin dir (`.git/worktrees/NAME/`):
+/// `commondir` and `gitdir` redirect git, `config.worktree` is config.
+pub const WRITE_PROTECTED_GIT_WORKTREE_PATHS: &[&str] = &["commondir", "config.worktree", "gitdir"];
+
+/// The only entries of a git `hooks` dir a command may create: samples,
+/// which git never runs.
+pub fn is_inert_hook_name(name: &str) -> bool {
+    name.ends_with(".sample")
+}
 
 /// True for a workspace-root name that must stay read-only.
 pub fn is_write_protected_name(name: &str) -> bool {

@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use moat_policy::{
-    PROTECTED_HOME_PATHS, WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_HOME_PATHS,
+    gitconfig::GIT_CONFIG_ALLOWED_KEYS, PROTECTED_HOME_PATHS, WRITE_PROTECTED_GIT_PATHS,
+    WRITE_PROTECTED_GIT_WORKTREE_PATHS, WRITE_PROTECTED_HOME_PATHS,
     WRITE_PROTECTED_WORKSPACE_NAMES,
 };
 
@@ -56,6 +57,12 @@ fn readme_protected_lists_equal_the_code() {
         ),
         ("write-protected-home", "~/", WRITE_PROTECTED_HOME_PATHS),
         ("write-protected-git", ".git/", WRITE_PROTECTED_GIT_PATHS),
+        (
+            "write-protected-git-worktree",
+            ".git/worktrees/*/",
+            WRITE_PROTECTED_GIT_WORKTREE_PATHS,
+        ),
+        ("git-config-allowed", "", GIT_CONFIG_ALLOWED_KEYS),
     ] {
         let readme = readme_list(&text, name, prefix);
         let code = code(list);

@@ -388,7 +388,8 @@ fn claude_resolves_to_a_valid_policy() {
         })
         .unwrap();
     assert!(skipped.is_empty());
-    assert_eq!(policy.level, Level::WorkspaceWrite);
+    // Agent profiles are workspace-contained (issue 10): nothing else of yours.
+    assert_eq!(policy.level, Level::WorkspaceContained);
     assert_eq!(policy.network.mode, NetworkMode::Proxy);
     assert_eq!(policy.protected_opt_in.len(), 2);
     assert!(policy.pass_env.contains(&"ANTHROPIC_API_KEY".to_string()));

@@ -59,10 +59,13 @@ fn host() -> HostFacts {
         ]
         .into_iter()
         .collect(),
-        workspace_missing: vec![
-            PathBuf::from("/home/u/proj/.git/config"),
-            PathBuf::from("/home/u/proj/.bashrc"),
-        ],
+        workspace_missing: vec![PathBuf::from("/home/u/proj/.bashrc")],
+        sweep: vec![crate::sweep::SweepRoot {
+            root: PathBuf::from("/home/u/proj"),
+            missing: vec![PathBuf::from(".bashrc")],
+            gitdirs: vec![PathBuf::from(".git")],
+            ..Default::default()
+        }],
         proc_entries: vec!["sys".into(), "kcore".into()],
         env: vec![
             ("PATH".into(), "/usr/bin:/bin".into()),
@@ -151,13 +154,7 @@ fn workspace_write_golden() {
         "ro /home/u/proj/.git/hooks",
     ];
     assert_eq!(t, expected, "{t:#?}");
-    assert_eq!(
-        plan.sweep,
-        vec![
-            PathBuf::from("/home/u/proj/.git/config"),
-            PathBuf::from("/home/u/proj/.bashrc")
-        ]
-    );
+    assert_eq!(plan.sweep, host().sweep);
     assert!(plan.new_netns);
     assert_eq!(plan.seccomp.socket_families, Some(vec![libc::AF_UNIX]));
     assert_eq!(plan.landlock.read, vec![PathBuf::from("/")]);
@@ -572,5 +569,50 @@ fn workspace_write_view_golden() {
         "Hidden Socket /var/tmp/agent.sock",
     ];
     assert_eq!(got, expected, "{got:#?}");
-    assert_eq!(plan.view.swept, plan.sweep);
+    // The view's swept paths are the sweep's, made absolute.
+    let derived: Vec<PathBuf> = plan
+        .sweep
+        .iter()
+        .flat_map(|r| r.missing.iter().map(|m| r.root.join(m)).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(plan.view.swept, derived);
+}
+
+#[test]
+fn toolchains_mirror_read_only_under_the_sandbox_home_never_over_a_secret() {
+    let mut h = host();
+    h.home_toolchains = vec![
+        (".rustup".into(), "/home/u/.rustup".into(), Kind::Dir),
+        (".cargo/bin".into(), "/home/u/.cargo/bin".into(), Kind::Dir),
+        // A planted ~/.pyenv -> ~ would carry the whole home, ~/.ssh included.
+        (".pyenv".into(), "/home/u".into(), Kind::Dir),
+    ];
+    let ww = build(&policy(Level::WorkspaceWrite, None), &h).unwrap();
+    let t = targets(&ww);
+    assert!(t.contains(&"ro /moat/home/.rustup".to_string()), "{t:#?}");
+    assert!(
+        t.contains(&"ro /moat/home/.cargo/bin".to_string()),
+        "{t:#?}"
+    );
+    assert!(!t.iter().any(|x| x.contains("/moat/home/.pyenv")), "{t:#?}");
+    // Contained reads no host beyond its grants: no mirrors.
+    let wc = build(&policy(Level::WorkspaceContained, None), &h).unwrap();
+    assert!(!targets(&wc).iter().any(|x| x.contains(".rustup")));
+}
+
+#[test]
+fn a_private_home_replaces_the_home_tmpfs_and_needs_no_pins() {
+    let mut h = host();
+    h.home_toolchains = vec![(".cargo/bin".into(), "/home/u/.cargo/bin".into(), Kind::Dir)];
+    let mut p = policy(Level::WorkspaceWrite, None);
+    p.private_home = Some("/home/u/.local/state/moat/sync/run-1".into());
+    let plan = build(&p, &h).unwrap();
+    let t = targets(&plan);
+    assert!(t.contains(&"rw /moat/home".to_string()), "{t:#?}");
+    assert!(!t.contains(&"tmpfs /moat/home".to_string()), "{t:#?}");
+    // /moat/home/.cargo would be a host path that does not exist: no pin.
+    assert!(!t.contains(&"rw /moat/home/.cargo".to_string()), "{t:#?}");
+    // The same policy without it keeps the tmpfs.
+    let plain = build(&policy(Level::WorkspaceWrite, None), &h).unwrap();
+    assert!(targets(&plain).contains(&"tmpfs /moat/home".to_string()));
 }
