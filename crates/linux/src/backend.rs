@@ -95,6 +95,7 @@ pub fn landlock_spec(
     let want = desired(view, scratch);
     let mut spec = LandlockSpec {
         scoped: abi >= 6,
+        host_paths: true,
         ..Default::default()
     };
     for (p, r) in &want {

@@ -201,7 +201,6 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
         }),
     ));
     modes.insert("proxy".into(), status_value(&proxy));
-    let _ = std::fs::remove_dir(&scratch);
 
     // Which backend can give each level with each network mode, probed:
     // namespaces from the runs above, the Landlock backend by its own runs
@@ -243,6 +242,7 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
         }
         backends.insert(level.as_str().into(), Value::Object(per_mode));
     }
+    let _ = std::fs::remove_dir(&scratch);
 
     json!({
         "platform": "linux",

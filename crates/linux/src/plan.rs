@@ -86,6 +86,11 @@ pub struct LandlockSpec {
     pub scoped: bool,
     /// Refuse every TCP bind (ABI >= 4; a net-connect tool).
     pub deny_tcp_bind: bool,
+    /// The paths are host paths other processes may change meanwhile (the
+    /// Landlock backend): each is opened without following any symlink, and
+    /// one that vanished or became a symlink gets no rule (fail closed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_paths: bool,
 }
 
 /// The seccomp filter of one run, as data: the floor every sandboxed command
