@@ -8,9 +8,10 @@
 //! may not map itself into a new user namespace); as an unprivileged user
 //! runc runs rootless (its own user namespace).
 //!
-//! Not here yet: the namespaces backend inside a container that allows user
-//! namespaces. It ran in hand-made bundles, but in this test's bundle moat's
-//! procfs mount was refused (EPERM) for a reason not yet understood.
+//! With user namespaces allowed and an unmasked /proc, moat gives its full
+//! namespaces backend inside the container. With the default masked /proc
+//! the kernel refuses moat a fresh procfs (a procfs may only be mounted
+//! where one is already fully visible), and moat says so and how to fix it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,7 +29,13 @@ fn runc() -> Option<PathBuf> {
 
 /// Builds a bundle under the fixture that runs `args` in the workspace
 /// (bound at /ws) with moat's directory at /moat; `seccomp` is the profile, if any.
-fn bundle(fx: &Fixture, name: &str, args: &[&str], seccomp: Option<Value>) -> PathBuf {
+fn bundle(
+    fx: &Fixture,
+    name: &str,
+    args: &[&str],
+    seccomp: Option<Value>,
+    masked_proc: bool,
+) -> PathBuf {
     let dir = fx.root.join(name);
     let rootfs = dir.join("rootfs");
     std::fs::create_dir_all(&rootfs).unwrap();
@@ -76,10 +83,23 @@ fn bundle(fx: &Fixture, name: &str, args: &[&str], seccomp: Option<Value>) -> Pa
         json!({"type": "uts"}),
         json!({"type": "mount"}),
     ];
-    let mut linux = json!({
-        "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
-        "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
-    });
+    let mut linux = json!({});
+    if masked_proc {
+        // runc's and Docker's defaults cover parts of /proc.
+        linux["maskedPaths"] = json!([
+            "/proc/kcore",
+            "/proc/keys",
+            "/proc/timer_list",
+            "/sys/firmware"
+        ]);
+        linux["readonlyPaths"] = json!([
+            "/proc/bus",
+            "/proc/fs",
+            "/proc/irq",
+            "/proc/sys",
+            "/proc/sysrq-trigger"
+        ]);
+    }
     let user = if root {
         namespaces.push(json!({"type": "network"}));
         json!({"uid": 65534, "gid": 65534})
@@ -92,6 +112,14 @@ fn bundle(fx: &Fixture, name: &str, args: &[&str], seccomp: Option<Value>) -> Pa
         json!({"uid": 0, "gid": 0})
     };
     linux["namespaces"] = Value::Array(namespaces);
+    // Root inside the container (rootless) maps itself into moat's user
+    // namespace, which takes CAP_SETFCAP (Docker's default set has it).
+    let caps = if root {
+        json!({"bounding": [], "effective": [], "permitted": [], "ambient": []})
+    } else {
+        let c = json!(["CAP_SETFCAP"]);
+        json!({"bounding": c, "effective": c, "permitted": c, "ambient": []})
+    };
     if let Some(s) = seccomp {
         linux["seccomp"] = s;
     }
@@ -104,7 +132,7 @@ fn bundle(fx: &Fixture, name: &str, args: &[&str], seccomp: Option<Value>) -> Pa
             "env": ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8"],
             "cwd": "/ws",
             "noNewPrivileges": true,
-            "capabilities": {"bounding": [], "effective": [], "permitted": [], "ambient": []},
+            "capabilities": caps,
         },
         "root": {"path": "rootfs", "readonly": true},
         "hostname": "ctr",
@@ -190,6 +218,7 @@ fn default_seccomp_of_a_container_gets_the_landlock_backend() {
         "seccomp",
         &["sh", "-c", &script],
         Some(no_userns_seccomp()),
+        true,
     );
     let Some(out) = run_bundle(&fx, &dir) else {
         return;
@@ -215,4 +244,52 @@ fn default_seccomp_of_a_container_gets_the_landlock_backend() {
     );
     assert!(!stdout.contains("SOCKET-OPENED"), "{}", out.dump());
     assert_eq!(read(fx.w("sub/made")).as_deref(), Some("written\n"));
+}
+
+#[test]
+fn full_backend_inside_a_container_with_user_namespaces_and_unmasked_proc() {
+    let fx = Fixture::new();
+    prepare_ws(&fx);
+    let args = [
+        "/moat/moat",
+        "exec",
+        "--no-audit",
+        "--json",
+        "--policy",
+        "workspace-write",
+        "--",
+        "sh",
+        "-c",
+        PROBE,
+    ];
+    let dir = bundle(&fx, "ns", &args, None, false);
+    let Some(out) = run_bundle(&fx, &dir) else {
+        return;
+    };
+    let v = out.json();
+    assert_eq!(v["sandbox"]["backend"], "namespaces", "{}", out.dump());
+    assert_eq!(v["sandbox"]["layers"]["namespaces"], "full");
+    let stdout = v["stdout"].as_str().unwrap_or_default();
+    assert!(
+        stdout.contains("PROBE-RAN") && stdout.contains("WROTE"),
+        "{}",
+        out.dump()
+    );
+    assert!(
+        !stdout.contains(&fx.env_secret),
+        "the .env leaked\n{}",
+        out.dump()
+    );
+    assert!(!stdout.contains("SOCKET-OPENED"), "{}", out.dump());
+    assert_eq!(read(fx.w("sub/made")).as_deref(), Some("written\n"));
+    // The default masked /proc: refused, with the reason and the fixes.
+    let args = ["/moat/moat", "exec", "--no-audit", "--", "echo", "RAN"];
+    let dir = bundle(&fx, "masked", &args, None, true);
+    let Some(out) = run_bundle(&fx, &dir) else {
+        return;
+    };
+    out.expect_code(125)
+        .expect_absent("RAN", "a refused run's output");
+    assert!(out.stderr.contains("procMount: Unmasked"), "{}", out.dump());
+    assert!(out.stderr.contains("--backend landlock"), "{}", out.dump());
 }

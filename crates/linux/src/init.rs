@@ -126,8 +126,14 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
     sys::wipe_argv_block().map_err(|e| format!("clear the init's command line: {e}"))?;
     fs::write("/proc/self/setgroups", "deny")
         .map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
-    fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid))
-        .map_err(|e| format!("write uid_map: {e}"))?;
+    fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid)).map_err(|e| {
+        if plan.uid == 0 && e.raw_os_error() == Some(libc::EPERM) {
+            // Linux >= 5.12: mapping root needs CAP_SETFCAP where moat runs.
+            format!("write uid_map: {e}; root may map itself into a user namespace only with CAP_SETFCAP (a container that drops it: add it, e.g. docker --cap-add SETFCAP, run moat as a non-root user, or use --backend landlock)")
+        } else {
+            format!("write uid_map: {e}")
+        }
+    })?;
     fs::write("/proc/self/gid_map", format!("{0} {0} 1\n", plan.gid))
         .map_err(|e| format!("write gid_map: {e}"))?;
     // After the id maps: a non-dumpable process's /proc files belong to root.

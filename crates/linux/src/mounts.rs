@@ -37,6 +37,9 @@ fn err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Moun
     }
 }
 
+/// The step named when a fresh procfs is refused: what it means and the fix.
+const PROC_REFUSED: &str = "mount a fresh procfs (refused: the /proc moat runs under has masked or read-only parts, as a container's default /proc does; run the container with an unmasked /proc, e.g. Docker --security-opt systempaths=unconfined, Kubernetes securityContext.procMount: Unmasked, or use --backend landlock) at";
+
 fn nix_err(e: nix::errno::Errno) -> io::Error {
     io::Error::from_raw_os_error(e as i32)
 }
@@ -220,8 +223,16 @@ fn apply_op(
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                 None::<&str>,
             )
-            .map_err(nix_err)
-            .map_err(err("mount proc", target))?;
+            .map_err(|e| {
+                // The kernel refuses a new procfs when every procfs moat
+                // could see has parts covered (a container's masked /proc).
+                let step = if e == nix::errno::Errno::EPERM {
+                    PROC_REFUSED
+                } else {
+                    "mount proc"
+                };
+                err(step, target)(nix_err(e))
+            })?;
         }
         MountOp::Devpts { target } => {
             ensure_mountpoint(target, Kind::Dir)?;
