@@ -407,3 +407,27 @@ fn limits_from_a_profile_and_the_user_config_hold() {
         out.dump()
     );
 }
+
+#[test]
+fn a_nested_run_gets_at_most_the_outer_limits() {
+    let fx = Fixture::new();
+    // The nested moat runs on the host (through the outer broker), outside
+    // the outer run's cgroup: its own limits must be bounded by the outer's.
+    let (out, v) = json_run(
+        &fx,
+        "workspace-write",
+        &["--output-limit", "64K"],
+        "echo NESTED-START; moat exec --json --output-limit 1M -- true",
+    );
+    out.expect_code(0);
+    let stdout = v["stdout"].as_str().unwrap_or_default();
+    assert!(stdout.contains("NESTED-START"), "{}", out.dump());
+    let inner: Value = serde_json::from_str(stdout[stdout.find('{').unwrap_or(0)..].trim())
+        .unwrap_or_else(|e| panic!("{e}\n{}", out.dump()));
+    assert_eq!(
+        applied(&inner, "output")["value"],
+        64 << 10,
+        "{}",
+        out.dump()
+    );
+}
