@@ -1,40 +1,59 @@
 #!/usr/bin/env bash
-# Benchmark of moat's network proxy on loopback, without the moat CLI:
-# (b) 1 GiB through a CONNECT tunnel vs a direct connection (target >= 0.70),
-# (c) p50/p99 of 1,000 small HTTP requests through the proxy vs direct.
-# Usage: bench/proxy.sh [BYTES] [REQUESTS]
+# Benchmark of moat's network proxy. Prints, and writes to $OUT_DIR/proxy.md,
+# markdown rows `| measure | result (spread) | target: verdict |`:
+# (a) launch overhead of `--network proxy` over `--network disabled`
+#     (the static release moat, alternating rounds, 95% bootstrap CI;
+#     target < 2 ms);
+# (b) BYTES through a CONNECT tunnel vs a direct loopback connection,
+#     REPEATS runs of the proxy crate's example (each the best of 3
+#     alternating transfers), min/median/max of the ratio (target ≥ 0.70);
+# (c) p50/p99 added to REQUESTS small HTTP requests, over the same repeats.
+# A verdict is "within noise" when the spread straddles the target.
+# Env: BYTES (default 268435456), REQUESTS (1000), REPEATS (5),
+#      LAUNCH_RUNS (300), OUT_DIR (target/bench).
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-cargo build --release -q -p moat-proxy --example bench
-target/release/examples/bench "${1:-1073741824}" "${2:-1000}"
-
-# ---------------------------------------------------------------------------
-# (a) launch overhead of `--network proxy` over `--network disabled`, through
-# the moat CLI (the static release binary), both commands in one hyperfine
-# run. Target: < 2 ms extra. Both use --no-audit so only the network setup
-# differs; HOME is a scratch directory. Env: LAUNCH_RUNS (default 300).
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+BYTES="${BYTES:-268435456}"
+REQUESTS="${REQUESTS:-1000}"
+REPEATS="${REPEATS:-5}"
 LAUNCH_RUNS="${LAUNCH_RUNS:-300}"
+OUT_DIR="${OUT_DIR:-$ROOT/target/bench}"
+mkdir -p "$OUT_DIR"
+MD="$OUT_DIR/proxy.md"
+AB="$ROOT/bench/ab.py"
+
+cargo build --release -q -p moat-proxy --example bench >&2
 MOAT="$(bash scripts/build-release)"
-command -v hyperfine >/dev/null || { echo "hyperfine not installed: (a) skipped" >&2; exit 0; }
+
+# (a) launch overhead, through the moat CLI. Both use --no-audit so only the
+# network setup differs; HOME is a scratch directory.
 A_DIR="$(mktemp -d /var/tmp/moat-bench-proxy-XXXXXX)"
 trap 'rm -rf "$A_DIR"' EXIT
 mkdir -p "$A_DIR/home" "$A_DIR/ws"
 (
     cd "$A_DIR/ws"
-    HOME="$A_DIR/home" hyperfine -N --style basic --warmup 20 --runs "$LAUNCH_RUNS" \
-        --export-json "$A_DIR/launch.json" \
-        -n disabled "$MOAT exec --no-audit --network disabled -- true" \
-        -n proxy "$MOAT exec --no-audit --network proxy -- true" >&2
+    HOME="$A_DIR/home" python3 "$AB" run "$OUT_DIR/proxy-launch.json" "$LAUNCH_RUNS" 20 \
+        disabled "$MOAT exec --no-audit --network disabled -- true" \
+        proxy "$MOAT exec --no-audit --network proxy -- true"
 )
-python3 - "$A_DIR/launch.json" <<'PY'
-import json, sys
-r = {x["command"]: x for x in json.load(open(sys.argv[1]))["results"]}
-d, p = r["disabled"], r["proxy"]
-ms = lambda s: s * 1000
-print(f"(a) launch, median of {len(d['times'])} runs: disabled {ms(d['median']):.2f} ms, "
-      f"proxy {ms(p['median']):.2f} ms (mean {ms(d['mean']):.2f} / {ms(p['mean']):.2f}, "
-      f"stddev {ms(d['stddev']):.2f} / {ms(p['stddev']):.2f})")
-diff = ms(p["median"] - d["median"])
-print(f"(a) --network proxy adds {diff:.2f} ms median ({ms(p['mean'] - d['mean']):.2f} ms mean); "
-      f"target < 2 ms: {'met' if diff < 2 else 'NOT met'}")
-PY
+
+# (b), (c): REPEATS whole runs of the example.
+ratios=() p50=() p99=()
+for i in $(seq "$REPEATS"); do
+    out="$(target/release/examples/bench "$BYTES" "$REQUESTS")"
+    echo "$out" >&2
+    ratios+=("$(echo "$out" | sed -n 's/^| (b).*| \([0-9.]*\) (target.*/\1/p')")
+    p50+=("$(echo "$out" | sed -n 's/^| (c).*p50 .*| +\(-\?[0-9]*\) µs |$/\1/p')")
+    p99+=("$(echo "$out" | sed -n 's/^| (c).*p99 .*| +\(-\?[0-9]*\) µs |$/\1/p')")
+done
+
+{
+    echo "| measure | result (spread) | target: verdict |"
+    echo "|---|---|---|"
+    python3 "$AB" diff "$OUT_DIR/proxy-launch.json" disabled proxy 2 \
+        'launch: `--network proxy` over `--network disabled`, `moat exec -- true`'
+    python3 "$AB" spread "$(( BYTES >> 20 )) MiB through a CONNECT tunnel, ratio to a direct loopback connection" "×" ">=" 0.70 "${ratios[@]}"
+    python3 "$AB" spread "$REQUESTS small HTTP requests through the proxy, p50 added" "µs" "<=" - "${p50[@]}"
+    python3 "$AB" spread "$REQUESTS small HTTP requests through the proxy, p99 added" "µs" "<=" - "${p99[@]}"
+} | tee "$MD"

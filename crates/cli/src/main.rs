@@ -21,7 +21,11 @@ macro_rules! out {
 mod audit_cmd;
 mod exec;
 mod export_cmd;
+mod hook;
+mod mcp;
 mod nested;
+mod serve;
+mod service;
 mod state;
 mod tools;
 
@@ -106,6 +110,14 @@ pub(crate) enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Serve RunSeal's execution protocol (JSON-RPC 2.0, one message per line) on stdio or a unix socket;
+    /// the policy flags are the ceiling every request runs within
+    Serve(serve::ServeArgs),
+    /// Serve MCP on stdio: the tools exec, capabilities and explain_policy, within the policy flags
+    Mcp(mcp::McpArgs),
+    /// Hooks for agent harnesses (Claude Code)
+    #[command(subcommand)]
+    Hook(hook::HookCommand),
     /// Used inside a proxy sandbox as ssh's ProxyCommand: connect HOST PORT through moat's SOCKS5 endpoint
     #[command(hide = true)]
     ProxyConnect { host: String, port: u16 },
@@ -163,6 +175,9 @@ fn main() -> ExitCode {
         }
         Command::Exec(args) => exec::exec(args),
         Command::Audit(args) => audit_cmd::run(args),
+        Command::Serve(args) => serve::serve(args),
+        Command::Mcp(args) => mcp::mcp(args),
+        Command::Hook(cmd) => hook::hook(cmd),
         Command::ProxyConnect { host, port } => exec::proxy_connect(&host, port),
         Command::Run(args) if nested::inside_sandbox() => {
             let _ = args;

@@ -440,6 +440,17 @@ pub fn level_within(new: Level, base: Level) -> bool {
             && matches!(new, Level::ReadOnly | Level::WorkspaceContained))
 }
 
+/// Whether network mode `new` gives no more than `base`
+/// (disabled < proxy < unmanaged).
+pub fn network_within(new: NetworkMode, base: NetworkMode) -> bool {
+    network_rank(new) <= network_rank(base)
+}
+
+/// Whether every allow pattern in `new` is already let through by `base`.
+pub fn domains_within(new: &[DomainPattern], base: &[DomainPattern]) -> bool {
+    new.iter().all(|p| domain_covered(p, base))
+}
+
 fn network_rank(n: NetworkMode) -> u8 {
     match n {
         NetworkMode::Disabled => 0,

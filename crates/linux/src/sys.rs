@@ -835,3 +835,25 @@ pub fn peer_pidfd(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<OwnedFd> {
     // SAFETY: the kernel just installed `fd` in our table for us alone.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
+
+/// Makes the process `cmd` starts receive `sig` when the thread spawning it
+/// exits (a service killed without a chance to clean up), and refuses to
+/// start it when this process is already gone by then (the fork/prctl race).
+pub fn die_with_parent(cmd: &mut std::process::Command, sig: libc::c_int) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls prctl and getppid, which are async-signal-safe; it neither
+    // allocates nor takes locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}

@@ -270,7 +270,8 @@ fn localhost_pattern_is_port_scoped() {
 #[test]
 fn ipv6_literal_patterns() {
     let Ok(l) = std::net::TcpListener::bind("[::1]:0") else {
-        eprintln!("skipping: no IPv6 loopback");
+        // Counted by scripts/test-all; fails CI unless allow-listed.
+        println!("SKIP: no IPv6 loopback on this host");
         return;
     };
     let origin = http_origin_on(l);

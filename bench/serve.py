@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Service benchmark (not a test): `execute` of /bin/true round trip through
+`moat serve --stdio` (request → execution.finished) vs one-shot
+`moat exec -- /bin/true` vs `bwrap --unshare-all -- /bin/true`, p50/p99 in
+one run; then N executions in sequence with the service's RSS and open fd
+count before and after (growth would be a leak).
+
+Env: MOAT_BIN (default target/release/moat, else target/debug/moat),
+RUNS (default 200), SEQ (default 1000)."""
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MOAT = os.environ.get("MOAT_BIN") or next(
+    p for p in (f"{ROOT}/target/release/moat", f"{ROOT}/target/debug/moat") if os.path.exists(p)
+)
+RUNS = int(os.environ.get("RUNS", "200"))
+SEQ = int(os.environ.get("SEQ", "1000"))
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * p))]
+
+
+def one_shot(argv):
+    times = []
+    for _ in range(RUNS):
+        t = time.perf_counter()
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def proc_stats(pid):
+    rss = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def main():
+    ws = tempfile.mkdtemp(prefix="moat-bench-")
+    srv = subprocess.Popen(
+        [MOAT, "serve", "--stdio", "--no-audit", "--policy", "workspace-contained"],
+        cwd=ws, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    n = 0
+
+    def execute():
+        nonlocal n
+        n += 1
+        srv.stdin.write(json.dumps({"jsonrpc": "2.0", "id": n, "method": "execute",
+                                    "params": {"command": ["/bin/true"]}}) + "\n")
+        srv.stdin.flush()
+        while True:
+            msg = json.loads(srv.stdout.readline())
+            if "error" in msg:
+                raise SystemExit(f"execute failed: {msg}")
+            if msg.get("params", {}).get("type") in ("execution.finished", "execution.failed"):
+                return
+
+    for _ in range(10):
+        execute()
+    served = []
+    for _ in range(RUNS):
+        t = time.perf_counter()
+        execute()
+        served.append(time.perf_counter() - t)
+    rows = [("moat serve execute /bin/true", served),
+            ("moat exec (contained, disabled) /bin/true",
+             one_shot([MOAT, "exec", "--no-audit", "--policy", "workspace-contained", "--", "/bin/true"]))]
+    if shutil.which("bwrap"):
+        rows.append(("bwrap --unshare-all /bin/true",
+                     one_shot(["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--", "/bin/true"])))
+    print(f"moat: {MOAT}, {RUNS} runs each")
+    print("| what | p50 ms | p99 ms |\n|---|---|---|")
+    for name, xs in rows:
+        print(f"| {name} | {statistics.median(xs) * 1e3:.2f} | {pct(xs, 0.99) * 1e3:.2f} |")
+
+    before = proc_stats(srv.pid)
+    for _ in range(SEQ):
+        execute()
+    after = proc_stats(srv.pid)
+    print(f"\n{SEQ} executions in sequence: service RSS {before[0]} kB -> {after[0]} kB, "
+          f"open fds {before[1]} -> {after[1]}")
+    srv.stdin.close()
+    srv.wait()
+    shutil.rmtree(ws, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

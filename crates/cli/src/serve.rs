@@ -1,0 +1,518 @@
+//! `moat serve`: RunSeal's stable execution protocol (RFC-0006, service
+//! mode RFC-0013), JSON-RPC 2.0 with one message per line, on stdio or on a
+//! unix socket for the same user. See docs/protocol.md.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use base64::Engine as _;
+use clap::Args;
+use serde_json::{json, Value};
+
+use crate::service::{EventSink, ExecutionRequest, RpcError, ServerArgs, Service};
+
+/// The protocol this server speaks (RunSeal's name for it).
+pub(crate) const RUNSEAL_PROTOCOL: &str = "runseal.protocol/v1";
+/// The largest request line read; a longer one is refused and skipped.
+pub(crate) const MAX_REQUEST: usize = 10 << 20;
+
+#[derive(Args)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    pub(crate) server: ServerArgs,
+    /// Serve on stdin/stdout (the service ends when stdin closes)
+    #[arg(long, required_unless_present = "socket", conflicts_with = "socket")]
+    pub(crate) stdio: bool,
+    /// Serve on a unix socket at PATH; its directory must be the user's and closed to others (0700)
+    #[arg(long, value_name = "PATH")]
+    pub(crate) socket: Option<PathBuf>,
+}
+
+/// A line-oriented output shared by the reply and the event threads.
+pub(crate) type Out = Arc<Mutex<Box<dyn Write + Send>>>;
+
+pub(crate) fn send(out: &Out, v: &Value) {
+    if let Ok(mut w) = out.lock() {
+        let mut line = v.to_string();
+        line.push('\n');
+        let _ = w.write_all(line.as_bytes());
+        let _ = w.flush();
+    }
+}
+
+pub(crate) fn reply(out: &Out, id: &Value, r: Result<Value, RpcError>) {
+    match r {
+        Ok(result) => send(out, &json!({"jsonrpc": "2.0", "id": id, "result": result})),
+        Err(e) => send(
+            out,
+            &json!({"jsonrpc": "2.0", "id": id, "error": e.to_value()}),
+        ),
+    }
+}
+
+/// One line from the client: a message, or a line over [`MAX_REQUEST`]
+/// (read to its end and dropped).
+pub(crate) enum Line {
+    Message(Vec<u8>),
+    TooLong,
+}
+
+/// Reads one line without holding more than `max` bytes of it.
+pub(crate) fn read_line(r: &mut impl BufRead, max: usize) -> std::io::Result<Option<Line>> {
+    let mut buf = Vec::new();
+    let mut too_long = false;
+    loop {
+        let chunk = r.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok(if buf.is_empty() && !too_long {
+                None
+            } else if too_long {
+                Some(Line::TooLong)
+            } else {
+                Some(Line::Message(buf))
+            });
+        }
+        let (take, end) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (chunk.len(), false),
+        };
+        if !too_long {
+            if buf.len() + take > max {
+                too_long = true;
+                buf = Vec::new();
+            } else {
+                buf.extend_from_slice(&chunk[..take]);
+            }
+        }
+        r.consume(if end { take + 1 } else { take });
+        if end {
+            return Ok(Some(if too_long {
+                Line::TooLong
+            } else {
+                Line::Message(buf)
+            }));
+        }
+    }
+}
+
+/// A parsed JSON-RPC request, or the error to answer (with `id: null`
+/// when the envelope itself is bad).
+pub(crate) enum Incoming {
+    Request {
+        id: Value,
+        method: String,
+        params: Value,
+    },
+    Notification,
+    Bad(RpcError),
+}
+
+pub(crate) fn parse_message(line: &[u8]) -> Incoming {
+    let v: Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(e) => {
+            return Incoming::Bad(RpcError::new(
+                -32700,
+                "INVALID_REQUEST",
+                format!("parse error: {e}"),
+            ))
+        }
+    };
+    let invalid = |m: &str| Incoming::Bad(RpcError::new(-32600, "INVALID_REQUEST", m));
+    let Some(o) = v.as_object() else {
+        return invalid("a request is a JSON object (batches are not supported)");
+    };
+    if o.get("jsonrpc") != Some(&json!("2.0")) {
+        return invalid("jsonrpc must be \"2.0\"");
+    }
+    let Some(method) = o.get("method").and_then(Value::as_str) else {
+        return invalid("method must be a string");
+    };
+    match o.get("id") {
+        None => Incoming::Notification,
+        Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => {
+            let params = o.get("params").cloned().unwrap_or(json!({}));
+            if !params.is_object() && !params.is_null() {
+                return invalid("params must be an object");
+            }
+            Incoming::Request {
+                id: id.clone(),
+                method: method.to_string(),
+                params: if params.is_null() { json!({}) } else { params },
+            }
+        }
+        Some(_) => invalid("id must be a string, a number or null"),
+    }
+}
+
+pub(crate) fn serve(args: ServeArgs) -> ExitCode {
+    let service = match Service::new(&args.server) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("moat serve: {e:#}");
+            return ExitCode::from(crate::EXIT_MOAT_FAILED);
+        }
+    };
+    match &args.socket {
+        None => {
+            let out: Out = Arc::new(Mutex::new(Box::new(std::io::stdout())));
+            session(&service, std::io::stdin().lock(), out, 0, "stdio");
+            ExitCode::SUCCESS
+        }
+        Some(path) => match listen(&service, path) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("moat serve: {e}");
+                ExitCode::from(crate::EXIT_MOAT_FAILED)
+            }
+        },
+    }
+}
+
+static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
+
+/// Serves on a unix socket in a directory only this user can enter; each
+/// connection is checked with SO_PEERCRED before anything is read from it.
+fn listen(service: &Arc<Service>, path: &std::path::Path) -> Result<(), String> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    let meta = std::fs::metadata(&dir).map_err(|e| {
+        format!(
+            "the socket's directory {} cannot be read: {e}",
+            dir.display()
+        )
+    })?;
+    if meta.uid() != me || meta.permissions().mode() & 0o077 != 0 {
+        return Err(format!(
+            "the socket's directory {} must belong to you and be closed to others: chmod 700 {}",
+            dir.display(),
+            dir.display()
+        ));
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
+        format!(
+            "cannot listen on {}: {e} (remove a stale socket first)",
+            path.display()
+        )
+    })?;
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let peer = nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials);
+        match peer {
+            Ok(c) if c.uid() == me => {}
+            _ => {
+                // Another user (or an unknown one): closed before a byte is read.
+                drop(conn);
+                continue;
+            }
+        }
+        let service = service.clone();
+        std::thread::spawn(move || {
+            let Ok(writer) = conn.try_clone() else { return };
+            let out: Out = Arc::new(Mutex::new(Box::new(writer)));
+            let owner = NEXT_OWNER.fetch_add(1, Ordering::Relaxed);
+            session(&service, BufReader::new(conn), out, owner, "socket");
+        });
+    }
+    Ok(())
+}
+
+/// One client: reads requests until its input ends, then stops what it started.
+fn session(service: &Arc<Service>, mut input: impl BufRead, out: Out, owner: u64, transport: &str) {
+    let sink: EventSink = {
+        let out = out.clone();
+        Arc::new(move |ev: &Value| {
+            send(
+                &out,
+                &json!({"jsonrpc": "2.0", "method": "event", "params": ev}),
+            )
+        })
+    };
+    while let Ok(Some(line)) = read_line(&mut input, MAX_REQUEST) {
+        let msg = match line {
+            Line::TooLong => {
+                let mut e = RpcError::new(
+                    -32600,
+                    "INVALID_REQUEST",
+                    format!("request larger than {MAX_REQUEST} bytes"),
+                );
+                e.data["reason"] = json!("request_too_large");
+                reply(&out, &Value::Null, Err(e));
+                continue;
+            }
+            Line::Message(m) => m,
+        };
+        if msg.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let (id, method, params) = match parse_message(&msg) {
+            Incoming::Request { id, method, params } => (id, method, params),
+            Incoming::Notification => continue,
+            Incoming::Bad(e) => {
+                reply(&out, &Value::Null, Err(e));
+                continue;
+            }
+        };
+        if method == "execute" {
+            let req = match execution_request(&params) {
+                Ok(r) => r,
+                Err(e) => {
+                    reply(&out, &id, Err(e));
+                    continue;
+                }
+            };
+            let (service, out, sink) = (service.clone(), out.clone(), sink.clone());
+            std::thread::spawn(move || {
+                service.execute(req, owner, |r| reply(&out, &id, r), Some(sink));
+            });
+            continue;
+        }
+        let r = call(service, &method, &params, transport);
+        reply(&out, &id, r);
+    }
+    service.stop_owned(owner);
+}
+
+fn exec_id(params: &Value) -> Result<&str, RpcError> {
+    params["execution_id"]
+        .as_str()
+        .ok_or_else(|| RpcError::invalid_params("INVALID_REQUEST", "execution_id must be a string"))
+}
+
+/// `types` filtering: exact names, or `prefix.*`.
+fn type_filter(params: &Value) -> impl Fn(&Value) -> bool {
+    let types: Option<Vec<String>> = params["types"].as_array().map(|a| {
+        a.iter()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect()
+    });
+    move |ev: &Value| {
+        let Some(types) = &types else { return true };
+        let t = ev["type"].as_str().unwrap_or_default();
+        types.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => t.starts_with(prefix),
+            None => t == p,
+        })
+    }
+}
+
+fn call(
+    service: &Service,
+    method: &str,
+    params: &Value,
+    transport: &str,
+) -> Result<Value, RpcError> {
+    match method {
+        "getVersion" => Ok(json!({
+            "moat_version": env!("CARGO_PKG_VERSION"),
+            "runseal_version": env!("CARGO_PKG_VERSION"),
+            "protocol_version": RUNSEAL_PROTOCOL,
+            "moat_protocol_version": crate::PROTOCOL_VERSION,
+            "policy_versions": [moat_policy::POLICY_VERSION],
+            "implementation": "moat",
+        })),
+        "getCapabilities" => Ok(capabilities()),
+        "explainPolicy" => service.explain(params),
+        "getExecution" => service.with(exec_id(params)?, |r| r.result()),
+        "cancelExecution" => service.cancel(exec_id(params)?),
+        "listExecutions" => {
+            let executions = service.all(|r| r.summary());
+            Ok(json!({"count": executions.len(), "executions": executions}))
+        }
+        "subscribeEvents" => {
+            // Every client receives the events of the executions it started;
+            // subscribing names an execution it may follow (see docs/protocol.md).
+            let id = exec_id(params)?;
+            let status = service.with(id, |r| r.status.clone())?;
+            Ok(
+                json!({"execution_id": id, "subscribed": true, "status": status, "types": params["types"]}),
+            )
+        }
+        "getAuditEvents" => {
+            let keep = type_filter(params);
+            let id = exec_id(params)?;
+            let events: Vec<Value> = service.with(id, |r| {
+                r.events.iter().filter(|e| keep(e)).cloned().collect()
+            })?;
+            Ok(json!({"execution_id": id, "count": events.len(), "events": events}))
+        }
+        "tailAudit" => {
+            let keep = type_filter(params);
+            let events: Vec<Value> = service
+                .all(|r| {
+                    r.events
+                        .iter()
+                        .filter(|e| keep(e))
+                        .cloned()
+                        .collect::<Vec<_>>()
+                })
+                .into_iter()
+                .flatten()
+                .collect();
+            Ok(json!({"count": events.len(), "events": events}))
+        }
+        "getServiceStatus" => {
+            let active = service.all(|r| !r.done).into_iter().filter(|a| *a).count();
+            Ok(json!({
+                "status": "running",
+                "mode": "service",
+                "transport": transport,
+                "stateful": true,
+                "local_only": true,
+                "remote_listener": false,
+                "active_executions": active,
+                "policy_hash": service.ceiling.hash(),
+                "policy_id": service.ceiling.level.as_str(),
+                "roots": service.roots(),
+            }))
+        }
+        "disposeSession" => {
+            let sid = params["session_id"].as_str().ok_or_else(|| {
+                RpcError::invalid_params("INVALID_REQUEST", "session_id must be a string")
+            })?;
+            Ok(service.dispose_session(sid))
+        }
+        other => Err(RpcError::new(
+            -32601,
+            "METHOD_NOT_FOUND",
+            format!("unknown method {other:?}"),
+        )),
+    }
+}
+
+/// What this host can guarantee, probed now, under RunSeal's keys too.
+pub(crate) fn capabilities() -> Value {
+    let mut report = moat_linux::capabilities::report(std::env::vars().collect());
+    if let Some(o) = report.as_object_mut() {
+        o.insert("backend".into(), json!("moat-linux"));
+        o.insert("platform".into(), json!("linux"));
+        o.insert("protocol_version".into(), json!(RUNSEAL_PROTOCOL));
+    }
+    report
+}
+
+/// The `execute` params as a request (RunSeal's ExecutionRequest).
+fn execution_request(p: &Value) -> Result<ExecutionRequest, RpcError> {
+    let bad = |m: &str| RpcError::invalid_params("INVALID_REQUEST", m);
+    let command: Vec<String> = match &p["command"] {
+        Value::Array(a) => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("command must be an array of strings"))?,
+        _ => return Err(bad("command must be an argv array of strings")),
+    };
+    let env = env_map(&p["env"])?;
+    let stdin = match &p["stdin"] {
+        Value::Null => Vec::new(),
+        Value::Object(o) => match o.get("mode").and_then(Value::as_str) {
+            Some("empty") | None => Vec::new(),
+            Some("bytes") => {
+                let data = o.get("data").and_then(Value::as_str).unwrap_or_default();
+                let data = data.strip_prefix("base64:").unwrap_or(data);
+                base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .map_err(|_| bad("stdin.data must be base64"))?
+            }
+            Some(m) => {
+                return Err(bad(&format!(
+                    "stdin mode {m:?} is not supported: use empty or bytes"
+                )))
+            }
+        },
+        _ => {
+            return Err(bad(
+                "stdin must be an object {\"mode\": \"empty\"|\"bytes\", \"data\": base64}",
+            ))
+        }
+    };
+    Ok(ExecutionRequest {
+        command,
+        cwd: p["cwd"].as_str().map(str::to_string),
+        policy: p.get("policy").cloned(),
+        env,
+        stdin,
+        timeout_ms: p["timeout_ms"].as_u64(),
+        // The output is in the event stream; the result only counts it.
+        keep_output: false,
+    })
+}
+
+pub(crate) fn env_map(v: &Value) -> Result<BTreeMap<String, String>, RpcError> {
+    match v {
+        Value::Null => Ok(BTreeMap::new()),
+        Value::Object(o) => o
+            .iter()
+            .map(|(k, v)| {
+                v.as_str()
+                    .map(|s| (k.clone(), s.to_string()))
+                    .ok_or_else(|| {
+                        RpcError::invalid_params("INVALID_REQUEST", "env values must be strings")
+                    })
+            })
+            .collect(),
+        _ => Err(RpcError::invalid_params(
+            "INVALID_REQUEST",
+            "env must be an object of strings",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(input: &[u8], max: usize) -> Vec<Option<Vec<u8>>> {
+        let mut r = std::io::BufReader::with_capacity(4, input);
+        let mut out = Vec::new();
+        while let Some(l) = read_line(&mut r, max).unwrap() {
+            out.push(match l {
+                Line::Message(m) => Some(m),
+                Line::TooLong => None,
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn an_oversize_line_is_dropped_whole_and_the_next_one_read() {
+        let got = lines(b"short\n0123456789abcdef\nnext\nlast-too-long", 8);
+        let want = vec![Some(b"short".to_vec()), None, Some(b"next".to_vec()), None];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn envelopes_are_checked_as_rfc_0006_says() {
+        let code = |s: &str| match parse_message(s.as_bytes()) {
+            Incoming::Bad(e) => Some(e.code),
+            Incoming::Notification => Some(0),
+            Incoming::Request { .. } => None,
+        };
+        assert_eq!(code("{"), Some(-32700));
+        assert_eq!(code("[]"), Some(-32600));
+        assert_eq!(
+            code(r#"{"jsonrpc":"1.0","id":1,"method":"x"}"#),
+            Some(-32600)
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":[1],"method":"x"}"#),
+            Some(-32600)
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":1,"method":"x","params":[1]}"#),
+            Some(-32600)
+        );
+        assert_eq!(code(r#"{"jsonrpc":"2.0","method":"x"}"#), Some(0));
+        assert_eq!(code(r#"{"jsonrpc":"2.0","id":null,"method":"x"}"#), None);
+        assert_eq!(code(r#"{"jsonrpc":"2.0","id":"a","method":"x"}"#), None);
+    }
+}

@@ -1,0 +1,1240 @@
+//! The execution service shared by `moat serve` and `moat mcp`: checks a
+//! request against the server's ceiling and roots, runs each execution as
+//! its own `moat exec --events` child (its own supervisor, its own process
+//! tree), and keeps what the protocol reports about it.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use clap::Args;
+use moat_config::{domains_within, level_within, network_within, parse_level, PolicyFlags};
+use moat_policy::net::DomainPattern;
+use moat_policy::{Level, NetworkMode, Policy};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// Output kept per stream for `moat mcp` results (the serve protocol streams it).
+pub(crate) const KEEP_OUTPUT: usize = crate::CAPTURE_LIMIT;
+/// Executions a server remembers: past this, the oldest finished ones are
+/// forgotten (a long-lived service must not grow with every run).
+pub(crate) const MAX_RECORDS: usize = 1000;
+/// moat's stderr kept per execution, for the reason of a failure to start.
+const KEEP_STDERR: usize = 64 * 1024;
+
+/// The flags every server takes: the ceiling policy, the roots a request's
+/// `cwd` must lie in, and where the executions are recorded.
+#[derive(Args, Clone)]
+pub(crate) struct ServerArgs {
+    #[command(flatten)]
+    pub(crate) policy: PolicyFlags,
+    /// A directory a request's cwd may lie in (repeatable; default: the workspace, --cwd)
+    #[arg(long = "root", value_name = "DIR")]
+    pub(crate) roots: Vec<PathBuf>,
+    /// Audit log the executions append to (default: moat's default log)
+    #[arg(long, value_name = "PATH")]
+    pub(crate) audit_log: Option<PathBuf>,
+    /// Do not record the executions in the audit log
+    #[arg(long, conflicts_with = "audit_log")]
+    pub(crate) no_audit: bool,
+}
+
+/// A protocol error: a JSON-RPC code, a message, and moat's stable
+/// `error.data.code`.
+#[derive(Debug)]
+pub(crate) struct RpcError {
+    pub(crate) code: i64,
+    pub(crate) message: String,
+    pub(crate) data: Value,
+}
+
+impl RpcError {
+    pub(crate) fn new(code: i64, stable: &str, message: impl Into<String>) -> RpcError {
+        let message = message.into();
+        RpcError {
+            code,
+            data: json!({"code": stable, "reason": message}),
+            message,
+        }
+    }
+    pub(crate) fn invalid_params(stable: &str, message: impl Into<String>) -> RpcError {
+        RpcError::new(-32602, stable, message)
+    }
+    pub(crate) fn domain(stable: &str, message: impl Into<String>) -> RpcError {
+        RpcError::new(-32000, stable, message)
+    }
+    pub(crate) fn internal(message: impl Into<String>) -> RpcError {
+        RpcError::new(-32603, "INTERNAL_ERROR", message)
+    }
+    pub(crate) fn to_value(&self) -> Value {
+        json!({"code": self.code, "message": self.message, "data": self.data})
+    }
+}
+
+/// Where an execution's events go while it runs.
+pub(crate) type EventSink = Arc<dyn Fn(&Value) + Send + Sync>;
+
+/// What a request asked for, checked against the ceiling.
+pub(crate) struct ExecutionRequest {
+    pub(crate) command: Vec<String>,
+    pub(crate) cwd: Option<String>,
+    pub(crate) policy: Option<Value>,
+    pub(crate) env: BTreeMap<String, String>,
+    pub(crate) stdin: Vec<u8>,
+    pub(crate) timeout_ms: Option<u64>,
+    /// Keep the output (up to [`KEEP_OUTPUT`] per stream) for the result;
+    /// otherwise it is only streamed and counted.
+    pub(crate) keep_output: bool,
+}
+
+/// One execution as the service knows it.
+pub(crate) struct Record {
+    pub(crate) execution_id: String,
+    pub(crate) session_id: String,
+    pub(crate) owner: u64,
+    pub(crate) policy_id: String,
+    pub(crate) policy_hash: String,
+    pub(crate) policy_epoch: String,
+    pub(crate) status: String,
+    pub(crate) termination_reason: Option<String>,
+    pub(crate) exit_code: Option<i64>,
+    pub(crate) signal: Option<i64>,
+    pub(crate) started_at: String,
+    pub(crate) finished_at: Option<String>,
+    pub(crate) duration_ms: Option<u64>,
+    pub(crate) stdout_bytes: u64,
+    pub(crate) stderr_bytes: u64,
+    pub(crate) stdout: Vec<u8>,
+    pub(crate) stderr: Vec<u8>,
+    pub(crate) output_truncated: bool,
+    pub(crate) keep_output: bool,
+    pub(crate) denials: Vec<Denial>,
+    pub(crate) reason: Option<String>,
+    pub(crate) cancel_requested: bool,
+    /// Events kept for getAuditEvents/tailAudit: all but output chunks.
+    pub(crate) events: Vec<Value>,
+    pub(crate) pid: u32,
+    pub(crate) done: bool,
+}
+
+impl Record {
+    /// The `Execution` object `execute` answers with.
+    pub(crate) fn execution(&self) -> Value {
+        json!({
+            "execution_id": self.execution_id,
+            "session_id": self.session_id,
+            "policy_id": self.policy_id,
+            "policy_hash": self.policy_hash,
+            "policy_epoch": self.policy_epoch,
+            "backend": BACKEND,
+            "status": self.status,
+        })
+    }
+
+    /// The `ExecutionResult` (while running: the fields known so far).
+    pub(crate) fn result(&self) -> Value {
+        let timed_out = self.termination_reason.as_deref() == Some("timeout");
+        json!({
+            "execution_id": self.execution_id,
+            "session_id": self.session_id,
+            "status": self.status,
+            "termination_reason": self.termination_reason,
+            "error_code": if timed_out { Some("EXECUTION_TIMEOUT") } else { None },
+            "policy_id": self.policy_id,
+            "policy_hash": self.policy_hash,
+            "policy_epoch": self.policy_epoch,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "timed_out": timed_out,
+            "cancel_requested": self.cancel_requested,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "stdout_bytes": self.stdout_bytes,
+            "stderr_bytes": self.stderr_bytes,
+            "output_truncated": self.output_truncated,
+            "resource_usage": {"duration_ms": self.duration_ms, "max_rss_bytes": null, "cpu_ms": null},
+            "denials": self.denials,
+            "reason": self.reason,
+        })
+    }
+
+    /// The public summary `listExecutions` returns.
+    pub(crate) fn summary(&self) -> Value {
+        json!({
+            "execution_id": self.execution_id,
+            "session_id": self.session_id,
+            "status": self.status,
+            "policy_id": self.policy_id,
+            "policy_hash": self.policy_hash,
+            "policy_epoch": self.policy_epoch,
+            "backend": BACKEND,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        })
+    }
+}
+
+/// The backend object RunSeal's public objects carry.
+const BACKEND: &str = "moat-linux";
+
+/// The server: its ceiling, roots, and the executions it started.
+pub(crate) struct Service {
+    flags: PolicyFlags,
+    pub(crate) ceiling: Policy,
+    roots: Vec<PathBuf>,
+    audit_log: Option<PathBuf>,
+    no_audit: bool,
+    moat: PathBuf,
+    here: PathBuf,
+    records: Mutex<Vec<Record>>,
+    changed: Condvar,
+}
+
+impl Service {
+    /// Resolves the ceiling once; a server whose own policy does not resolve
+    /// does not start.
+    pub(crate) fn new(args: &ServerArgs) -> anyhow::Result<Service> {
+        let (ceiling, _) = crate::resolve_policy(&args.policy)?;
+        let mut roots = Vec::new();
+        for r in &args.roots {
+            let c = std::fs::canonicalize(r)
+                .map_err(|e| anyhow::anyhow!("the root {} cannot be resolved: {e}", r.display()))?;
+            if !c.is_dir() {
+                anyhow::bail!("the root {} is not a directory", c.display());
+            }
+            roots.push(c);
+        }
+        if roots.is_empty() {
+            roots.push(ceiling.workspace.clone());
+        }
+        let moat = std::env::current_exe()
+            .map_err(|e| anyhow::anyhow!("cannot find moat's own executable: {e}"))?;
+        let here = std::env::current_dir()
+            .map_err(|e| anyhow::anyhow!("cannot read the current directory: {e}"))?;
+        Ok(Service {
+            flags: args.policy.clone(),
+            ceiling,
+            roots,
+            audit_log: args.audit_log.clone(),
+            no_audit: args.no_audit,
+            moat,
+            here,
+            records: Mutex::new(Vec::new()),
+            changed: Condvar::new(),
+        })
+    }
+
+    pub(crate) fn roots(&self) -> &[PathBuf] {
+        &self.roots
+    }
+
+    /// The request's `cwd`, resolved (symlinks followed, then checked: a
+    /// link that leads out of every root is refused) and inside a root.
+    /// Relative paths are taken from the first root.
+    fn resolve_cwd(&self, cwd: Option<&str>) -> Result<PathBuf, RpcError> {
+        let first = self.roots.first().cloned().unwrap_or_default();
+        let asked = match cwd {
+            None => return Ok(first),
+            Some(c) => Path::new(c),
+        };
+        let joined = if asked.is_absolute() {
+            asked.to_path_buf()
+        } else {
+            first.join(asked)
+        };
+        let real = std::fs::canonicalize(&joined).map_err(|e| {
+            RpcError::invalid_params(
+                "INVALID_REQUEST",
+                format!("cwd {} cannot be resolved: {e}", joined.display()),
+            )
+        })?;
+        if !self.roots.iter().any(|r| real.starts_with(r)) {
+            let roots: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
+            return Err(RpcError::domain(
+                "POLICY_DENIED",
+                format!(
+                    "cwd {} (resolved {}) is outside the server's roots {}; start the server with --root DIR to allow it",
+                    joined.display(),
+                    real.display(),
+                    roots.join(", ")
+                ),
+            ));
+        }
+        if !real.is_dir() {
+            return Err(RpcError::invalid_params(
+                "INVALID_REQUEST",
+                format!("cwd {} is not a directory", real.display()),
+            ));
+        }
+        Ok(real)
+    }
+
+    /// The flags of one execution: the server's, narrowed by the request.
+    /// Anything wider than the ceiling is refused, never clamped.
+    pub(crate) fn narrowed_flags(
+        &self,
+        policy: Option<&Value>,
+        cwd: Option<&str>,
+        timeout_ms: Option<u64>,
+        env: &BTreeMap<String, String>,
+    ) -> Result<PolicyFlags, RpcError> {
+        let mut flags = self.flags.clone();
+        flags.cwd = Some(self.resolve_cwd(cwd)?);
+        let (level, network, allow, deny) = parse_policy_ref(policy)?;
+        let ceiling = &self.ceiling;
+        if let Some(l) = level {
+            if !level_within(l, ceiling.level) {
+                return Err(wider(format!(
+                    "level {} is wider than the server's {}",
+                    l.as_str(),
+                    ceiling.level.as_str()
+                )));
+            }
+            flags.policy = Some(l);
+        }
+        if let Some(n) = network {
+            if !network_within(n, ceiling.network.mode) {
+                return Err(wider(format!(
+                    "network {} is wider than the server's {}",
+                    n.as_str(),
+                    ceiling.network.mode.as_str()
+                )));
+            }
+            flags.network = Some(n);
+        }
+        if let Some(allow) = allow {
+            if !domains_within(&allow, &ceiling.network.rules.allow) {
+                return Err(wider(
+                    "allow_domains names a host the server's allow list does not".to_string(),
+                ));
+            }
+            flags.allow_domain = allow.iter().map(|p| p.as_str().to_string()).collect();
+        }
+        flags
+            .deny_domain
+            .extend(deny.iter().map(|p| p.as_str().to_string()));
+        if flags.network == Some(NetworkMode::Disabled) {
+            // The allow/deny lists and the upstream belong to proxy mode:
+            // narrowed to no network, they go (moat refuses them otherwise).
+            flags.allow_domain.clear();
+            flags.deny_domain.clear();
+            flags.upstream_proxy = None;
+            flags.upstream_proxy_auth_file = None;
+        }
+        flags.timeout = match (timeout_ms, ceiling.timeout_ms) {
+            (Some(r), Some(c)) => Some(r.min(c)),
+            (Some(r), None) => Some(r),
+            (None, c) => c,
+        };
+        for (k, v) in env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(RpcError::invalid_params(
+                    "INVALID_REQUEST",
+                    format!("env name {k:?} is not a valid variable name"),
+                ));
+            }
+            flags.env.push((k.clone(), v.clone()));
+        }
+        Ok(flags)
+    }
+
+    /// `moat exec` arguments for `flags` (the child resolves them exactly as
+    /// `moat exec` on a command line would).
+    fn child_args(&self, flags: &PolicyFlags, command: &[String]) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec!["exec".into(), "--events".into(), "--quiet".into()];
+        if self.no_audit {
+            a.push("--no-audit".into());
+        } else if let Some(p) = &self.audit_log {
+            a.push("--audit-log".into());
+            a.push(p.into());
+        }
+        a.extend(policy_flags_argv(flags));
+        a.push("--".into());
+        a.extend(command.iter().map(OsString::from));
+        a
+    }
+
+    /// Starts an execution and returns its `Execution` object once its
+    /// policy is resolved and on record; then follows it on this thread
+    /// (call from a thread of its own). `reply` gets the answer before any
+    /// event reaches `sink`.
+    pub(crate) fn execute(
+        self: &Arc<Self>,
+        req: ExecutionRequest,
+        owner: u64,
+        reply: impl FnOnce(Result<Value, RpcError>),
+        sink: Option<EventSink>,
+    ) {
+        match self.start(req, owner) {
+            Err(e) => reply(Err(e)),
+            Ok((execution, child, lines, first)) => {
+                reply(Ok(execution));
+                self.follow(child, lines, first, sink);
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn start(
+        self: &Arc<Self>,
+        req: ExecutionRequest,
+        owner: u64,
+    ) -> Result<(Value, Child, BufReader<std::process::ChildStdout>, Value), RpcError> {
+        if req.command.is_empty() {
+            return Err(RpcError::invalid_params(
+                "INVALID_REQUEST",
+                "command must be a non-empty argv array",
+            ));
+        }
+        let flags = self.narrowed_flags(
+            req.policy.as_ref(),
+            req.cwd.as_deref(),
+            req.timeout_ms,
+            &req.env,
+        )?;
+        let mut cmd = Command::new(&self.moat);
+        // A service killed outright still takes its executions with it: the
+        // supervisor gets SIGTERM and stops its tree. (This thread follows
+        // the execution to its end, so it outlives the child.)
+        moat_linux::sys::die_with_parent(&mut cmd, libc::SIGTERM);
+        let mut child = cmd
+            .args(self.child_args(&flags, &req.command))
+            .current_dir(&self.here)
+            .stdin(if req.stdin.is_empty() {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| RpcError::internal(format!("cannot start moat: {e}")))?;
+        if let Some(mut input) = child.stdin.take() {
+            let data = req.stdin;
+            std::thread::spawn(move || {
+                let _ = input.write_all(&data);
+            });
+        }
+        let stderr_buf = Arc::new(Mutex::new(Vec::new()));
+        if let Some(mut err) = child.stderr.take() {
+            let buf = stderr_buf.clone();
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 8192];
+                while let Ok(n) = err.read(&mut chunk) {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Ok(mut b) = buf.lock() {
+                        let room = KEEP_STDERR.saturating_sub(b.len());
+                        b.extend_from_slice(&chunk[..n.min(room)]);
+                    }
+                }
+            });
+        }
+        let Some(out) = child.stdout.take() else {
+            return Err(RpcError::internal("moat's event stream is missing"));
+        };
+        let mut lines = BufReader::new(out);
+        let first = read_event(&mut lines);
+        let first = match first {
+            Some(ev) if ev["type"] == "policy.resolved" => ev,
+            other => {
+                // Not a run that started: make sure its supervisor is gone.
+                let _ = child.kill();
+                let status = child.wait().ok();
+                let reason = other
+                    .as_ref()
+                    .and_then(|ev| ev["reason"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| {
+                        let text = stderr_buf
+                            .lock()
+                            .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+                            .unwrap_or_default();
+                        format!("moat exited ({status:?}) before running anything: {text}")
+                    });
+                return Err(refusal(&reason));
+            }
+        };
+        let execution_id = str_of(&first, "execution_id");
+        let record = Record {
+            execution_id: execution_id.clone(),
+            session_id: str_of(&first, "session_id"),
+            owner,
+            policy_id: str_of(&first, "policy_id"),
+            policy_hash: str_of(&first, "policy_hash"),
+            policy_epoch: str_of(&first, "policy_epoch"),
+            status: "running".to_string(),
+            termination_reason: None,
+            exit_code: None,
+            signal: None,
+            started_at: str_of(&first, "time"),
+            finished_at: None,
+            duration_ms: None,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            output_truncated: false,
+            keep_output: req.keep_output,
+            denials: Vec::new(),
+            reason: None,
+            cancel_requested: false,
+            events: Vec::new(),
+            pid: child.id(),
+            done: false,
+        };
+        let execution = record.execution();
+        if let Ok(mut r) = self.records.lock() {
+            r.push(record);
+            while r.len() > MAX_RECORDS {
+                match r.iter().position(|x| x.done) {
+                    Some(i) => drop(r.remove(i)),
+                    None => break,
+                }
+            }
+        }
+        // The moat stderr is only needed for a failure before the first event.
+        drop(stderr_buf);
+        Ok((execution, child, lines, first))
+    }
+
+    /// Reads the child's events to its end, updating the record and
+    /// forwarding each event.
+    fn follow(
+        &self,
+        mut child: Child,
+        mut lines: BufReader<std::process::ChildStdout>,
+        first: Value,
+        sink: Option<EventSink>,
+    ) {
+        let id = str_of(&first, "execution_id");
+        let mut next = Some(first);
+        let mut finished = false;
+        while let Some(ev) = next.take().or_else(|| read_event(&mut lines)) {
+            let mut forwarded = ev.clone();
+            let typed =
+                serde_json::from_value::<ChildEvent>(ev.clone()).unwrap_or(ChildEvent::Other);
+            self.update(&id, |r| match typed {
+                ChildEvent::Stdout { data } | ChildEvent::Stderr { data } => {
+                    let bytes = base64::engine::general_purpose::STANDARD
+                        .decode(data)
+                        .unwrap_or_default();
+                    let (count, keep) = if ev["type"] == "execution.stdout" {
+                        (&mut r.stdout_bytes, &mut r.stdout)
+                    } else {
+                        (&mut r.stderr_bytes, &mut r.stderr)
+                    };
+                    *count += bytes.len() as u64;
+                    let room = if r.keep_output {
+                        KEEP_OUTPUT.saturating_sub(keep.len())
+                    } else {
+                        0
+                    };
+                    if r.keep_output && bytes.len() > room {
+                        r.output_truncated = true;
+                    }
+                    keep.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                    forwarded["encoding"] = json!("base64");
+                    forwarded["stream_offset"] = ev["offset"].clone();
+                }
+                ChildEvent::Denied(mut d) => {
+                    strip_envelope(&mut d.more);
+                    r.denials.push(d);
+                    r.events.push(ev.clone());
+                }
+                ChildEvent::Finished {
+                    exit_code,
+                    signal,
+                    duration_ms,
+                    timed_out,
+                    time,
+                } => {
+                    finished = true;
+                    r.exit_code = exit_code;
+                    r.signal = signal;
+                    r.duration_ms = duration_ms;
+                    r.finished_at = time;
+                    r.termination_reason = Some(
+                        if timed_out {
+                            "timeout"
+                        } else if r.cancel_requested {
+                            "canceled"
+                        } else if r.signal.is_some() {
+                            "signal"
+                        } else {
+                            "exit"
+                        }
+                        .to_string(),
+                    );
+                    r.status = if timed_out || r.cancel_requested {
+                        "failed"
+                    } else {
+                        "finished"
+                    }
+                    .to_string();
+                    r.events.push(ev.clone());
+                }
+                ChildEvent::Failed {
+                    exit_code,
+                    reason,
+                    time,
+                } => {
+                    finished = true;
+                    r.exit_code = exit_code;
+                    r.reason = reason;
+                    r.finished_at = time;
+                    r.termination_reason = Some("failed_to_start".to_string());
+                    r.status = "failed".to_string();
+                    r.events.push(ev.clone());
+                }
+                ChildEvent::Other => {
+                    if ev["type"] == "sandbox.denied" {
+                        // A denial of a shape this server does not know:
+                        // reported as moat wrote it, never dropped.
+                        let mut more = ev.as_object().cloned().unwrap_or_default();
+                        strip_envelope(&mut more);
+                        r.denials.push(Denial {
+                            more,
+                            ..Denial::default()
+                        });
+                    }
+                    r.events.push(ev.clone())
+                }
+            });
+            if let Some(s) = &sink {
+                s(&forwarded);
+            }
+        }
+        let status = child.wait().ok();
+        self.update(&id, |r| {
+            if !finished {
+                // moat itself went away without its last event (killed).
+                r.status = "failed".to_string();
+                r.termination_reason = Some(
+                    if r.cancel_requested {
+                        "canceled"
+                    } else {
+                        "supervisor_lost"
+                    }
+                    .to_string(),
+                );
+                r.exit_code = status.and_then(|s| s.code()).map(i64::from);
+                r.finished_at = Some(moat_audit::now_rfc3339());
+            }
+            r.done = true;
+        });
+        self.changed.notify_all();
+    }
+
+    fn update(&self, id: &str, f: impl FnOnce(&mut Record)) {
+        if let Ok(mut recs) = self.records.lock() {
+            if let Some(r) = recs.iter_mut().find(|r| r.execution_id == id) {
+                f(r);
+            }
+        }
+    }
+
+    /// Runs `f` on the record of `id`, or answers EXECUTION_NOT_FOUND.
+    pub(crate) fn with<T>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut Record) -> T,
+    ) -> Result<T, RpcError> {
+        let mut recs = self
+            .records
+            .lock()
+            .map_err(|_| RpcError::internal("execution table poisoned"))?;
+        match recs.iter_mut().find(|r| r.execution_id == id) {
+            Some(r) => Ok(f(r)),
+            None => Err(not_found(id)),
+        }
+    }
+
+    /// Runs `f` on every record, in the order they were started.
+    pub(crate) fn all<T>(&self, f: impl FnMut(&Record) -> T) -> Vec<T> {
+        self.records
+            .lock()
+            .map(|r| r.iter().map(f).collect())
+            .unwrap_or_default()
+    }
+
+    /// Blocks until the execution is over.
+    pub(crate) fn wait(&self, id: &str) {
+        let Ok(mut recs) = self.records.lock() else {
+            return;
+        };
+        loop {
+            match recs.iter().find(|r| r.execution_id == id) {
+                Some(r) if !r.done => {}
+                _ => return,
+            }
+            recs = match self.changed.wait(recs) {
+                Ok(g) => g,
+                Err(_) => return,
+            };
+        }
+    }
+
+    /// Asks the execution's supervisor to stop its whole process tree
+    /// (moat's supervisor kills the sandbox's tree on SIGTERM).
+    pub(crate) fn cancel(&self, id: &str) -> Result<Value, RpcError> {
+        let pid = self.with(id, |r| {
+            // Its last event is out: nothing left to cancel.
+            if r.done || r.finished_at.is_some() {
+                None
+            } else {
+                r.cancel_requested = true;
+                r.status = "canceling".to_string();
+                Some(r.pid)
+            }
+        })?;
+        let Some(pid) = pid else {
+            return Err(not_found(id));
+        };
+        signal(pid, nix::sys::signal::Signal::SIGTERM);
+        Ok(json!({"execution_id": id, "status": "canceling"}))
+    }
+
+    /// Stops everything `owner` started (a closed connection, a closed
+    /// stdin) and waits for the supervisors to report the trees gone.
+    pub(crate) fn stop_owned(&self, owner: u64) {
+        let pids: Vec<(String, u32)> = self
+            .records
+            .lock()
+            .map(|r| {
+                r.iter()
+                    .filter(|r| r.owner == owner && !r.done)
+                    .map(|r| (r.execution_id.clone(), r.pid))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (id, pid) in &pids {
+            self.update(id, |r| r.cancel_requested = true);
+            signal(*pid, nix::sys::signal::Signal::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        for (id, pid) in &pids {
+            while std::time::Instant::now() < deadline {
+                let done = self.with(id, |r| r.done).unwrap_or(true);
+                if done {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // A supervisor that did not stop in time: its init dies with it
+            // (the sandbox's parent-death signal), taking the tree.
+            if !self.with(id, |r| r.done).unwrap_or(true) {
+                signal(*pid, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
+
+    /// Releases a session's retained output and stops what is still running.
+    pub(crate) fn dispose_session(&self, session_id: &str) -> Value {
+        let running: Vec<String> = self
+            .records
+            .lock()
+            .map(|mut recs| {
+                let mut running = Vec::new();
+                for r in recs.iter_mut().filter(|r| r.session_id == session_id) {
+                    r.stdout = Vec::new();
+                    r.stderr = Vec::new();
+                    if !r.done {
+                        running.push(r.execution_id.clone());
+                    }
+                }
+                running
+            })
+            .unwrap_or_default();
+        let known = self.all(|r| r.session_id == session_id).contains(&true);
+        for id in &running {
+            let _ = self.cancel(id);
+        }
+        json!({"session_id": session_id, "disposed": known, "canceled": running})
+    }
+
+    /// The policy an execution with these parameters would run under, with
+    /// the view it gives on this host.
+    pub(crate) fn explain(&self, params: &Value) -> Result<Value, RpcError> {
+        let flags = self.narrowed_flags(
+            params.get("policy"),
+            params["cwd"].as_str(),
+            params["timeout_ms"].as_u64(),
+            &BTreeMap::new(),
+        )?;
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/"));
+        let (policy, _) = crate::resolve_policy_in(&flags, &self.here, &home)
+            .map_err(|e| RpcError::domain("POLICY_INVALID", format!("{e:#}")))?;
+        let env = std::env::vars_os()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.to_string_lossy().into_owned(),
+                )
+            })
+            .collect();
+        let view = moat_linux::view::compute(&policy, &moat_linux::HostFacts::probe(&policy, env));
+        Ok(json!({
+            "policy_id": policy.level.as_str(),
+            "policy_hash": policy.hash(),
+            "policy": policy.canonical_value(),
+            "ceiling_hash": self.ceiling.hash(),
+            "roots": self.roots,
+            "view": view,
+        }))
+    }
+}
+
+fn str_of(v: &Value, k: &str) -> String {
+    v[k].as_str().unwrap_or_default().to_string()
+}
+
+fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    if let Ok(p) = i32::try_from(pid) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), sig);
+    }
+}
+
+fn not_found(id: &str) -> RpcError {
+    let mut e = RpcError::domain(
+        "EXECUTION_NOT_FOUND",
+        format!("no running or known execution {id:?}"),
+    );
+    e.data["execution_id"] = json!(id);
+    e
+}
+
+fn wider(msg: String) -> RpcError {
+    let mut e = RpcError::domain(
+        "POLICY_DENIED",
+        format!("{msg}: a request may narrow the server's policy, never widen it"),
+    );
+    e.data["reason"] = json!("wider_than_server_policy");
+    e.data["detail"] = json!(msg);
+    e
+}
+
+/// A refusal before anything ran, classified: what the host lacks, or what
+/// the policy refuses.
+fn refusal(reason: &str) -> RpcError {
+    let lower = reason.to_lowercase();
+    let missing = [
+        "kernel",
+        "not supported",
+        "unavailable",
+        "landlock",
+        "seccomp",
+        "namespace",
+    ];
+    let code = if missing.iter().any(|m| lower.contains(m)) {
+        "BACKEND_CAPABILITY_MISSING"
+    } else {
+        "POLICY_DENIED"
+    };
+    RpcError::domain(code, reason.to_string())
+}
+
+/// One event of a child's `--events` stream, as the service reads it (the
+/// wire keeps moat's event as it is; this is what the service acts on).
+#[derive(Deserialize)]
+#[serde(tag = "type")]
+enum ChildEvent {
+    #[serde(rename = "execution.stdout")]
+    Stdout {
+        #[serde(default)]
+        data: String,
+    },
+    #[serde(rename = "execution.stderr")]
+    Stderr {
+        #[serde(default)]
+        data: String,
+    },
+    #[serde(rename = "sandbox.denied")]
+    Denied(Denial),
+    #[serde(rename = "execution.finished")]
+    Finished {
+        exit_code: Option<i64>,
+        signal: Option<i64>,
+        duration_ms: Option<u64>,
+        #[serde(default)]
+        timed_out: bool,
+        time: Option<String>,
+    },
+    #[serde(rename = "execution.failed")]
+    Failed {
+        exit_code: Option<i64>,
+        reason: Option<String>,
+        time: Option<String>,
+    },
+    #[serde(other)]
+    Other,
+}
+
+/// An access the sandbox refused, as a result reports it: what, where, why,
+/// and (`detail`) the flag that would grant it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub(crate) struct Denial {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) operation: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) target: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) errno: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) detail: Option<String>,
+    /// Anything else moat says about it (`port`, the log `line`, …), kept.
+    #[serde(flatten)]
+    pub(crate) more: serde_json::Map<String, Value>,
+}
+
+/// Removes the event envelope (RFC-0004's common fields) from a denial's
+/// own fields.
+fn strip_envelope(fields: &mut serde_json::Map<String, Value>) {
+    for k in [
+        "type",
+        "time",
+        "execution_id",
+        "session_id",
+        "policy_hash",
+        "policy_epoch",
+        "moat_version",
+        "parent_execution_id",
+    ] {
+        fields.remove(k);
+    }
+}
+
+fn read_event(lines: &mut impl BufRead) -> Option<Value> {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match lines.read_line(&mut line) {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    return Some(v);
+                }
+            }
+        }
+    }
+}
+
+/// Parses a RunSeal `PolicyRef`: a name (`read-only`, `rw`,
+/// `workspace-write-proxy`: a level, optionally followed by a network mode)
+/// or an object (`level`/`sandbox_level`, `network` as a mode or
+/// `{"mode": …}`, `allow_domains`, `deny_domains`).
+#[allow(clippy::type_complexity)]
+fn parse_policy_ref(
+    p: Option<&Value>,
+) -> Result<
+    (
+        Option<Level>,
+        Option<NetworkMode>,
+        Option<Vec<DomainPattern>>,
+        Vec<DomainPattern>,
+    ),
+    RpcError,
+> {
+    let invalid = |m: String| RpcError::invalid_params("POLICY_INVALID", m);
+    let name = |s: &str| -> Result<(Level, Option<NetworkMode>), RpcError> {
+        if let Some(l) = parse_level(s) {
+            return Ok((l, None));
+        }
+        for n in NetworkMode::ALL {
+            if let Some(l) = s
+                .strip_suffix(n.as_str())
+                .and_then(|h| h.strip_suffix('-'))
+                .and_then(parse_level)
+            {
+                return Ok((l, Some(n)));
+            }
+        }
+        Err(invalid(format!(
+            "unknown policy {s:?}: use a level (read-only, workspace-write, workspace-contained, danger-full-access), optionally followed by -proxy, -disabled or -unmanaged"
+        )))
+    };
+    let patterns = |v: &Value, key: &str| -> Result<Option<Vec<DomainPattern>>, RpcError> {
+        match v.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| {
+                    x.as_str()
+                        .ok_or_else(|| invalid(format!("{key} must be strings")))
+                        .and_then(|s| {
+                            DomainPattern::parse(s).map_err(|e| invalid(format!("{key}: {s}: {e}")))
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(_) => Err(invalid(format!("{key} must be an array"))),
+        }
+    };
+    match p {
+        None | Some(Value::Null) => Ok((None, None, None, Vec::new())),
+        Some(Value::String(s)) => {
+            let (l, n) = name(s)?;
+            Ok((Some(l), n, None, Vec::new()))
+        }
+        Some(Value::Object(o)) => {
+            const KNOWN: [&str; 7] = [
+                "version",
+                "policy_id",
+                "level",
+                "sandbox_level",
+                "network",
+                "allow_domains",
+                "deny_domains",
+            ];
+            if let Some(k) = o.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+                return Err(invalid(format!(
+                    "policy field {k:?} is not supported by this server; a request may set {}",
+                    KNOWN.join(", ")
+                )));
+            }
+            let mut level = None;
+            let mut network = None;
+            for key in ["policy_id", "level", "sandbox_level"] {
+                if let Some(s) = o.get(key).and_then(Value::as_str) {
+                    let (l, n) = name(s)?;
+                    level = Some(l);
+                    network = network.or(n);
+                }
+            }
+            let net_name = match o.get("network") {
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(Value::Object(n)) => n.get("mode").and_then(Value::as_str).map(str::to_string),
+                _ => None,
+            };
+            if let Some(s) = net_name {
+                network = Some(NetworkMode::parse(&s).ok_or_else(|| {
+                    invalid(format!(
+                        "unknown network mode {s:?}: use disabled, proxy or unmanaged"
+                    ))
+                })?);
+            }
+            let v = Value::Object(o.clone());
+            let allow = patterns(&v, "allow_domains")?;
+            let deny = patterns(&v, "deny_domains")?.unwrap_or_default();
+            Ok((level, network, allow, deny))
+        }
+        Some(_) => Err(invalid("policy must be a name or an object".to_string())),
+    }
+}
+
+/// `flags` as `moat exec` arguments.
+fn policy_flags_argv(f: &PolicyFlags) -> Vec<OsString> {
+    // Exhaustive on purpose: a flag added to the table must be passed on
+    // here, or a server would run its executions without it.
+    let PolicyFlags {
+        policy,
+        network,
+        cwd,
+        ro,
+        rw,
+        env,
+        pass_env,
+        timeout,
+        allow_domain,
+        deny_domain,
+        upstream_proxy,
+        upstream_proxy_auth_file,
+        backend,
+        limits,
+    } = f;
+    // The limits group too, field by field, for the same reason.
+    let moat_config::LimitFlags {
+        memory,
+        pids,
+        cpu_time,
+        file_size,
+        open_files,
+        tmp_size,
+        output_limit,
+        limits_mode,
+    } = limits;
+    let mut a: Vec<OsString> = Vec::new();
+    let mut push = |k: &str, v: OsString| {
+        a.push(k.into());
+        a.push(v);
+    };
+    if let Some(l) = policy {
+        push("--policy", l.as_str().into());
+    }
+    if let Some(n) = network {
+        push("--network", n.as_str().into());
+    }
+    if let Some(c) = cwd {
+        push("--cwd", c.into());
+    }
+    for p in ro {
+        push("--ro", p.into());
+    }
+    for p in rw {
+        push("--rw", p.into());
+    }
+    for (k, v) in env {
+        push("--env", format!("{k}={v}").into());
+    }
+    for n in pass_env {
+        push("--pass-env", n.into());
+    }
+    if let Some(t) = timeout {
+        push("--timeout", format!("{t}ms").into());
+    }
+    for d in allow_domain {
+        push("--allow-domain", d.into());
+    }
+    for d in deny_domain {
+        push("--deny-domain", d.into());
+    }
+    if let Some(u) = upstream_proxy {
+        push("--upstream-proxy", u.into());
+    }
+    if let Some(p) = upstream_proxy_auth_file {
+        push("--upstream-proxy-auth-file", p.into());
+    }
+    if let Some(b) = backend {
+        push("--backend", b.as_str().into());
+    }
+    for (flag, value) in [
+        ("--memory", memory),
+        ("--file-size", file_size),
+        ("--tmp-size", tmp_size),
+        ("--output-limit", output_limit),
+    ] {
+        if let Some(bytes) = value {
+            push(flag, bytes.to_string().into());
+        }
+    }
+    for (flag, value) in [("--pids", pids), ("--open-files", open_files)] {
+        if let Some(n) = value {
+            push(flag, n.to_string().into());
+        }
+    }
+    if let Some(ms) = cpu_time {
+        push("--cpu-time", format!("{ms}ms").into());
+    }
+    if let Some(m) = limits_mode {
+        let mode = match m {
+            moat_policy::LimitsMode::Strict => "strict",
+            moat_policy::LimitsMode::BestEffort => "best-effort",
+        };
+        push("--limits", mode.into());
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_names_take_runseal_composites_and_moat_short_forms() {
+        let (l, n, _, _) = parse_policy_ref(Some(&json!("workspace-write-proxy"))).unwrap();
+        assert_eq!(
+            (l, n),
+            (Some(Level::WorkspaceWrite), Some(NetworkMode::Proxy))
+        );
+        let (l, n, _, _) = parse_policy_ref(Some(&json!("ro"))).unwrap();
+        assert_eq!((l, n), (Some(Level::ReadOnly), None));
+        let (l, n, _, _) = parse_policy_ref(Some(
+            &json!({"sandbox_level": "danger-full-access", "network": {"mode": "disabled"}}),
+        ))
+        .unwrap();
+        assert_eq!(
+            (l, n),
+            (Some(Level::DangerFullAccess), Some(NetworkMode::Disabled))
+        );
+        assert!(parse_policy_ref(Some(&json!("workspace-writ"))).is_err());
+        // An unknown field is refused, never ignored (it could be a grant).
+        assert!(parse_policy_ref(Some(&json!({"filesystem": {"rw": ["/"]}}))).is_err());
+        assert!(parse_policy_ref(Some(&json!(3))).is_err());
+    }
+
+    #[test]
+    fn child_events_are_typed_and_denials_keep_their_own_fields() {
+        let ev = json!({"type": "sandbox.denied", "execution_id": "exec_1", "time": "t",
+            "operation": "connect", "host": "example.com", "port": 443, "reason": "not_allowed",
+            "detail": "add --allow-domain example.com"});
+        let ChildEvent::Denied(mut d) = serde_json::from_value::<ChildEvent>(ev).unwrap() else {
+            panic!("not a denial");
+        };
+        strip_envelope(&mut d.more);
+        let back = serde_json::to_value(&d).unwrap();
+        assert_eq!(
+            back,
+            json!({"operation": "connect", "host": "example.com", "port": 443,
+                   "reason": "not_allowed", "detail": "add --allow-domain example.com"})
+        );
+        let fin = json!({"type": "execution.finished", "exit_code": 124, "signal": null,
+            "timed_out": true, "duration_ms": 5, "time": "t"});
+        assert!(matches!(
+            serde_json::from_value::<ChildEvent>(fin).unwrap(),
+            ChildEvent::Finished {
+                exit_code: Some(124),
+                timed_out: true,
+                ..
+            }
+        ));
+        let other = json!({"type": "network.decision", "host": "x"});
+        assert!(matches!(
+            serde_json::from_value::<ChildEvent>(other).unwrap(),
+            ChildEvent::Other
+        ));
+    }
+
+    #[test]
+    fn every_policy_flag_reaches_the_child() {
+        let f = PolicyFlags {
+            policy: Some(Level::ReadOnly),
+            network: Some(NetworkMode::Proxy),
+            cwd: Some("/w".into()),
+            ro: vec!["/r".into()],
+            rw: vec!["/x".into()],
+            env: vec![("A".into(), "b=c".into())],
+            pass_env: vec!["TOKEN".into()],
+            timeout: Some(1500),
+            allow_domain: vec!["example.com".into()],
+            deny_domain: vec!["evil.example".into()],
+            upstream_proxy: Some("http://p:3128".into()),
+            upstream_proxy_auth_file: Some("/auth".into()),
+            backend: Some(moat_policy::Backend::Landlock),
+            limits: moat_config::LimitFlags {
+                memory: Some(1 << 30),
+                pids: Some(64),
+                cpu_time: Some(600_000),
+                file_size: Some(1 << 20),
+                open_files: Some(256),
+                tmp_size: Some(16 << 20),
+                output_limit: Some(4096),
+                limits_mode: Some(moat_policy::LimitsMode::BestEffort),
+            },
+        };
+        let argv: Vec<String> = policy_flags_argv(&f)
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            argv.join(" "),
+            "--policy read-only --network proxy --cwd /w --ro /r --rw /x --env A=b=c \
+             --pass-env TOKEN --timeout 1500ms --allow-domain example.com --deny-domain evil.example \
+             --upstream-proxy http://p:3128 --upstream-proxy-auth-file /auth --backend landlock \
+             --memory 1073741824 --file-size 1048576 --tmp-size 16777216 --output-limit 4096 \
+             --pids 64 --open-files 256 --cpu-time 600000ms --limits best-effort"
+        );
+    }
+}
