@@ -499,7 +499,7 @@ fn user_tool_configuration_arrives_without_its_credentials() {
 // ------------------------------------------------- smaller: a closed pipe is no panic
 
 #[test]
-fn output_into_a_closed_pipe_is_not_a_panic() {
+fn output_into_a_closed_pipe_is_not_a_panic_contract() {
     use std::os::fd::{FromRawFd, OwnedFd};
     let cx = Cx::new();
     for args in [

@@ -351,7 +351,7 @@ fn toolchains_under_home_are_found_at_every_readable_level() {
 /// The real thing on this host: rustup's `cargo` and pyenv's `python3` as
 /// the invoking user, with the real HOME (the reproduction).
 #[test]
-fn real_rustup_and_pyenv_run_under_moat_exec() {
+fn real_rustup_and_pyenv_run_under_moat_exec_positive_control() {
     let home = PathBuf::from(std::env::var("HOME").unwrap_or_default());
     let cargo = home.join(".cargo/bin/cargo");
     if !home.join(".rustup").is_dir() || !cargo.exists() {
