@@ -685,6 +685,15 @@ pub fn run_resolved(
                 "status": status_str(outcome.status),
                 "duration_ms": outcome.duration.as_millis() as u64,
                 "timed_out": outcome.timed_out,
+                "termination_reason": outcome.termination_reason.map(|r| r.as_str()),
+                "backend": outcome.backend,
+                "layers": {
+                    "namespaces": outcome.layers.namespaces.as_str(),
+                    "landlock": outcome.layers.landlock.as_str(),
+                    "seccomp": outcome.layers.seccomp.as_str(),
+                },
+                "resource_usage": outcome.usage,
+                "limits": outcome.limits,
             }),
         )
     };
@@ -918,9 +927,14 @@ fn result_json(
         "stdout_truncated": o.stdout_truncated,
         "stderr_truncated": o.stderr_truncated,
         "duration_ms": o.duration.as_millis() as u64,
+        "termination_reason": o.termination_reason.map(|r| r.as_str()),
+        "resource_usage": o.usage,
+        "limits": o.limits,
         "sandbox": {
             "enforced": enforced,
             "level": policy.level.as_str(),
+            "backend": o.backend,
+            "not_given": o.not_given,
             "layers": {
                 "namespaces": o.layers.namespaces.as_str(),
                 "landlock": o.layers.landlock.as_str(),

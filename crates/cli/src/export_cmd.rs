@@ -94,6 +94,14 @@ fn host_env() -> Vec<(String, String)> {
 /// confinement (none of them is Landlock), so the plan is built as if this
 /// kernel had Landlock: its Landlock part is not exported.
 fn linux_plan(policy: &Policy) -> Result<moat_linux::Plan> {
+    if policy.backend != moat_policy::Backend::Namespaces {
+        // The targets are containers and Seatbelt, translated from the
+        // namespaces plan; the Landlock backend has no mounts to export.
+        return Err(anyhow!(
+            "--backend {} does not apply to exports; drop it",
+            policy.backend.as_str()
+        ));
+    }
     let mut facts = HostFacts::probe(policy, host_env());
     facts.landlock_abi = facts.landlock_abi.max(moat_export::ASSUMED_LANDLOCK_ABI);
     moat_linux::build_plan(policy, &facts).map_err(|e| anyhow!("{e}"))

@@ -356,6 +356,15 @@ mod tests {
             "deny-domain" => "ads.example.com",
             "upstream-proxy" => "http://proxy.example:3128",
             "upstream-proxy-auth-file" => "/tmp/auth",
+            "memory" => "2G",
+            "pids" => "256",
+            "cpu-time" => "10m",
+            "file-size" => "1G",
+            "open-files" => "1024",
+            "tmp-size" => "512M",
+            "output-limit" => "64M",
+            "limits" => "best-effort",
+            "backend" => "landlock",
             _ => return None,
         })
     }
@@ -411,6 +420,11 @@ mod tests {
             ["--env", "NOVALUE"],
             ["--timeout", "soon"],
             ["--allow-domain", "*"],
+            ["--memory", "lots"],
+            ["--pids", "0"],
+            ["--cpu-time", "forever"],
+            ["--tmp-size", "-1M"],
+            ["--limits", "maybe"],
         ] {
             assert!(exec_flags(&words).is_err(), "{words:?}");
             assert!(run_flags(&words).is_err(), "{words:?}");

@@ -354,6 +354,8 @@ pub struct Handoff {
     /// The outer run's upstream proxy as given (credentials included): a
     /// nested run in proxy mode uses it and cannot choose another.
     pub upstream_url: Option<String>,
+    /// The outer run's resource limits: the nested run's are at most these.
+    pub limits: moat_policy::Limits,
 }
 
 /// Serialises spawning a nested run: the handoff pipe's read end is
@@ -485,11 +487,13 @@ fn run_nested(
             .filter_map(|n| Some((n.clone(), get(n)?)))
             .collect(),
         upstream_url: outer.policy.network.upstream_url.clone(),
+        limits: outer.policy.limits.clone(),
     };
     let handoff = serde_json::to_vec(&json!({
         "outer": serde_json::to_value(&handoff.outer).map_err(|e| format!("nested run: {e}"))?,
         "pass_env": handoff.pass_env,
         "upstream_url": handoff.upstream_url,
+        "limits": handoff.limits,
     }))
     .map_err(|e| format!("nested run: {e}"))?;
     for (k, a) in injected.into_iter().enumerate() {
@@ -667,10 +671,13 @@ pub fn read_handoff() -> Option<Result<Handoff, String>> {
         let pass_env: Vec<(String, String)> = serde_json::from_value(v["pass_env"].clone())
             .map_err(|e| format!("unreadable handoff: {e}"))?;
         let upstream_url = v["upstream_url"].as_str().map(String::from);
+        let limits: moat_policy::Limits = serde_json::from_value(v["limits"].clone())
+            .map_err(|e| format!("unreadable outer limits: {e}"))?;
         Ok(Handoff {
             outer,
             pass_env,
             upstream_url,
+            limits,
         })
     })();
     Some(res.map_err(|e| format!("nested run refused: {e}")))
@@ -693,5 +700,6 @@ pub fn inherit_policy(h: &Handoff, policy: &mut Policy) -> Result<(), String> {
     if policy.network.mode == moat_policy::NetworkMode::Proxy {
         policy.network.upstream_url = h.upstream_url.clone();
     }
+    policy.limits = policy.limits.bounded_by(&h.limits);
     Ok(())
 }

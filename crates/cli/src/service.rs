@@ -1052,7 +1052,20 @@ fn policy_flags_argv(f: &PolicyFlags) -> Vec<OsString> {
         deny_domain,
         upstream_proxy,
         upstream_proxy_auth_file,
+        backend,
+        limits,
     } = f;
+    // The limits group too, field by field, for the same reason.
+    let moat_config::LimitFlags {
+        memory,
+        pids,
+        cpu_time,
+        file_size,
+        open_files,
+        tmp_size,
+        output_limit,
+        limits_mode,
+    } = limits;
     let mut a: Vec<OsString> = Vec::new();
     let mut push = |k: &str, v: OsString| {
         a.push(k.into());
@@ -1093,6 +1106,34 @@ fn policy_flags_argv(f: &PolicyFlags) -> Vec<OsString> {
     }
     if let Some(p) = upstream_proxy_auth_file {
         push("--upstream-proxy-auth-file", p.into());
+    }
+    if let Some(b) = backend {
+        push("--backend", b.as_str().into());
+    }
+    for (flag, value) in [
+        ("--memory", memory),
+        ("--file-size", file_size),
+        ("--tmp-size", tmp_size),
+        ("--output-limit", output_limit),
+    ] {
+        if let Some(bytes) = value {
+            push(flag, bytes.to_string().into());
+        }
+    }
+    for (flag, value) in [("--pids", pids), ("--open-files", open_files)] {
+        if let Some(n) = value {
+            push(flag, n.to_string().into());
+        }
+    }
+    if let Some(ms) = cpu_time {
+        push("--cpu-time", format!("{ms}ms").into());
+    }
+    if let Some(m) = limits_mode {
+        let mode = match m {
+            moat_policy::LimitsMode::Strict => "strict",
+            moat_policy::LimitsMode::BestEffort => "best-effort",
+        };
+        push("--limits", mode.into());
     }
     a
 }
@@ -1171,6 +1212,17 @@ mod tests {
             deny_domain: vec!["evil.example".into()],
             upstream_proxy: Some("http://p:3128".into()),
             upstream_proxy_auth_file: Some("/auth".into()),
+            backend: Some(moat_policy::Backend::Landlock),
+            limits: moat_config::LimitFlags {
+                memory: Some(1 << 30),
+                pids: Some(64),
+                cpu_time: Some(600_000),
+                file_size: Some(1 << 20),
+                open_files: Some(256),
+                tmp_size: Some(16 << 20),
+                output_limit: Some(4096),
+                limits_mode: Some(moat_policy::LimitsMode::BestEffort),
+            },
         };
         let argv: Vec<String> = policy_flags_argv(&f)
             .into_iter()
@@ -1180,7 +1232,9 @@ mod tests {
             argv.join(" "),
             "--policy read-only --network proxy --cwd /w --ro /r --rw /x --env A=b=c \
              --pass-env TOKEN --timeout 1500ms --allow-domain example.com --deny-domain evil.example \
-             --upstream-proxy http://p:3128 --upstream-proxy-auth-file /auth"
+             --upstream-proxy http://p:3128 --upstream-proxy-auth-file /auth --backend landlock \
+             --memory 1073741824 --file-size 1048576 --tmp-size 16777216 --output-limit 4096 \
+             --pids 64 --open-files 256 --cpu-time 600000ms --limits best-effort"
         );
     }
 }

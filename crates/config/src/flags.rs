@@ -7,7 +7,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser};
-use moat_policy::{Access, Level, NetworkMode};
+use moat_policy::{Access, Level, Limits, LimitsMode, NetworkMode};
 
 use crate::error::ConfigError;
 use crate::settings::{
@@ -22,7 +22,15 @@ pub const UPSTREAM_AUTH_ENV: &str = "MOAT_UPSTREAM_PROXY_AUTH";
 /// Flags of the table that `MOAT_ARGS` may not carry (by clap id): the
 /// workspace is where the user stands, and the upstream proxy decides where
 /// traffic goes: neither may come from an inherited environment variable.
-pub const NOT_IN_MOAT_ARGS: &[&str] = &["cwd", "upstream_proxy", "upstream_proxy_auth_file"];
+/// `--limits best-effort` and `--backend` neither: they would turn the
+/// user's limits into wishes, or choose a weaker sandbox, from the environment.
+pub const NOT_IN_MOAT_ARGS: &[&str] = &[
+    "cwd",
+    "upstream_proxy",
+    "upstream_proxy_auth_file",
+    "limits_mode",
+    "backend",
+];
 
 /// Every policy flag, declared once.
 #[derive(Args, Clone, Debug, Default, PartialEq, Eq)]
@@ -74,6 +82,77 @@ pub struct PolicyFlags {
     /// A file holding USER:PASSWORD for --upstream-proxy (one line)
     #[arg(long = "upstream-proxy-auth-file", value_name = "FILE")]
     pub upstream_proxy_auth_file: Option<PathBuf>,
+    /// Confinement backend: namespaces (default), landlock (Landlock +
+    /// seccomp only, for hosts without user namespaces; gives less, says
+    /// what), auto (namespaces where available, else landlock)
+    #[arg(long, value_name = "BACKEND", value_parser = backend_arg)]
+    pub backend: Option<moat_policy::Backend>,
+    #[command(flatten)]
+    pub limits: LimitFlags,
+}
+
+fn backend_arg(s: &str) -> Result<moat_policy::Backend, String> {
+    moat_policy::Backend::parse(s).ok_or_else(|| "use namespaces, landlock or auto".to_string())
+}
+
+/// The resource limits of the table (one group, so `--help` lists them together).
+#[derive(Args, Clone, Debug, Default, PartialEq, Eq)]
+pub struct LimitFlags {
+    /// Memory of the whole run (SIZE: 512M, 2G); a per-run cgroup where the host
+    /// gives one, else virtual memory per process (RLIMIT_AS)
+    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+    pub memory: Option<u64>,
+    /// Processes and threads of the run; reaching it ends the run (stops a fork bomb)
+    #[arg(long, value_name = "N", value_parser = count_arg)]
+    pub pids: Option<u64>,
+    /// CPU time per process: 10s, 10m (RLIMIT_CPU; SIGXCPU when reached)
+    #[arg(long = "cpu-time", value_name = "DURATION", value_parser = duration_arg)]
+    pub cpu_time: Option<u64>,
+    /// Largest file a process may write (RLIMIT_FSIZE; SIGXFSZ past it)
+    #[arg(long = "file-size", value_name = "SIZE", value_parser = size_arg)]
+    pub file_size: Option<u64>,
+    /// Open file descriptors per process (RLIMIT_NOFILE)
+    #[arg(long = "open-files", value_name = "N", value_parser = count_arg)]
+    pub open_files: Option<u64>,
+    /// Size of each private tmpfs (/tmp, HOME, /dev/shm); writes past it fail with ENOSPC
+    #[arg(long = "tmp-size", value_name = "SIZE", value_parser = size_arg)]
+    pub tmp_size: Option<u64>,
+    /// stdout + stderr bytes; moat stops the run past it (the output then
+    /// passes through moat, so the command gets no terminal)
+    #[arg(long = "output-limit", value_name = "SIZE", value_parser = size_arg)]
+    pub output_limit: Option<u64>,
+    /// A limit this host cannot enforce: strict (default) refuses the run with
+    /// exit 125; best-effort runs without it and the result says so
+    #[arg(long = "limits", value_name = "MODE", value_parser = limits_mode_arg)]
+    pub limits_mode: Option<LimitsMode>,
+}
+
+impl LimitFlags {
+    /// The limits these flags set (the mode is kept apart: it layers on its own).
+    pub fn to_limits(&self) -> Limits {
+        Limits {
+            memory: self.memory,
+            pids: self.pids,
+            cpu_time_ms: self.cpu_time,
+            file_size: self.file_size,
+            open_files: self.open_files,
+            tmp_size: self.tmp_size,
+            output: self.output_limit,
+            ..Limits::default()
+        }
+    }
+}
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    moat_policy::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn count_arg(s: &str) -> Result<u64, String> {
+    moat_policy::parse_count(s).map_err(|e| e.to_string())
+}
+
+fn limits_mode_arg(s: &str) -> Result<LimitsMode, String> {
+    LimitsMode::parse(s).ok_or_else(|| "use strict or best-effort".to_string())
 }
 
 fn level_arg(s: &str) -> Result<Level, String> {
@@ -160,6 +239,9 @@ impl PolicyFlags {
             level: self.policy,
             network: self.network,
             timeout_ms: self.timeout,
+            limits: self.limits.to_limits(),
+            limits_mode: self.limits.limits_mode,
+            backend: self.backend,
             ..Settings::default()
         };
         for (flag, list, access) in [
@@ -448,6 +530,14 @@ mod tests {
                 "--timeout" => ("2s", "timeout = \"2s\""),
                 "--allow-domain" => ("example.com:443", "allow_domains = [\"example.com:443\"]"),
                 "--deny-domain" => ("ads.example.com", "deny_domains = [\"ads.example.com\"]"),
+                "--memory" => ("2G", "[limits]\nmemory = \"2G\""),
+                "--pids" => ("256", "[limits]\npids = 256"),
+                "--cpu-time" => ("10m", "[limits]\ncpu_time = \"10m\""),
+                "--file-size" => ("1G", "[limits]\nfile_size = \"1G\""),
+                "--open-files" => ("1024", "[limits]\nopen_files = 1024"),
+                "--tmp-size" => ("512M", "[limits]\ntmp_size = \"512M\""),
+                "--output-limit" => ("64M", "[limits]\noutput = \"64M\""),
+                "--backend" => ("landlock", "backend = \"landlock\""),
                 other => panic!("{other}: give it a file key here (or exclude it from MOAT_ARGS)"),
             };
             let from_args = parse_moat_args_words(&[flag.clone(), value.to_string()])
@@ -466,8 +556,14 @@ mod tests {
         let all = policy_flag_names();
         let carried = moat_args_flag_names();
         for f in &all {
-            let excluded =
-                ["--cwd", "--upstream-proxy", "--upstream-proxy-auth-file"].contains(&f.as_str());
+            let excluded = [
+                "--cwd",
+                "--upstream-proxy",
+                "--upstream-proxy-auth-file",
+                "--limits",
+                "--backend",
+            ]
+            .contains(&f.as_str());
             assert_eq!(carried.contains(f), !excluded, "{f}");
         }
     }

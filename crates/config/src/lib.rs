@@ -42,7 +42,7 @@ pub use catalogue::{
 pub use error::ConfigError;
 pub use flags::{
     moat_args_flag_names, parse_moat_args_words, policy_flag_names, url_has_userinfo,
-    url_without_userinfo, FlagOrigin, PolicyFlags, NOT_IN_MOAT_ARGS, UPSTREAM_AUTH_ENV,
+    url_without_userinfo, FlagOrigin, LimitFlags, PolicyFlags, NOT_IN_MOAT_ARGS, UPSTREAM_AUTH_ENV,
 };
 pub use load::{
     all_profile_names, config_dir, config_dir_from_env, default_or_shim_dir, load_catalogue,

@@ -79,6 +79,7 @@ struct RawProfile {
     #[serde(default)]
     mounts: Vec<RawMount>,
     timeout: Option<String>,
+    limits: Option<crate::settings::RawLimits>,
     #[serde(default)]
     subcommands: BTreeMap<String, RawOverrides>,
 }
@@ -142,6 +143,8 @@ pub fn parse_profile(text: &str, file: &str) -> Result<Profile, ConfigError> {
         ro: Vec::new(),
         rw: Vec::new(),
         timeout: raw.timeout,
+        limits: raw.limits,
+        backend: None,
     };
     let ctx = Ctx {
         file,

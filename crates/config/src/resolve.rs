@@ -97,6 +97,12 @@ pub struct Resolved {
     pub pass_env: Vec<Sourced<String>>,
     pub protected_opt_in: Vec<Sourced<PathBuf>>,
     pub timeout_ms: Option<Sourced<u64>>,
+    /// Each resource limit from the strongest source that sets it.
+    pub limits: Vec<Sourced<(&'static str, u64)>>,
+    /// `--limits` / `limits.mode`.
+    pub limits_mode: Option<Sourced<moat_policy::LimitsMode>>,
+    /// `--backend` / `backend`.
+    pub backend: Option<Sourced<moat_policy::Backend>>,
     /// `--upstream-proxy` (without credentials), from a flag.
     pub upstream_proxy: Option<Sourced<String>>,
     /// With `MOAT_ARGS`: the paths the other sources grant, which every
@@ -205,6 +211,22 @@ fn merge(layers: &[Layer], home: Option<&Path>) -> Result<Resolved, ConfigError>
         source: Source::Default,
     });
     let timeout_ms = first(layers, |s| s.timeout_ms);
+    let limits = moat_policy::Limits::default()
+        .by_name()
+        .iter()
+        .filter_map(|(name, _)| {
+            let name = *name;
+            first(layers, |s| {
+                s.limits
+                    .by_name()
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .and_then(|(_, v)| v.map(|v| (name, v)))
+            })
+        })
+        .collect();
+    let limits_mode = first(layers, |s| s.limits_mode);
+    let backend = first(layers, |s| s.backend);
     let upstream_proxy = first(layers, |s| s.upstream_proxy.clone());
     let mut notes = Vec::new();
     let rank = |get: fn(&Settings) -> bool| {
@@ -399,6 +421,9 @@ fn merge(layers: &[Layer], home: Option<&Path>) -> Result<Resolved, ConfigError>
         pass_env,
         protected_opt_in,
         timeout_ms,
+        limits,
+        limits_mode,
+        backend,
         upstream_proxy,
         moat_args_base: Vec::new(),
         notes,
@@ -591,6 +616,28 @@ pub fn resolve(
 }
 
 impl Resolved {
+    /// The limits as the policy takes them. A limit that only a profile or
+    /// moat's defaults set is best-effort: a default that this host cannot
+    /// enforce must not stop every run of the tool.
+    pub fn policy_limits(&self) -> moat_policy::Limits {
+        let mut out = moat_policy::Limits {
+            mode: self
+                .limits_mode
+                .as_ref()
+                .map(|m| m.value)
+                .unwrap_or_default(),
+            ..Default::default()
+        };
+        for l in &self.limits {
+            let (name, value) = l.value;
+            out.set(name, Some(value));
+            if matches!(l.source, Source::Profile(_) | Source::Default) {
+                out.best_effort.push(name.to_string());
+            }
+        }
+        out
+    }
+
     /// Every grant, one per line, with its source (for `moat profile show`).
     pub fn grant_lines(&self) -> Vec<GrantLine> {
         let mut out = Vec::new();
@@ -635,6 +682,15 @@ impl Resolved {
         }
         if let Some(t) = &self.timeout_ms {
             push("timeout", format!("{}ms", t.value), &t.source);
+        }
+        for l in &self.limits {
+            push("limit", format!("{}={}", l.value.0, l.value.1), &l.source);
+        }
+        if let Some(b) = &self.backend {
+            push("backend", b.value.as_str().to_string(), &b.source);
+        }
+        if let Some(m) = &self.limits_mode {
+            push("limits_mode", format!("{:?}", m.value), &m.source);
         }
         if let Some(u) = &self.upstream_proxy {
             push("upstream_proxy", u.value.clone(), &u.source);
@@ -781,6 +837,8 @@ impl Resolved {
                 .collect(),
             pass_env: self.pass_env.iter().map(|k| k.value.clone()).collect(),
             timeout_ms: self.timeout_ms.as_ref().map(|t| t.value),
+            limits: self.policy_limits(),
+            backend: self.backend.as_ref().map(|b| b.value).unwrap_or_default(),
             allow_domains: if proxy {
                 self.allow_domains.iter().map(|d| d.value.clone()).collect()
             } else {

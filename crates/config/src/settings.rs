@@ -40,6 +40,12 @@ pub struct Settings {
     pub timeout_ms: Option<u64>,
     /// `--upstream-proxy` as given, without credentials (flags only).
     pub upstream_proxy: Option<String>,
+    /// Resource limits this source sets (its `mode` is unused: see `limits_mode`).
+    pub limits: moat_policy::Limits,
+    /// `--limits` / `limits.mode`: strict or best-effort.
+    pub limits_mode: Option<moat_policy::LimitsMode>,
+    /// `--backend` / `backend`.
+    pub backend: Option<moat_policy::Backend>,
 }
 
 impl Settings {
@@ -61,6 +67,9 @@ impl Settings {
             net_class: self.net_class,
             timeout_ms: self.timeout_ms,
             upstream_proxy: self.upstream_proxy.clone(),
+            limits: self.limits.clone(),
+            limits_mode: self.limits_mode,
+            backend: self.backend,
             ..Settings::default()
         }
     }
@@ -73,6 +82,9 @@ impl Settings {
             net_class: None,
             timeout_ms: None,
             upstream_proxy: None,
+            limits: moat_policy::Limits::default(),
+            limits_mode: None,
+            backend: None,
             ..self.clone()
         }
     }
@@ -92,6 +104,9 @@ impl Settings {
         out.net_class = over.net_class.or(self.net_class);
         out.timeout_ms = over.timeout_ms.or(self.timeout_ms);
         out.upstream_proxy = over.upstream_proxy.clone().or(self.upstream_proxy.clone());
+        out.limits = self.limits.merged(&over.limits);
+        out.limits_mode = over.limits_mode.or(self.limits_mode);
+        out.backend = over.backend.or(self.backend);
         extend_unique(&mut out.allow_domains, &over.allow_domains);
         extend_unique(&mut out.deny_domains, &over.deny_domains);
         extend_unique(&mut out.pass_env, &over.pass_env);
@@ -161,6 +176,24 @@ pub(crate) struct RawOverrides {
     #[serde(default)]
     pub rw: Vec<String>,
     pub timeout: Option<String>,
+    pub limits: Option<RawLimits>,
+    pub backend: Option<String>,
+}
+
+/// A `[limits]` table as written: sizes as strings (`"2G"`), counts as
+/// integers, `cpu_time` as a duration (`"10m"`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimits {
+    pub memory: Option<String>,
+    pub pids: Option<u64>,
+    pub cpu_time: Option<String>,
+    pub file_size: Option<String>,
+    pub open_files: Option<u64>,
+    pub tmp_size: Option<String>,
+    pub output: Option<String>,
+    /// `strict` or `best-effort`.
+    pub mode: Option<String>,
 }
 
 /// Declares a file-level TOML struct: the overridable keys of
@@ -192,6 +225,8 @@ macro_rules! raw_file_struct {
             #[serde(default)]
             rw: Vec<String>,
             timeout: Option<String>,
+            limits: Option<$crate::settings::RawLimits>,
+            backend: Option<String>,
             $(#[serde(default)] $extra: $ty,)*
         }
 
@@ -212,6 +247,8 @@ macro_rules! raw_file_struct {
                         ro: self.ro,
                         rw: self.rw,
                         timeout: self.timeout,
+                        limits: self.limits,
+                        backend: self.backend,
                     },
                     ($(self.$extra),*),
                 )
@@ -490,6 +527,71 @@ impl RawOverrides {
                 moat_policy::parse_duration(t)
                     .map_err(|e| ctx.invalid("timeout", q(t), e.to_string()))?,
             );
+        }
+        if let Some(b) = &self.backend {
+            if !matches!(ctx.kind, Kind::Config) {
+                // Which backend a host uses is the user's call, not a tool's or a project's.
+                return Err(ctx.invalid(
+                    "backend",
+                    q(b),
+                    "only your own config (or --backend) chooses the backend",
+                ));
+            }
+            out.backend = Some(moat_policy::Backend::parse(b).ok_or_else(|| {
+                ctx.invalid(
+                    "backend",
+                    q(b),
+                    "use \"namespaces\", \"landlock\" or \"auto\"",
+                )
+            })?);
+        }
+        if let Some(l) = &self.limits {
+            let size = |k: &str, v: &Option<String>| -> Result<Option<u64>, ConfigError> {
+                v.as_ref()
+                    .map(|s| {
+                        moat_policy::parse_size(s)
+                            .map_err(|e| ctx.invalid(&format!("limits.{k}"), q(s), e.to_string()))
+                    })
+                    .transpose()
+            };
+            let count = |k: &str, v: Option<u64>| -> Result<Option<u64>, ConfigError> {
+                match v {
+                    Some(0) => {
+                        Err(ctx.invalid(&format!("limits.{k}"), 0, "use a whole number above zero"))
+                    }
+                    other => Ok(other),
+                }
+            };
+            out.limits = moat_policy::Limits {
+                memory: size("memory", &l.memory)?,
+                pids: count("pids", l.pids)?,
+                cpu_time_ms: l
+                    .cpu_time
+                    .as_ref()
+                    .map(|t| {
+                        moat_policy::parse_duration(t)
+                            .map_err(|e| ctx.invalid("limits.cpu_time", q(t), e.to_string()))
+                    })
+                    .transpose()?,
+                file_size: size("file_size", &l.file_size)?,
+                open_files: count("open_files", l.open_files)?,
+                tmp_size: size("tmp_size", &l.tmp_size)?,
+                output: size("output", &l.output)?,
+                ..Default::default()
+            };
+            if let Some(m) = &l.mode {
+                if matches!(ctx.kind, Kind::Project { .. }) {
+                    // A project may add limits, never relax the user's.
+                    return Err(ctx.invalid(
+                        "limits.mode",
+                        q(m),
+                        "a project file cannot choose how strictly limits hold; set it in your own config or with --limits",
+                    ));
+                }
+                out.limits_mode = Some(moat_policy::LimitsMode::parse(m).ok_or_else(|| {
+                    ctx.invalid("limits.mode", q(m), "use \"strict\" or \"best-effort\"")
+                })?);
+            }
         }
         Ok((out, warnings))
     }

@@ -307,6 +307,11 @@ fn settings_lines(prefix: &str, s: &Settings, out: &mut Vec<(String, String)>) {
     if let Some(t) = s.timeout_ms {
         out.push((key("timeout"), format!("{t}ms{dflt}")));
     }
+    for (name, v) in s.limits.by_name() {
+        if let Some(v) = v {
+            out.push((key(&format!("limits.{name}")), format!("{v}{dflt}")));
+        }
+    }
 }
 
 /// The text the trust prompt shows: a header naming the file and its

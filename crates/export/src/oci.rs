@@ -159,7 +159,7 @@ pub fn bundle(input: &OciInput) -> Result<Bundle, ExportError> {
     let mut links = Vec::new();
     for op in &plan.mounts {
         match op {
-            MountOp::Tmpfs { target, mode } if target == Path::new("/dev") => {
+            MountOp::Tmpfs { target, mode, .. } if target == Path::new("/dev") => {
                 // The runtime builds /dev itself (tmpfs with the default
                 // devices: exactly moat's DEV_NODES plus ptmx, fd, std*).
                 let mode = format!("mode={mode:o}");
@@ -170,9 +170,13 @@ pub fn bundle(input: &OciInput) -> Result<Bundle, ExportError> {
                     &["nosuid", "strictatime", &mode, "size=65536k"],
                 ));
             }
-            MountOp::Tmpfs { target, mode } => {
+            MountOp::Tmpfs { target, mode, size } => {
                 let mode = format!("mode={mode:o}");
-                mounts.push(mount(target, "tmpfs", "tmpfs", &["nosuid", "nodev", &mode]));
+                // --tmp-size caps the private tmpfs here as it does in a run.
+                let size = size.map(|b| format!("size={b}"));
+                let mut o = vec!["nosuid", "nodev", mode.as_str()];
+                o.extend(size.as_deref());
+                mounts.push(mount(target, "tmpfs", "tmpfs", &o));
             }
             MountOp::Bind { device: true, .. } => {} // the runtime's default devices (see /dev above)
             MountOp::Bind {

@@ -41,6 +41,9 @@ fn errno_of(e: nix::errno::Errno) -> i32 {
     e as i32
 }
 
+const NS: moat_policy::Backend = moat_policy::Backend::Namespaces;
+const LL: moat_policy::Backend = moat_policy::Backend::Landlock;
+
 /// The full report printed by `moat capabilities`.
 pub fn report(moat_env: Vec<(String, String)>) -> Value {
     let mut probes = Vec::new();
@@ -140,7 +143,7 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
         } else {
             NetworkMode::Unmanaged
         };
-        let r = end_to_end(level, network, &ws, &home, true_bin, &moat_env);
+        let r = end_to_end(level, network, NS, &ws, &home, true_bin, &moat_env);
         level_ok.insert(level.as_str().into(), Value::Bool(r.is_ok()));
         levels.insert(level.as_str().into(), status_value(&r));
         probes.push(probe_result(
@@ -165,6 +168,7 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
     let unmanaged = end_to_end(
         Level::WorkspaceContained,
         NetworkMode::Unmanaged,
+        NS,
         &ws,
         &home,
         true_bin,
@@ -181,6 +185,7 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
     let proxy = end_to_end(
         Level::WorkspaceContained,
         NetworkMode::Proxy,
+        NS,
         &ws,
         &home,
         true_bin,
@@ -194,12 +199,55 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
         }),
     ));
     modes.insert("proxy".into(), status_value(&proxy));
+
+    // Which backend can give each level with each network mode, probed:
+    // namespaces from the runs above, the Landlock backend by its own runs
+    // (a mode it refuses is refused by the plan, before anything runs).
+    let mut backends = Map::new();
+    for level in Level::ALL.into_iter().filter(|l| l.is_sandboxed()) {
+        let mut per_mode = Map::new();
+        for mode in [
+            NetworkMode::Disabled,
+            NetworkMode::Proxy,
+            NetworkMode::Unmanaged,
+        ] {
+            let level_ok = level_ok
+                .get(level.as_str())
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            let mode_ok = match mode {
+                NetworkMode::Disabled => Ok(()),
+                NetworkMode::Proxy => proxy.clone(),
+                NetworkMode::Unmanaged => unmanaged.clone(),
+            };
+            let ns = match (level_ok, mode_ok) {
+                (true, Ok(())) => Ok(()),
+                (false, _) => Err("the level did not run with namespaces here".to_string()),
+                (_, Err(e)) => Err(e),
+            };
+            let ll = end_to_end(level, mode, LL, &ws, &home, true_bin, &moat_env);
+            probes.push(probe_result(
+                &format!("backend:landlock:{level}:{mode}"),
+                ll.is_ok(),
+                ll.clone()
+                    .err()
+                    .unwrap_or_else(|| "ran `true` with Landlock and seccomp only".into()),
+            ));
+            per_mode.insert(
+                mode.as_str().into(),
+                json!({"namespaces": status_value(&ns), "landlock": status_value(&ll)}),
+            );
+        }
+        backends.insert(level.as_str().into(), Value::Object(per_mode));
+    }
     if let Some(d) = &own_ws {
         let _ = std::fs::remove_dir(d);
     }
 
     json!({
         "platform": "linux",
+        "backends": backends,
+        "landlock_backend_cannot_give": crate::backend::NOT_GIVEN,
         "sandbox_levels": levels,
         "network_modes": modes,
         "features": {
@@ -210,6 +258,7 @@ pub fn report(moat_env: Vec<(String, String)>) -> Value {
             "uid": nix::unistd::getuid().as_raw(),
         },
         "capability_probes": probes,
+        "limits": crate::limits::capabilities(&crate::limits::LimitFacts::probe()),
     })
 }
 
@@ -245,6 +294,7 @@ fn status_value(r: &Result<(), String>) -> Value {
 fn end_to_end(
     level: Level,
     network: NetworkMode,
+    backend: moat_policy::Backend,
     ws: &Path,
     home: &str,
     true_bin: &str,
@@ -255,6 +305,7 @@ fn end_to_end(
         network: Some(network),
         workspace: std::fs::canonicalize(ws).map_err(|e| e.to_string())?,
         home: std::fs::canonicalize(home).unwrap_or_else(|_| home.into()),
+        backend,
         ..Default::default()
     })
     .map_err(|e| e.to_string())?;

@@ -138,6 +138,35 @@ pub fn apply_landlock(spec: &LandlockSpec, kernel_abi: i32) -> Result<Enforcemen
         } else {
             access & AccessFs::from_file(abi)
         };
+        if spec.host_paths {
+            // No symlink anywhere on the way (the paths are canonical; a
+            // symlink now was swapped in since they were listed).
+            match sys::open_path_nofollow(libc::AT_FDCWD, path) {
+                Ok(fd) if fd_is_symlink(&fd) => continue,
+                Ok(fd) => {
+                    // Whether it is a directory, from what was opened.
+                    let is_dir = nix::sys::stat::fstat(&fd)
+                        .map(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
+                        .unwrap_or(false);
+                    let access = if is_dir {
+                        access
+                    } else {
+                        access & AccessFs::from_file(abi)
+                    };
+                    created = created.add_rule(PathBeneath::new(fd, access)).map_err(ll)?;
+                }
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR | libc::EXDEV)
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) => return Err(ConfineError::Landlock(format!("{}: {e}", path.display()))),
+            }
+            continue;
+        }
         let fd = PathFd::new(path)
             .map_err(|e| ConfineError::Landlock(format!("{}: {e}", path.display())))?;
         created = created.add_rule(PathBeneath::new(fd, access)).map_err(ll)?;
@@ -155,6 +184,13 @@ pub fn apply_landlock(spec: &LandlockSpec, kernel_abi: i32) -> Result<Enforcemen
         RulesetStatus::PartiallyEnforced => Ok(Enforcement::Partial),
         RulesetStatus::NotEnforced => Err(ConfineError::LandlockNotEnforced),
     }
+}
+
+/// The O_PATH handle refers to a symlink itself (O_NOFOLLOW on the last component).
+fn fd_is_symlink(fd: &std::os::fd::OwnedFd) -> bool {
+    nix::sys::stat::fstat(fd)
+        .map(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK)
+        .unwrap_or(true)
 }
 
 /// For each of fds 0–2 that is a file or device (not a pipe or socket,
@@ -316,7 +352,11 @@ pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, Con
             .collect::<Result<Vec<_>, _>>()?;
         rules.insert(libc::SYS_ioctl, ioctls);
     }
-    if let Some(families) = &spec.socket_families {
+    if spec.socket_families.as_ref().is_some_and(|f| f.is_empty()) {
+        // No family at all (the Landlock backend): socket() is refused
+        // unconditionally; socketpair() stays (its ends reach nothing else).
+        rules.insert(libc::SYS_socket, Vec::new());
+    } else if let Some(families) = &spec.socket_families {
         // One rule whose conditions are ANDed: the family is none of the allowed.
         let conditions = families
             .iter()

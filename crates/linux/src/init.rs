@@ -39,6 +39,8 @@ pub struct InitArgs<'a> {
     pub argv: Vec<CString>,
     pub envp: Vec<CString>,
     pub seccomp: Option<seccompiler::BpfProgram>,
+    /// Resource limits set in the command before exec (lowered only).
+    pub rlimits: &'a [(nix::sys::resource::Resource, u64, u64)],
     /// Give the command a pty of its own (stdin and stdout are a terminal);
     /// `Some(true)`: stderr too.
     pub pty: Option<crate::pty::Attach>,
@@ -58,7 +60,7 @@ pub fn main(args: InitArgs<'_>) -> ! {
             sys::exit_now(125);
         }
     };
-    let sandboxed = args.plan.sandboxed;
+    let sandboxed = args.plan.namespaces();
     // The command: forked with glibc's fork so its thread state is right.
     let main_pid = match fork_command() {
         Ok(None) => command(&args, slave.as_ref()),
@@ -89,7 +91,7 @@ fn fork_command() -> io::Result<Option<Pid>> {
 fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
     let plan = args.plan;
     let fd = args.report_fd;
-    if plan.sandboxed {
+    if plan.namespaces() {
         // The namespace dies if the supervisor dies (and so does everything in it).
         nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
             .map_err(|e| format!("set parent-death signal: {e}"))?;
@@ -113,15 +115,25 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
             .collect::<Vec<_>>(),
     )
     .map_err(|e| format!("close inherited fds: {e}"))?;
-    if !plan.sandboxed {
+    if !plan.namespaces() {
+        if plan.landlock_only() {
+            nix::unistd::chdir(&plan.cwd)
+                .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
+        }
         return Ok(None);
     }
     sys::wipe_environ_block().map_err(|e| format!("clear the init's environment: {e}"))?;
     sys::wipe_argv_block().map_err(|e| format!("clear the init's command line: {e}"))?;
     fs::write("/proc/self/setgroups", "deny")
         .map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
-    fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid))
-        .map_err(|e| format!("write uid_map: {e}"))?;
+    fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid)).map_err(|e| {
+        if plan.uid == 0 && e.raw_os_error() == Some(libc::EPERM) {
+            // Linux >= 5.12: mapping root needs CAP_SETFCAP where moat runs.
+            format!("write uid_map: {e}; root may map itself into a user namespace only with CAP_SETFCAP (a container that drops it: add it, e.g. docker --cap-add SETFCAP, run moat as a non-root user, or use --backend landlock)")
+        } else {
+            format!("write uid_map: {e}")
+        }
+    })?;
     fs::write("/proc/self/gid_map", format!("{0} {0} 1\n", plan.gid))
         .map_err(|e| format!("write gid_map: {e}"))?;
     // After the id maps: a non-dumpable process's /proc files belong to root.
@@ -177,6 +189,10 @@ fn close_all_but(keep: &[RawFd]) -> io::Result<()> {
 fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
     let fd = args.report_fd;
     sys::reset_signals();
+    if let Err(e) = crate::limits::apply_rlimits(args.rlimits) {
+        report(fd, &format!("E {e}\n"));
+        sys::exit_now(125);
+    }
     if let Some(s) = slave {
         use std::os::fd::AsRawFd;
         let attach = args.pty.unwrap_or(crate::pty::Attach {
@@ -318,8 +334,22 @@ fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
                 crate::tree::kill_descendants_until_gone();
             }
             while waitpid(None::<Pid>, None).is_ok() {}
-            report(fd, &format!("S {code} {signal}\n"));
+            // Every process of the run has been reaped by now: the children
+            // usage covers them all (largest RSS, summed CPU time).
+            let (rss_kb, cpu_ms) = children_usage();
+            report(fd, &format!("S {code} {signal} {rss_kb} {cpu_ms}\n"));
             sys::exit_now(0);
         }
+    }
+}
+
+/// (largest RSS in KiB, user + system CPU ms) of every reaped descendant.
+fn children_usage() -> (i64, i64) {
+    match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN) {
+        Ok(u) => {
+            let ms = |t: nix::sys::time::TimeVal| t.tv_sec() * 1000 + t.tv_usec() / 1000;
+            (u.max_rss(), ms(u.user_time()) + ms(u.system_time()))
+        }
+        Err(_) => (0, 0),
     }
 }

@@ -12,10 +12,12 @@
 //! /run, /tmp, $XDG_RUNTIME_DIR and the agent sockets stay connectable at
 //! the whole-host levels, and UDP/TCP under `unmanaged` are the host's.
 
+pub mod backend;
 pub mod capabilities;
 pub mod confine;
 pub mod explain;
 mod init;
+pub mod limits;
 pub mod mounts;
 pub mod netns;
 pub mod plan;

@@ -37,6 +37,9 @@ fn err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Moun
     }
 }
 
+/// The step named when a fresh procfs is refused: what it means and the fix.
+const PROC_REFUSED: &str = "mount a fresh procfs (refused: the /proc moat runs under has masked or read-only parts, as a container's default /proc does; run the container with an unmasked /proc, e.g. Docker --security-opt systempaths=unconfined, Kubernetes securityContext.procMount: Unmasked, or use --backend landlock) at";
+
 fn nix_err(e: nix::errno::Errno) -> io::Error {
     io::Error::from_raw_os_error(e as i32)
 }
@@ -146,9 +149,12 @@ fn apply_op(
     empty_file: &Path,
 ) -> Result<(), MountError> {
     match op {
-        MountOp::Tmpfs { target, mode } => {
+        MountOp::Tmpfs { target, mode, size } => {
             ensure_mountpoint(target, Kind::Dir)?;
-            let opts = format!("mode={mode:o}");
+            let opts = match size {
+                Some(bytes) => format!("mode={mode:o},size={bytes}"),
+                None => format!("mode={mode:o}"),
+            };
             mount(
                 Some("tmpfs"),
                 target,
@@ -217,8 +223,16 @@ fn apply_op(
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                 None::<&str>,
             )
-            .map_err(nix_err)
-            .map_err(err("mount proc", target))?;
+            .map_err(|e| {
+                // The kernel refuses a new procfs when every procfs moat
+                // could see has parts covered (a container's masked /proc).
+                let step = if e == nix::errno::Errno::EPERM {
+                    PROC_REFUSED
+                } else {
+                    "mount proc"
+                };
+                err(step, target)(nix_err(e))
+            })?;
         }
         MountOp::Devpts { target } => {
             ensure_mountpoint(target, Kind::Dir)?;

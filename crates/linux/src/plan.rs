@@ -25,8 +25,14 @@ pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "t
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum MountOp {
-    /// A fresh tmpfs (mode in octal), e.g. /tmp, HOME, /dev.
-    Tmpfs { target: PathBuf, mode: u32 },
+    /// A fresh tmpfs (mode in octal), e.g. /tmp, HOME, /dev; `size` in
+    /// bytes caps it (`--tmp-size`).
+    Tmpfs {
+        target: PathBuf,
+        mode: u32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        size: Option<u64>,
+    },
     /// A host path bound at the same or another path.
     Bind {
         source: PathBuf,
@@ -80,6 +86,11 @@ pub struct LandlockSpec {
     pub scoped: bool,
     /// Refuse every TCP bind (ABI >= 4; a net-connect tool).
     pub deny_tcp_bind: bool,
+    /// The paths are host paths other processes may change meanwhile (the
+    /// Landlock backend): each is opened without following any symlink, and
+    /// one that vanished or became a symlink gets no rule (fail closed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_paths: bool,
 }
 
 /// The seccomp filter of one run, as data: the floor every sandboxed command
@@ -134,6 +145,23 @@ pub struct Plan {
     /// What the sandbox sees; the mounts and Landlock rules translate it.
     pub view: View,
     pub landlock_abi: i32,
+    /// Resource limits; the mechanism for each is chosen when the run starts.
+    #[serde(skip_serializing_if = "moat_policy::Limits::is_unset")]
+    pub limits: moat_policy::Limits,
+    /// The backend that runs it (`auto` resolved): namespaces or landlock.
+    pub backend: moat_policy::Backend,
+}
+
+impl Plan {
+    /// The run gets its own namespaces (the namespaces backend of a sandboxed level).
+    pub fn namespaces(&self) -> bool {
+        self.sandboxed && self.backend == moat_policy::Backend::Namespaces
+    }
+
+    /// The run is confined by the Landlock backend alone.
+    pub fn landlock_only(&self) -> bool {
+        self.sandboxed && self.backend == moat_policy::Backend::Landlock
+    }
 }
 
 /// Why a plan cannot be built on this host.
@@ -149,6 +177,10 @@ pub enum PlanError {
     NoTcpBindControl(i32),
     #[error("cannot find moat's own binary (needed inside the sandbox for ssh through the proxy)")]
     NoMoatBinary,
+    #[error("the Landlock backend cannot give --network {0}: it gives no network at all (proxy needs a network namespace: Landlock's TCP rules match ports, not hosts, and seccomp cannot see connect()'s address; unmanaged would reach host unix sockets, such as a container engine's, that only a mount namespace hides); use --network disabled, or the namespaces backend on a host with user namespaces")]
+    LandlockNetwork(NetworkMode),
+    #[error("the Landlock backend needs Landlock ABI 6 (Linux >= 6.12) to keep signals and abstract unix sockets inside the run (it has no pid namespace), and this kernel has ABI {0}; use the namespaces backend on a host with user namespaces")]
+    LandlockTooOld(i32),
     #[error("{0} does not exist on the host; --ro/--rw paths must exist")]
     MissingGrant(PathBuf),
     #[error("{0}")]
@@ -231,7 +263,14 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             ..view.clone()
         },
         landlock_abi: host.landlock_abi,
+        limits: policy.limits.clone(),
+        backend: match policy.backend {
+            moat_policy::Backend::Auto if host.userns => moat_policy::Backend::Namespaces,
+            moat_policy::Backend::Auto => moat_policy::Backend::Landlock,
+            b => b,
+        },
     };
+    let tmp_size = policy.limits.tmp_size;
     if !sandboxed {
         plan.view = view;
         return Ok(plan);
@@ -247,6 +286,24 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     }
     if policy.net_class == Some(moat_policy::NetClass::NetConnect) && host.landlock_abi < 4 {
         return Err(PlanError::NoTcpBindControl(host.landlock_abi));
+    }
+    if plan.landlock_only() {
+        // No namespaces: no mounts; the Landlock rules are made from the
+        // view on the host's paths when the run starts (they need listings).
+        if policy.network.mode != NetworkMode::Disabled {
+            return Err(PlanError::LandlockNetwork(policy.network.mode));
+        }
+        if host.landlock_abi < 6 {
+            return Err(PlanError::LandlockTooOld(host.landlock_abi));
+        }
+        plan.new_netns = false;
+        plan.broker = false;
+        // Not even AF_UNIX: pathname sockets on the host (a container
+        // engine's, the session bus) would be reachable. socketpair() stays.
+        plan.seccomp.socket_families = Some(Vec::new());
+        plan.sweep = sweep_roots(host, &view);
+        plan.view = view;
+        return Ok(plan);
     }
 
     let whole_host = policy.level != Level::WorkspaceContained;
@@ -283,6 +340,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     base.push(MountOp::Tmpfs {
         target: "/tmp".into(),
         mode: 0o1777,
+        size: tmp_size,
     });
     if whole_host {
         // An empty /run hides every host socket under it; at
@@ -290,6 +348,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         base.push(MountOp::Tmpfs {
             target: "/run".into(),
             mode: 0o755,
+            size: None,
         });
     }
     // HOME is a tmpfs, or the run's private host directory when the tool
@@ -306,11 +365,13 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         None => MountOp::Tmpfs {
             target: SANDBOX_HOME.into(),
             mode: 0o700,
+            size: tmp_size,
         },
     });
     base.push(MountOp::Tmpfs {
         target: "/dev".into(),
         mode: 0o755,
+        size: None,
     });
     for n in DEV_NODES {
         let p = Path::new("/dev").join(n);
@@ -333,6 +394,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     base.push(MountOp::Tmpfs {
         target: "/dev/shm".into(),
         mode: 0o1777,
+        size: tmp_size,
     });
     for (name, to) in [
         ("fd", "/proc/self/fd"),
@@ -412,6 +474,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         base.push(MountOp::Tmpfs {
             target: "/var/run".into(),
             mode: 0o755,
+            size: None,
         });
     }
 
@@ -475,15 +538,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     // The sweep checks the writable roots the probe recorded (the workspace
     // at the writable levels, writable grants at any level, homes inside
     // them), as far as this view shows them writable.
-    plan.sweep = host
-        .sweep
-        .iter()
-        .filter(|s| {
-            view.host_mode(&s.root)
-                .is_some_and(|x| x.mode == Mode::Write)
-        })
-        .cloned()
-        .collect();
+    plan.sweep = sweep_roots(host, &view);
 
     // Landlock: rules matching the view.
     let mut ll = LandlockSpec {
@@ -523,6 +578,20 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     plan.landlock = ll;
     plan.view = view;
     Ok(plan)
+}
+
+/// The writable roots the probe recorded (the workspace at the writable
+/// levels, writable grants at any level, homes inside them), as far as this
+/// view shows them writable: the sweep checks them after the run.
+fn sweep_roots(host: &HostFacts, view: &View) -> Vec<crate::sweep::SweepRoot> {
+    host.sweep
+        .iter()
+        .filter(|s| {
+            view.host_mode(&s.root)
+                .is_some_and(|x| x.mode == Mode::Write)
+        })
+        .cloned()
+        .collect()
 }
 
 /// A protected mount inside a writable bind stays put only if nothing above

@@ -99,6 +99,9 @@ pub struct HostFacts {
     /// moat itself already runs under a seccomp filter (probed only when
     /// Landlock looks absent, to explain why: a nested sandbox).
     pub under_seccomp: bool,
+    /// User namespaces can be created here (probed only when the policy's
+    /// backend is not `namespaces`).
+    pub userns: bool,
 }
 
 /// /etc files no sandboxed command needs and that hold secrets.
@@ -278,6 +281,8 @@ impl HostFacts {
         if f.landlock_abi < 1 {
             f.under_seccomp = under_seccomp();
         }
+        f.userns = policy.backend == moat_policy::Backend::Namespaces
+            || crate::backend::userns_available();
         f.probe_root();
         f.probe_secrets(policy);
         f.probe_sockets();

@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use crate::confine::{self, Enforcement};
 use crate::init::{self, InitArgs, INIT_SIGNALS};
+use crate::limits::{Applied, Enforcer, LimitFacts, ResourceUsage, TerminationReason};
 use crate::plan::Plan;
 use crate::sys::{self, Forked};
 
@@ -125,6 +126,63 @@ pub struct RunOutcome {
     /// The last bytes of stderr that moat saw (empty when stderr went to a
     /// terminal directly), for reading refusals back.
     pub stderr_tail: Vec<u8>,
+    /// Which limit ended the run, or how else it ended (None: it never started).
+    pub termination_reason: Option<TerminationReason>,
+    /// What the run used.
+    pub usage: ResourceUsage,
+    /// Each resource limit and the mechanism that enforced it.
+    pub limits: Vec<Applied>,
+    /// The backend that ran it: `namespaces`, `landlock`, or `none`
+    /// (danger-full-access).
+    pub backend: &'static str,
+    /// What the backend could not give (the Landlock backend's list).
+    pub not_given: Vec<&'static str>,
+}
+
+/// Limits reached while the run was under way.
+#[derive(Clone, Copy, Debug, Default)]
+struct Reached {
+    output: bool,
+    memory: bool,
+    pids: bool,
+}
+
+/// What is left of the output budget (`--output-limit`).
+#[derive(Clone, Copy, Debug, Default)]
+struct Budget {
+    left: Option<u64>,
+    exceeded: bool,
+}
+
+impl RunOutcome {
+    /// A run that moat refused before anything started (exit 125).
+    pub fn refused(error: String) -> RunOutcome {
+        RunOutcome {
+            status: RunStatus::FailedToStart,
+            exit_code: 125,
+            signal: None,
+            timed_out: false,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration: Duration::ZERO,
+            layers: Layers {
+                namespaces: Enforcement::None,
+                landlock: Enforcement::None,
+                seccomp: Enforcement::None,
+            },
+            error: Some(error),
+            swept: Vec::new(),
+            sweep_failed: Vec::new(),
+            stderr_tail: Vec::new(),
+            termination_reason: None,
+            usage: ResourceUsage::default(),
+            limits: Vec::new(),
+            backend: "none",
+            not_given: Vec::new(),
+        }
+    }
 }
 
 struct Capture {
@@ -143,11 +201,31 @@ struct Capture {
 }
 
 impl Capture {
-    fn read_some(&mut self, observer: &mut dyn RunObserver, tail: &mut Vec<u8>) {
+    fn read_some(
+        &mut self,
+        observer: &mut dyn RunObserver,
+        tail: &mut Vec<u8>,
+        budget: &mut Budget,
+    ) {
         let mut chunk = [0u8; 65536];
         match nix::unistd::read(&self.fd, &mut chunk) {
             Ok(0) => self.open = false,
-            Ok(n) => {
+            Ok(read) => {
+                // Past the output limit nothing more is passed on.
+                let n = match &mut budget.left {
+                    Some(left) => {
+                        let n = read.min(usize::try_from(*left).unwrap_or(usize::MAX));
+                        *left -= n as u64;
+                        if n < read {
+                            budget.exceeded = true;
+                        }
+                        n
+                    }
+                    None => read,
+                };
+                if n == 0 {
+                    return;
+                }
                 let data = &chunk[..n];
                 if let Some(fd) = self.relay {
                     sys::write_all_fd(fd, data);
@@ -207,7 +285,7 @@ fn clone_error(e: io::Error, plan: &Plan) -> String {
             .to_string()
     };
     format!(
-        "cannot create the sandbox namespaces (user, mount, pid, ipc, uts{}): {e}. Fix: {fix}",
+        "cannot create the sandbox namespaces (user, mount, pid, ipc, uts{}): {e}. Fix: {fix}. Or run without namespaces: --backend landlock (Landlock and seccomp only; no private /tmp, HOME or pid namespace, no network; see README)",
         if plan.new_netns { ", net" } else { "" }
     )
 }
@@ -216,41 +294,81 @@ fn clone_error(e: io::Error, plan: &Plan) -> String {
 /// the command could start; they map to exit 125.
 pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> RunOutcome {
     let start = Instant::now();
-    let mut out = RunOutcome {
-        status: RunStatus::FailedToStart,
-        exit_code: 125,
-        signal: None,
-        timed_out: false,
-        stdout: Vec::new(),
-        stderr: Vec::new(),
-        stdout_truncated: false,
-        stderr_truncated: false,
-        duration: Duration::ZERO,
-        layers: Layers {
-            namespaces: Enforcement::None,
-            landlock: Enforcement::None,
-            seccomp: Enforcement::None,
-        },
-        error: None,
-        swept: Vec::new(),
-        sweep_failed: Vec::new(),
-        stderr_tail: Vec::new(),
+    // The Landlock backend: a per-run scratch directory (TMPDIR and HOME)
+    // and the rules made from the view on the host's paths.
+    let landlock_plan;
+    let mut scratch = None;
+    let plan = if plan.landlock_only() {
+        match crate::backend::prepare(plan, &opts.tag) {
+            Ok((p, dir)) => {
+                scratch = Some(dir);
+                landlock_plan = p;
+                &landlock_plan
+            }
+            Err(e) => {
+                let mut out = RunOutcome::refused(e);
+                out.backend = "landlock";
+                return out;
+            }
+        }
+    } else {
+        plan
     };
-    if !plan.sandboxed {
+    let mut out = RunOutcome::refused(String::new());
+    out.error = None;
+    if plan.namespaces() {
+        out.backend = "namespaces";
+    } else if plan.landlock_only() {
+        out.backend = "landlock";
+        out.not_given = crate::backend::NOT_GIVEN.to_vec();
+    }
+    if !plan.namespaces() {
         // Without a pid namespace the command could kill its reaper (same
         // uid, no confinement): moat itself adopts whatever is orphaned
         // then, and kills it below.
         let _ = nix::sys::prctl::set_child_subreaper(true);
     }
-    if let Err(e) = launch(plan, opts, &mut out, start, observer) {
-        out.status = RunStatus::FailedToStart;
-        out.exit_code = 125;
-        out.error = Some(e);
+    let enforcer = if plan.limits.is_unset() {
+        Ok(Enforcer::default())
+    } else {
+        crate::limits::prepare(
+            &plan.limits,
+            // Private tmpfs and a user namespace of its own: namespaces only.
+            plan.namespaces(),
+            &LimitFacts::probe(),
+            &opts.tag,
+        )
+    };
+    match &enforcer {
+        Ok(e) => {
+            out.limits = e.applied.clone();
+            if let Err(e) = launch(plan, opts, &mut out, start, observer, e) {
+                out.status = RunStatus::FailedToStart;
+                out.exit_code = 125;
+                out.error = Some(e);
+            }
+        }
+        Err(e) => out.error = Some(e.clone()),
     }
-    if !plan.sandboxed {
+    if !plan.namespaces() {
         crate::tree::kill_descendants_until_gone();
     }
     out.duration = start.elapsed();
+    out.usage.duration_ms = out.duration.as_millis() as u64;
+    if let Some(dir) = &scratch {
+        if let Err(e) = std::fs::remove_dir_all(dir) {
+            out.error.get_or_insert(format!(
+                "remove the run's scratch directory {}: {e}",
+                dir.display()
+            ));
+        }
+    }
+    if let Some(cg) = enforcer.as_ref().ok().and_then(|e| e.cgroup.as_ref()) {
+        if let Err(e) = cg.remove() {
+            // The run happened; the leftover is moat's failure to report.
+            out.error.get_or_insert(e);
+        }
+    }
     // Every process of the command is gone (the pid namespace died with
     // its init), so nothing races the sweep.
     let report = crate::sweep::sweep(&plan.sweep, &opts.tag);
@@ -275,6 +393,7 @@ fn launch(
     out: &mut RunOutcome,
     start: Instant,
     observer: &mut dyn RunObserver,
+    enforcer: &Enforcer,
 ) -> Result<(), String> {
     if opts.argv.is_empty() {
         return Err("no command given; put it after --".into());
@@ -298,12 +417,14 @@ fn launch(
     let (mut stdout_end, mut stderr_end) = (None, None);
     let stderr_is_tty = nix::unistd::isatty(std::io::stderr()).unwrap_or(false);
     // An interactive run: the command gets a terminal of its own inside the
-    // sandbox (the host's never enters it); stderr joins it when it is a
-    // terminal too.
-    // Every host terminal among moat's stdio is replaced (see pty::Attach):
-    // none enters the sandbox, foreground or not.
-    let pty = own_terminal(plan, opts);
+    // sandbox. Every host terminal among moat's stdio is replaced (see
+    // pty::Attach): none enters the sandbox, foreground or not.
+    let pty = own_terminal(plan, opts, enforcer.output.is_some());
     let wanted: &[(Stream, usize, Option<i32>)] = match opts.output {
+        // An output limit needs every byte to pass through moat to be counted.
+        OutputMode::Passthrough if enforcer.output.is_some() => {
+            &[(Stream::Stdout, 0, Some(1)), (Stream::Stderr, 0, Some(2))]
+        }
         OutputMode::Passthrough if stderr_is_tty => &[],
         OutputMode::Passthrough => &[(Stream::Stderr, 0, Some(2))],
         OutputMode::Capture { limit } => {
@@ -331,7 +452,7 @@ fn launch(
     }
     // The init hands sockets it creates inside the sandbox (the proxy's
     // listeners, the broker's) back over this pair.
-    let (handoff_rx, handoff_tx) = if plan.sandboxed {
+    let (handoff_rx, handoff_tx) = if plan.namespaces() {
         let (a, b) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| format!("create a socket pair: {e}"))?;
         (Some(a), Some(b))
@@ -343,7 +464,7 @@ fn launch(
     let old_mask = sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS)
         .map_err(|e| format!("block signals: {e}"))?;
     let mut ns_flags = 0;
-    if plan.sandboxed {
+    if plan.namespaces() {
         ns_flags = libc::CLONE_NEWUSER
             | libc::CLONE_NEWNS
             | libc::CLONE_NEWPID
@@ -354,7 +475,23 @@ fn launch(
             ns_flags |= libc::CLONE_NEWNET;
         }
     }
-    let child = match sys::clone_process(ns_flags) {
+    // The init is cloned inside the run's cgroup (the supervisor steps in
+    // for the clone and back out right after), so nothing it starts escapes.
+    if let Some(cg) = &enforcer.cgroup {
+        if let Err(e) = cg.enter() {
+            sys::restore_sigmask(&old_mask);
+            let _ = cg.leave();
+            return Err(e);
+        }
+    }
+    let cloned = sys::clone_process(ns_flags);
+    if let (Some(cg), Ok(Forked::Parent(_))) = (&enforcer.cgroup, &cloned) {
+        if let Err(e) = cg.leave() {
+            // The supervisor would stay in the run's limits: better to stop.
+            eprintln!("moat: {e}");
+        }
+    }
+    let child = match cloned {
         Ok(Forked::Child) => init::main(InitArgs {
             plan,
             report_fd: report_w.as_raw_fd(),
@@ -364,11 +501,15 @@ fn launch(
             argv,
             envp,
             seccomp,
+            rlimits: &enforcer.rlimits,
             pty,
         }),
         Ok(Forked::Parent(pid)) => Pid::from_raw(pid),
         Err(e) => {
             sys::restore_sigmask(&old_mask);
+            if let Some(cg) = &enforcer.cgroup {
+                let _ = cg.leave();
+            }
             return Err(clone_error(e, plan));
         }
     };
@@ -376,11 +517,11 @@ fn launch(
     drop(stdout_end);
     drop(stderr_end);
     drop(handoff_tx);
-    if plan.sandboxed {
+    if plan.namespaces() {
         out.layers.namespaces = Enforcement::Full;
     }
     let result = supervise(
-        child, plan, opts, out, captures, report_r, handoff_rx, start, observer,
+        child, plan, opts, out, captures, report_r, handoff_rx, start, observer, enforcer,
     );
     sys::restore_sigmask(&old_mask);
     result
@@ -389,16 +530,21 @@ fn launch(
 /// Which of moat's stdio fds the command gets the sandbox's own pty on:
 /// every host terminal among them in a sandboxed run (only stdin when
 /// moat captures the output), see `pty::Attach`.
-fn own_terminal(plan: &Plan, opts: &RunOptions) -> Option<crate::pty::Attach> {
-    if !plan.sandboxed || opts.stdio_from_outer_sandbox {
+fn own_terminal(
+    plan: &Plan,
+    opts: &RunOptions,
+    output_limited: bool,
+) -> Option<crate::pty::Attach> {
+    if !plan.namespaces() || opts.stdio_from_outer_sandbox {
         return None;
     }
     let tty = crate::pty::Attach::of_stdio()?;
-    let attach = if opts.output == OutputMode::Passthrough {
+    let attach = if opts.output == OutputMode::Passthrough && !output_limited {
         tty
     } else {
-        // Output is captured (--json, --events); a terminal on stdin is
-        // still replaced.
+        // Output is captured (--json, --events) or counted (an output
+        // limit: every byte must pass through moat's pipes); a terminal on
+        // stdin is still replaced.
         crate::pty::Attach {
             stdin: tty.stdin,
             stdout: false,
@@ -419,12 +565,21 @@ fn supervise(
     handoff: Option<std::os::unix::net::UnixStream>,
     start: Instant,
     observer: &mut dyn RunObserver,
+    enforcer: &Enforcer,
 ) -> Result<(), String> {
     let mut handoff = handoff;
+    let mut budget = Budget {
+        left: enforcer.output,
+        exceeded: false,
+    };
+    let mut reached = Reached::default();
+    // Limits the kernel enforces without telling anyone are watched on a tick.
+    let watch = enforcer.cgroup.is_some() || enforcer.nproc_limit.is_some();
+    let tick = Duration::from_millis(50);
     let mut broker: Option<std::os::unix::net::UnixListener> = None;
     // The command's own terminal, once the init has opened it.
     let mut relay: Option<crate::pty::Relay> = None;
-    let plan_pty = own_terminal(plan, opts);
+    let plan_pty = own_terminal(plan, opts, enforcer.output.is_some());
     if plan_pty.is_some() {
         // Resizes of the host terminal arrive through the signalfd.
         let _ = sys::set_sigmask(libc::SIG_BLOCK, &[libc::SIGWINCH]);
@@ -455,9 +610,15 @@ fn supervise(
     while !exited {
         let timeout = match deadline {
             Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
+                let mut left = d.saturating_duration_since(Instant::now());
+                if watch {
+                    left = left.min(tick);
+                }
                 PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1)
                     .unwrap_or(PollTimeout::MAX)
+            }
+            None if watch => {
+                PollTimeout::try_from(tick.as_millis() as i32).unwrap_or(PollTimeout::MAX)
             }
             None => PollTimeout::NONE,
         };
@@ -557,8 +718,25 @@ fn supervise(
         }
         for (k, c) in captures.iter_mut().filter(|c| c.open).enumerate() {
             if cap_ready.get(k).copied().unwrap_or(false) {
-                c.read_some(observer, &mut tail);
+                c.read_some(observer, &mut tail, &mut budget);
             }
+        }
+        reached.output |= budget.exceeded;
+        if let Some(cg) = &enforcer.cgroup {
+            reached.memory |= cg.oom_killed();
+            reached.pids |= cg.pids_reached();
+        }
+        if let Some(max) = enforcer.nproc_limit {
+            // The init and everything below it count against RLIMIT_NPROC.
+            let count = crate::tree::descendants_of(child.as_raw()).len() as u64 + 1;
+            reached.pids |= count >= max;
+        }
+        // A limit reached ends the run: everything in it is killed at once
+        // (a fork bomb would outlive a polite SIGTERM), then the init.
+        if (reached.output || reached.memory || reached.pids) && stage < 2 && !out.timed_out {
+            let _ = sys::kill(child.as_raw(), libc::SIGUSR1);
+            stage = 2;
+            deadline = Some(Instant::now() + Duration::from_secs(1));
         }
         if sig_ready {
             while let Ok(Some(info)) = sigfd.read_signal() {
@@ -630,7 +808,11 @@ fn supervise(
         let mut spins = 0;
         while c.open && spins < 100_000 {
             let before = c.offset;
-            c.read_some(observer, &mut tail);
+            c.read_some(observer, &mut tail, &mut budget);
+            if budget.exceeded && c.offset == before {
+                // Everything past the limit is dropped; stop draining.
+                break;
+            }
             if c.offset == before && c.open {
                 // EAGAIN: a writer outside our tree still holds the pipe.
                 break;
@@ -654,8 +836,45 @@ fn supervise(
             }
         }
     }
+    reached.output |= budget.exceeded;
+    if let Some(cg) = &enforcer.cgroup {
+        reached.memory |= cg.oom_killed();
+        reached.pids |= cg.pids_reached();
+        if out.usage.max_rss_bytes.is_none() {
+            out.usage.max_rss_bytes = cg.memory_peak();
+        }
+        // The init must be gone before its cgroup can be removed.
+        if matches!(init_status, WaitStatus::StillAlive) {
+            let _ = waitpid(child, None);
+        }
+    }
     let program = opts.argv.first().cloned().unwrap_or_default();
-    interpret(&report_buf, init_status, plan, opts, &program, out)
+    let r = interpret(&report_buf, init_status, plan, opts, &program, out);
+    out.termination_reason = termination_reason(out, reached);
+    r
+}
+
+/// Which limit ended the run, or how else it ended.
+fn termination_reason(out: &RunOutcome, reached: Reached) -> Option<TerminationReason> {
+    if out.status == RunStatus::FailedToStart {
+        return None;
+    }
+    Some(if out.timed_out {
+        TerminationReason::Timeout
+    } else if reached.output {
+        TerminationReason::Output
+    } else if reached.memory {
+        TerminationReason::Memory
+    } else if reached.pids {
+        TerminationReason::Pids
+    } else {
+        match out.signal {
+            Some(libc::SIGXCPU) => TerminationReason::Cpu,
+            Some(libc::SIGXFSZ) => TerminationReason::FileSize,
+            Some(_) => TerminationReason::Signal,
+            None => TerminationReason::Exit,
+        }
+    })
 }
 
 fn set_nonblocking(fd: &OwnedFd) {
@@ -790,8 +1009,15 @@ fn interpret(
             "S" => {
                 let mut parts = rest
                     .split_whitespace()
-                    .map(|s| s.parse::<i32>().unwrap_or(0));
-                final_status = Some((parts.next().unwrap_or(0), parts.next().unwrap_or(0)));
+                    .map(|s| s.parse::<i64>().unwrap_or(0));
+                let code = parts.next().unwrap_or(0) as i32;
+                let signal = parts.next().unwrap_or(0) as i32;
+                // What every process of the run used, reaped by the init.
+                if let (Some(rss_kb), Some(cpu_ms)) = (parts.next(), parts.next()) {
+                    out.usage.max_rss_bytes = Some(rss_kb.max(0) as u64 * 1024);
+                    out.usage.cpu_ms = Some(cpu_ms.max(0) as u64);
+                }
+                final_status = Some((code, signal));
             }
             _ => {}
         }

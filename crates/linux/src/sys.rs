@@ -355,7 +355,15 @@ pub fn drop_all_capabilities() -> io::Result<()> {
     for cap in 0..=last {
         // SAFETY: integer-only prctl; EINVAL for caps unknown to the kernel is
         // impossible since we stop at cap_last_cap.
-        check(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } as libc::c_long)?;
+        match check(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } as libc::c_long) {
+            Ok(_) => {}
+            // Without CAP_SETPCAP (an unprivileged process outside a user
+            // namespace: the Landlock backend) the bounding set cannot be
+            // lowered. It only bounds what exec could grant, and the caller
+            // sets no_new_privs next, so exec grants nothing.
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => break,
+            Err(e) => return Err(e),
+        }
     }
     #[repr(C)]
     struct CapHeader {

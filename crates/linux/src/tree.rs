@@ -56,9 +56,13 @@ fn parent_map() -> BTreeMap<libc::pid_t, Vec<libc::pid_t>> {
 
 /// Every descendant of the calling process.
 pub fn descendants() -> BTreeSet<libc::pid_t> {
-    let me = std::process::id() as libc::pid_t;
+    descendants_of(std::process::id() as libc::pid_t)
+}
+
+/// Every descendant of `root`.
+pub fn descendants_of(root: libc::pid_t) -> BTreeSet<libc::pid_t> {
     let mut out = BTreeSet::new();
-    let mut stack = vec![me];
+    let mut stack = vec![root];
     let mut fallback: Option<BTreeMap<libc::pid_t, Vec<libc::pid_t>>> = None;
     while let Some(p) = stack.pop() {
         let kids = match (&fallback, children_of(p)) {

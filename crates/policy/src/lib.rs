@@ -17,6 +17,7 @@
 mod duration;
 mod env;
 pub mod gitconfig;
+mod limits;
 mod nested;
 pub mod pathser;
 mod protected;
@@ -34,6 +35,7 @@ pub use env::{
     is_secret_env_name, strip_url_credentials, strip_url_userinfo, tool_config_env, SAFE_BASE_ENV,
     TOOL_CONFIG_ENV_PREFIXES,
 };
+pub use limits::{parse_count, parse_size, CountError, Limits, LimitsMode, SizeError};
 pub use nested::{covers, Widening};
 pub use protected::{
     is_inert_hook_name, is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
@@ -97,6 +99,44 @@ impl Level {
 impl fmt::Display for Level {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Which confinement backend runs a sandboxed level.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// User, mount, pid, ipc, uts and net namespaces, then Landlock and
+    /// seccomp (the default; refuses when namespaces are unavailable).
+    #[default]
+    Namespaces,
+    /// Landlock, seccomp and no_new_privs only: for hosts without user
+    /// namespaces. Less than the namespaces backend (no private /tmp, HOME or
+    /// pid namespace); what it cannot give is listed and refused.
+    Landlock,
+    /// Namespaces where available, else Landlock.
+    Auto,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Namespaces => "namespaces",
+            Backend::Landlock => "landlock",
+            Backend::Auto => "auto",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Backend> {
+        [Backend::Namespaces, Backend::Landlock, Backend::Auto]
+            .into_iter()
+            .find(|b| b.as_str() == s)
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Backend::Namespaces
     }
 }
 
@@ -228,6 +268,10 @@ pub struct PolicyRequest {
     pub env: Vec<(String, String)>,
     pub pass_env: Vec<String>,
     pub timeout_ms: Option<u64>,
+    /// Resource limits (`--memory`, `--pids`, …).
+    pub limits: Limits,
+    /// `--backend`.
+    pub backend: Backend,
     /// `--allow-domain` / `--deny-domain` (presets allowed), proxy mode only.
     pub allow_domains: Vec<String>,
     pub deny_domains: Vec<String>,
@@ -283,6 +327,12 @@ pub struct Policy {
     pub env_names: Vec<String>,
     pub pass_env: Vec<String>,
     pub timeout_ms: Option<u64>,
+    /// Resource limits; absent from the canonical form when none is set.
+    #[serde(skip_serializing_if = "Limits::is_unset")]
+    pub limits: Limits,
+    /// The backend asked for; absent from the canonical form when it is the default.
+    #[serde(skip_serializing_if = "Backend::is_default")]
+    pub backend: Backend,
     /// The tool's network class, narrowing the network mode.
     pub net_class: Option<NetClass>,
     /// The profile this run is for.
@@ -436,6 +486,8 @@ impl Policy {
             env,
             pass_env,
             timeout_ms: req.timeout_ms,
+            limits: req.limits,
+            backend: req.backend,
             net_class: req.net_class,
             tool: req.tool,
             shims: {

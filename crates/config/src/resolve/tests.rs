@@ -771,3 +771,38 @@ fn net_class_reaches_the_policy() {
         .unwrap();
     assert_eq!(policy.net_class, Some(NetClass::NetDenied));
 }
+
+#[test]
+fn limits_resolve_per_limit_and_profile_defaults_are_best_effort() {
+    let p = profile("name = \"agent\"\n[limits]\npids = 4096\ntmp_size = \"2G\"\n");
+    let c = config("[tools.agent.limits]\npids = 256\nmode = \"strict\"\n");
+    let s = Sources {
+        profile: Some(p),
+        user_config: Some(c),
+        flags: Some(flags("--memory 1G")),
+        ..sources()
+    };
+    let r = resolve(Some("agent"), None, s).unwrap();
+    let l = r.policy_limits();
+    assert_eq!(l.pids, Some(256));
+    assert_eq!(l.tmp_size, Some(2 << 30));
+    assert_eq!(l.memory, Some(1 << 30));
+    assert_eq!(l.mode, moat_policy::LimitsMode::Strict);
+    // Only what the profile alone set is best-effort.
+    assert_eq!(l.best_effort, vec!["tmp_size".to_string()]);
+}
+
+#[test]
+fn a_project_cannot_relax_how_limits_hold() {
+    let e = parse_project(
+        b"[limits]\nmode = \"best-effort\"\n",
+        Path::new("/home/me/proj/.moat.toml"),
+        Some(Path::new(HOME)),
+        |_| None,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("limits.mode"), "{e}");
+    // Adding a limit is fine.
+    let p = project("[limits]\npids = 64\n");
+    assert_eq!(p.defaults.limits.pids, Some(64));
+}
