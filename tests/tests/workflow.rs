@@ -823,7 +823,10 @@ fn git_commit_keeps_the_commit_and_its_author() {
 fn cargo_fetches_a_dependency_through_the_proxy() {
     let real = PathBuf::from(std::env::var("HOME").unwrap_or_default());
     let have = real.join(".cargo/bin/cargo").exists() && real.join(".rustup").is_dir();
-    if !need("a rustup toolchain in this user's home", have) {
+    if !have {
+        // No toolchain host is reachable from CI, so only the machine's own
+        // rustup (root's) exists; this case runs in the root phase.
+        skip("no rustup toolchain in this user's home (the machine's rustup is root's)");
         return;
     }
     let w = Wf::new();
