@@ -151,6 +151,21 @@ pub const WRITE_PROTECTED_HOME_PATHS: &[&str] = &[
     ".xsessionrc",
     ".config/fontconfig",
     ".config/user-dirs.dirs",
+    // Coding agents' user-level configuration that runs commands on the
+    // host the next time the agent starts outside moat. Their state dir
+    // (`~/.claude`, `~/.codex`) is opted in read-write by the agent's
+    // profile; these parts of it stay read-only all the same.
+    // Claude Code: settings hooks, slash commands/agents/skills with
+    // `allowed-tools`, plugins (hooks, MCP servers).
+    ".claude/settings.json",
+    ".claude/settings.local.json",
+    ".claude/commands",
+    ".claude/agents",
+    ".claude/skills",
+    ".claude/plugins",
+    ".claude/hooks",
+    // Codex CLI: `[mcp_servers.*] command`, `notify` in its config.
+    ".codex/config.toml",
 ];
 
 /// Paths inside every git dir (`.git`, `.git/modules/**`) that run code
