@@ -178,3 +178,52 @@ fn agent_state_dir_cannot_plant_host_hooks() {
         Some("{\"model\": \"m\"}\n")
     );
 }
+
+/// A fake `claude` that leaves its state file as a FIFO (or, with `BIG`, a
+/// file far larger than any state file) in the run's HOME.
+const STATE_SABOTEUR: &str = r#"#!/usr/bin/env python3
+import os, sys
+p = os.path.join(os.environ["HOME"], ".claude.json")
+os.remove(p)
+if len(sys.argv) > 1 and sys.argv[1] == "big":
+    with open(p, "w") as f:
+        f.truncate(3 << 30)
+    print("SABOTEUR_RAN big")
+else:
+    os.mkfifo(p)
+    print("SABOTEUR_RAN fifo")
+"#;
+
+/// moat merges the run's copy of `~/.claude.json` back after the run: a
+/// FIFO left in its place must not hang moat (opening a FIFO for reading
+/// blocks until a writer comes), and a sparse multi-gigabyte file must not
+/// be read into moat's memory. The host file stays as it was.
+#[test]
+fn synced_state_file_swapped_for_a_fifo_or_a_huge_file_is_refused() {
+    for how in ["fifo", "big"] {
+        let a = Agent::new();
+        a.program("claude", STATE_SABOTEUR);
+        let before = read(a.fx.home.join(".claude.json")).unwrap();
+        let out =
+            spawn(a.moat(["run", "claude", how])).wait_limit(std::time::Duration::from_secs(60));
+        out.expect_stdout_has(&format!("SABOTEUR_RAN {how}"));
+        let host = a.fx.home.join(".claude.json");
+        let meta = std::fs::symlink_metadata(&host).unwrap();
+        assert!(
+            meta.file_type().is_file(),
+            "{how}: host file replaced\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(&host).as_deref(),
+            Some(before.as_str()),
+            "{how}\n{}",
+            out.dump()
+        );
+        assert!(
+            out.all().contains("not saved"),
+            "{how}: says why\n{}",
+            out.dump()
+        );
+    }
+}

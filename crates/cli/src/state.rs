@@ -171,14 +171,20 @@ fn create_missing(home: &Path, rel: &Path, kind: FirstUseKind) -> Result<bool, S
     Ok(created)
 }
 
+/// The largest state file moat reads (the run's copy is the command's to
+/// shape: a sparse file of gigabytes must not land in moat's memory).
+const MAX_STATE_FILE: u64 = 64 << 20;
+
 /// Reads regular file `rel` beneath `base` (no symlinks). None when missing.
 fn read_beneath(base: &Path, rel: &Path) -> Result<Option<Vec<u8>>, String> {
     let dir = open_dir(base).map_err(|e| format!("{}: {e}", base.display()))?;
+    // O_NONBLOCK: a FIFO put in the file's place must not block the open
+    // (it is then refused as not a regular file).
     let fd = match openat2(
         dir.as_fd(),
         rel,
         OpenHow::new()
-            .flags(OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .flags(OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
             .resolve(beneath()),
     ) {
         Ok(fd) => fd,
@@ -192,10 +198,24 @@ fn read_beneath(base: &Path, rel: &Path) -> Result<Option<Vec<u8>>, String> {
             base.join(rel).display()
         ));
     }
+    let too_big = || {
+        format!(
+            "{} is larger than {} MiB",
+            base.join(rel).display(),
+            MAX_STATE_FILE >> 20
+        )
+    };
+    if u64::try_from(st.st_size).unwrap_or(u64::MAX) > MAX_STATE_FILE {
+        return Err(too_big());
+    }
     let mut buf = Vec::new();
     File::from(fd)
+        .take(MAX_STATE_FILE + 1)
         .read_to_end(&mut buf)
         .map_err(|e| e.to_string())?;
+    if buf.len() as u64 > MAX_STATE_FILE {
+        return Err(too_big());
+    }
     Ok(Some(buf))
 }
 
