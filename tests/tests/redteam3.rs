@@ -227,3 +227,82 @@ fn synced_state_file_swapped_for_a_fifo_or_a_huge_file_is_refused() {
         );
     }
 }
+
+/// `--output-limit` counts everything the command shows: what it writes to
+/// its terminal (`/dev/tty`, the sandbox's own pty relayed to the host
+/// terminal on stdin) counts like stdout, so 100 KB written there past a
+/// 1 KiB limit never reaches the host terminal and the run ends with
+/// `termination_reason: output`.
+#[test]
+fn output_limit_counts_what_the_command_writes_to_its_terminal() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let fx = Fixture::new();
+    let pty = Pty::open();
+    let mut c = fx.moat([
+        "run",
+        "--json",
+        "--policy",
+        "rw",
+        "--output-limit",
+        "1K",
+        "--",
+        "bash",
+        "-c",
+        "echo TTY_PROBE_RAN; for i in $(seq 2000); do \
+         echo TTYLINE-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx > /dev/tty; done",
+    ]);
+    pty.attach(&mut c);
+    // Read the host terminal while the run goes on (a full pty buffer
+    // would block the writer).
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let done = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (seen, done, master) = (seen.clone(), done.clone(), pty.master);
+        std::thread::spawn(move || loop {
+            let got = read_available(master);
+            seen.lock().unwrap().extend_from_slice(&got);
+            if done.load(Ordering::SeqCst) && got.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        })
+    };
+    let out = spawn(c).wait_limit(std::time::Duration::from_secs(120));
+    done.store(true, Ordering::SeqCst);
+    reader.join().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let v = out.json();
+    assert!(
+        v["stdout"].as_str().unwrap_or("").contains("TTY_PROBE_RAN"),
+        "{}",
+        out.dump()
+    );
+    let lines = seen.windows(7).filter(|w| w == b"TTYLINE").count();
+    assert!(
+        seen.len() < 4096,
+        "{} bytes ({lines} lines) reached the host terminal past a 1 KiB output limit\n{}",
+        seen.len(),
+        out.dump()
+    );
+    assert_eq!(v["termination_reason"], "output", "{}", out.dump());
+}
+
+/// What is readable on `fd` now (non-blocking).
+fn read_available(fd: i32) -> Vec<u8> {
+    let mut out = Vec::new();
+    // SAFETY: fcntl and read on an fd the caller keeps open, into a local buffer.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        let mut b = [0u8; 4096];
+        loop {
+            let n = libc::read(fd, b.as_mut_ptr().cast(), b.len());
+            if n <= 0 {
+                break;
+            }
+            out.extend_from_slice(&b[..n as usize]);
+        }
+    }
+    out
+}

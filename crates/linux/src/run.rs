@@ -680,7 +680,7 @@ fn supervise(
         drop(fds);
         drop(relay_set);
         if let Some(r) = relay.as_mut() {
-            r.pump(master_ready, stdin_ready);
+            budget.exceeded |= r.pump(master_ready, stdin_ready, &mut budget.left);
         }
         if handoff_ready {
             match handoff.as_ref().and_then(crate::netns::receive) {
@@ -796,7 +796,7 @@ fn supervise(
     };
     // What the command wrote last, then the host terminal's own settings back.
     if let Some(mut r) = relay.take() {
-        r.drain_master();
+        budget.exceeded |= r.drain_master(&mut budget.left);
     }
     // Everything that could hold the pipes is gone now; drain what is left.
     set_nonblocking(&report_r);
