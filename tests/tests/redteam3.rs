@@ -306,3 +306,85 @@ fn read_available(fd: i32) -> Vec<u8> {
     }
     out
 }
+
+/// The user's `moat serve --socket` runs whatever its clients ask, under its
+/// own ceiling. A command inside a sandbox sees the socket (at `read-only`
+/// and `workspace-write` the host fs is visible, and `connect()` needs no
+/// writable mount) and has the same uid, so SO_PEERCRED alone lets it in:
+/// a read-only run would get a workspace-write execution. The server must
+/// refuse peers inside a sandbox; a host client still works (positive side).
+#[test]
+fn serve_socket_refuses_clients_inside_a_sandbox() {
+    use std::os::unix::fs::PermissionsExt;
+    let fx = Fixture::new();
+    let dir = fx.root.join("srv");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let sock = dir.join("moat.sock");
+    let mut server = fx
+        .moat([
+            "serve",
+            "--socket",
+            sock.to_str().unwrap(),
+            "--policy",
+            "workspace-write",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..600 {
+        if exists(&sock) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // A client: sends one execute request writing MARKER, then reads until
+    // the execution finished or the server closed the connection.
+    let client = r#"
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(60)
+print("CLIENT_START", flush=True)
+s.connect(sys.argv[1])
+print("CLIENT_CONNECTED")
+req = {"jsonrpc": "2.0", "id": 1, "method": "execute",
+       "params": {"command": ["sh", "-c", "echo x > " + sys.argv[2]]}}
+s.sendall((json.dumps(req) + "\n").encode())
+buf = b""
+try:
+    while b"execution.finished" not in buf and b"error" not in buf:
+        d = s.recv(65536)
+        if not d:
+            break
+        buf += d
+except OSError as e:
+    print("CLIENT_ERR", e)
+print("CLIENT_DONE", len(buf))
+"#;
+    let inside = fx.w("written-from-inside");
+    let out = run(fx.py(
+        "read-only",
+        &[],
+        client,
+        &[sock.to_str().unwrap(), inside.to_str().unwrap()],
+    ));
+    let host = fx.w("written-from-host");
+    let ok = Command::new(PY)
+        .args(["-c", client, sock.to_str().unwrap(), host.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    out.expect_stdout_has("CLIENT_START");
+    assert!(
+        !exists(&inside),
+        "a read-only sandbox got a write through the user's moat serve socket\n{}",
+        out.dump()
+    );
+    assert!(
+        exists(&host),
+        "a host client is served: {}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+}
