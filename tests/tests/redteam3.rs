@@ -388,3 +388,80 @@ print("CLIENT_DONE", len(buf))
         String::from_utf8_lossy(&ok.stdout)
     );
 }
+
+/// `moat export oci --bundle DIR` writes the config.json a container
+/// runtime later runs (often as root) into DIR. A bundle directory others
+/// can write (a planted one in /var/tmp, where the default goes) lets them
+/// swap that config afterwards; a `config.json` planted there as a dangling
+/// symlink redirected moat's write to any file the caller can write. moat
+/// refuses a directory others can write and never writes through a link.
+#[test]
+fn export_oci_bundle_dir_cannot_be_planted_or_redirected() {
+    use std::os::unix::fs::PermissionsExt;
+    let fx = Fixture::new();
+    // 1. A planted config.json symlink in a private bundle dir.
+    let dir = fx.root.join("bundle-linked");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let victim = fx.root.join("victim-file");
+    std::os::unix::fs::symlink(&victim, dir.join("config.json")).unwrap();
+    let out = run(fx.moat([
+        "export",
+        "oci",
+        "--policy",
+        "rw",
+        "--bundle",
+        dir.to_str().unwrap(),
+        "--",
+        "true",
+    ]));
+    assert!(
+        out.all().contains(dir.to_str().unwrap()),
+        "export ran and named the bundle\n{}",
+        out.dump()
+    );
+    assert!(
+        !exists(&victim),
+        "moat wrote through a planted link\n{}",
+        out.dump()
+    );
+    // 2. A bundle dir writable by others (mode 0777, as a planted dir in a
+    //    shared /var/tmp would be): refused, nothing written.
+    let open_dir = fx.root.join("bundle-open");
+    std::fs::create_dir(&open_dir).unwrap();
+    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = run(fx.moat([
+        "export",
+        "oci",
+        "--policy",
+        "rw",
+        "--bundle",
+        open_dir.to_str().unwrap(),
+        "--",
+        "true",
+    ]));
+    assert!(
+        out.all().contains(open_dir.to_str().unwrap()),
+        "export ran and named the bundle\n{}",
+        out.dump()
+    );
+    assert!(
+        !exists(open_dir.join("config.json")),
+        "a bundle was written into a directory others can write\n{}",
+        out.dump()
+    );
+    // Positive side: a fresh directory gets a bundle.
+    let fresh = fx.root.join("bundle-fresh");
+    let out = run(fx.moat([
+        "export",
+        "oci",
+        "--policy",
+        "rw",
+        "--bundle",
+        fresh.to_str().unwrap(),
+        "--",
+        "true",
+    ]));
+    out.expect_code(0);
+    assert!(exists(fresh.join("config.json")), "{}", out.dump());
+}
