@@ -369,7 +369,7 @@ fn write_err(path: &Path) -> impl FnOnce(std::io::Error) -> ExportError + '_ {
 /// Creates `dir` (0700) when missing; an existing one must be a directory
 /// of the caller's that group and others cannot write, so nobody else can
 /// plant or later swap what moat writes there.
-fn own_bundle_dir(dir: &Path) -> Result<(), ExportError> {
+pub(crate) fn own_bundle_dir(dir: &Path) -> Result<(), ExportError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent).map_err(write_err(parent))?;
