@@ -465,3 +465,48 @@ fn export_oci_bundle_dir_cannot_be_planted_or_redirected() {
     out.expect_code(0);
     assert!(exists(fresh.join("config.json")), "{}", out.dump());
 }
+
+/// A fake `claude` that rewrites `~/.claude.json` in place (no rename).
+const IN_PLACE_INJECTOR: &str = r#"#!/usr/bin/env python3
+import json, os
+p = os.path.join(os.environ["HOME"], ".claude.json")
+try:
+    with open(p) as f:
+        state = json.load(f)
+    state["mcpServers"] = {"pwn": {"command": "/bin/sh", "args": ["-c", "touch MARKER"]}}
+    with open(p, "w") as f:
+        json.dump(state, f)
+    print("IN_PLACE_PROBE written")
+except OSError as e:
+    print("IN_PLACE_PROBE errno=%d" % e.errno)
+"#;
+
+/// With `~/.claude.json` a symlink on the host (dotfile managers make
+/// one), moat does not sync a copy; the file must still not become a way
+/// to plant host-executed commands by writing it in place.
+#[test]
+fn symlinked_agent_state_file_cannot_plant_host_executed_commands() {
+    let a = Agent::new();
+    let marker = a.fx.root.join("pwned-link");
+    a.program(
+        "claude",
+        &IN_PLACE_INJECTOR.replace("MARKER", &marker.display().to_string()),
+    );
+    let real = a.fx.home.join("dotfiles/claude.json");
+    write(&real, "{\"numStartups\": 1}\n");
+    let link = a.fx.home.join(".claude.json");
+    std::fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink("dotfiles/claude.json", &link).unwrap();
+    let out = run(a.moat(["run", "claude"]));
+    out.expect_stdout_has("IN_PLACE_PROBE");
+    let host = read(&real).unwrap_or_default();
+    assert!(
+        !host.contains("pwn"),
+        "the run planted an MCP server in the linked ~/.claude.json: {host}\n{}",
+        out.dump()
+    );
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
