@@ -510,3 +510,38 @@ fn symlinked_agent_state_file_cannot_plant_host_executed_commands() {
         .file_type()
         .is_symlink());
 }
+
+/// `termination_reason` names a limit only when that limit ended the run: a
+/// command that sends itself SIGXCPU or SIGXFSZ (with no such limit set, or
+/// with a CPU limit it never came near) ended by a signal, and the result
+/// must not blame a limit a harness would then raise.
+#[test]
+fn termination_reason_is_not_forged_by_a_self_sent_limit_signal() {
+    let fx = Fixture::new();
+    for (extra, sig) in [
+        (&[][..], "XCPU"),
+        (&[][..], "XFSZ"),
+        (&["--cpu-time", "100"][..], "XCPU"),
+    ] {
+        let mut args = vec!["run", "--json", "--policy", "rw"];
+        args.extend_from_slice(extra);
+        let script = format!("echo SELF_SIGNAL_PROBE; kill -{sig} $$");
+        args.extend_from_slice(&["--", "sh", "-c", &script]);
+        let out = run(fx.moat(args));
+        let v = out.json();
+        assert!(
+            v["stdout"]
+                .as_str()
+                .unwrap_or("")
+                .contains("SELF_SIGNAL_PROBE"),
+            "{}",
+            out.dump()
+        );
+        assert_eq!(
+            v["termination_reason"],
+            "signal",
+            "{sig} {extra:?}: a self-sent signal is not a limit\n{}",
+            out.dump()
+        );
+    }
+}

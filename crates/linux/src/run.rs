@@ -850,12 +850,29 @@ fn supervise(
     }
     let program = opts.argv.first().cloned().unwrap_or_default();
     let r = interpret(&report_buf, init_status, plan, opts, &program, out);
-    out.termination_reason = termination_reason(out, reached);
+    out.termination_reason = termination_reason(out, reached, &enforcer.rlimits);
     r
 }
 
-/// Which limit ended the run, or how else it ended.
-fn termination_reason(out: &RunOutcome, reached: Reached) -> Option<TerminationReason> {
+/// Which limit ended the run, or how else it ended. SIGXCPU and SIGXFSZ
+/// name a limit only when that limit was set (and, for CPU time, the run
+/// used that much): the command can send either signal to itself, and the
+/// result must not blame a limit that did nothing.
+fn termination_reason(
+    out: &RunOutcome,
+    reached: Reached,
+    rlimits: &[(nix::sys::resource::Resource, u64, u64)],
+) -> Option<TerminationReason> {
+    use nix::sys::resource::Resource;
+    let soft = |r: Resource| rlimits.iter().find(|(x, _, _)| *x == r).map(|(_, s, _)| *s);
+    // RLIMIT_CPU is in whole seconds per process; the usage sums every
+    // process of the run, so less than the limit means it was not reached
+    // (a tick of slack for the accounting's granularity).
+    let cpu_reached = soft(Resource::RLIMIT_CPU).is_some_and(|secs| {
+        out.usage
+            .cpu_ms
+            .is_none_or(|used| used + 100 >= secs.saturating_mul(1000))
+    });
     if out.status == RunStatus::FailedToStart {
         return None;
     }
@@ -869,8 +886,10 @@ fn termination_reason(out: &RunOutcome, reached: Reached) -> Option<TerminationR
         TerminationReason::Pids
     } else {
         match out.signal {
-            Some(libc::SIGXCPU) => TerminationReason::Cpu,
-            Some(libc::SIGXFSZ) => TerminationReason::FileSize,
+            Some(libc::SIGXCPU) if cpu_reached => TerminationReason::Cpu,
+            Some(libc::SIGXFSZ) if soft(Resource::RLIMIT_FSIZE).is_some() => {
+                TerminationReason::FileSize
+            }
             Some(_) => TerminationReason::Signal,
             None => TerminationReason::Exit,
         }
