@@ -545,3 +545,62 @@ fn termination_reason_is_not_forged_by_a_self_sent_limit_signal() {
         );
     }
 }
+
+/// The Claude Code hook proves moat can confine the command by running
+/// `moat run bash -c true` first. Claude Code runs hooks with its terminal
+/// as their controlling terminal; an untrusted `.moat.toml` that the agent
+/// itself wrote in a subdirectory (a sandboxed command may) made that probe
+/// ask the trust question on the terminal Claude Code's own UI holds, and
+/// wait. A hook that hangs is cancelled by Claude Code and the tool call
+/// goes ahead unconfined: the hook must answer (deny) without waiting.
+#[test]
+fn claude_code_hook_never_waits_on_a_terminal_prompt() {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let fx = Fixture::new();
+    std::fs::create_dir(fx.w(".git")).unwrap();
+    write(fx.w("sub/.moat.toml"), "network = \"disabled\"\n");
+    let pty = Pty::open();
+    // A terminal as Claude Code's UI keeps it: raw, a read waits for a key.
+    // SAFETY: tcgetattr/tcsetattr on the slave fd we own, into a local termios.
+    unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        libc::tcgetattr(pty.slave, &mut t);
+        t.c_cc[libc::VMIN] = 1;
+        libc::tcsetattr(pty.slave, libc::TCSANOW, &t);
+    }
+    let mut c = fx.moat(["hook", "claude-code"]);
+    c.stdin(std::process::Stdio::piped());
+    let slave = pty.slave;
+    // SAFETY: setsid and ioctl are async-signal-safe; the slave fd stays
+    // open in the parent for the child's lifetime.
+    unsafe {
+        c.pre_exec(move || {
+            libc::setsid();
+            libc::ioctl(slave, libc::TIOCSCTTY, 0);
+            Ok(())
+        });
+    }
+    let input = serde_json::json!({
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Bash",
+        "tool_input": {"command": "echo HOOK_PROBE"},
+        "cwd": fx.w("sub"),
+    });
+    let mut r = spawn(c);
+    {
+        let mut stdin = r.child.stdin.take().unwrap();
+        stdin.write_all(input.to_string().as_bytes()).unwrap();
+    }
+    let out = r.wait_limit(std::time::Duration::from_secs(120));
+    let (on_terminal, _) = pty.pending();
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim())
+        .unwrap_or_else(|e| panic!("hook answer: {e}\n{}", out.dump()));
+    assert_eq!(
+        v["hookSpecificOutput"]["permissionDecision"],
+        "deny",
+        "terminal got: {}\n{}",
+        String::from_utf8_lossy(&on_terminal),
+        out.dump()
+    );
+}
