@@ -145,6 +145,13 @@ for name in ["settings.json", "settings.local.json"]:
         res.append(name + ":written")
     except OSError as e:
         res.append(name + ":errno=%d" % e.errno)
+for rel in ["local/claude", "shell-snapshots/snapshot-bash-1.sh"]:
+    try:
+        with open(os.path.join(d, rel), "a") as f:
+            f.write("\ntouch MARKER\n")
+        res.append(rel + ":written")
+    except OSError as e:
+        res.append(rel + ":errno=%d" % e.errno)
 print("SETTINGS_PROBE", " ".join(res))
 "#;
 
@@ -163,6 +170,12 @@ fn agent_state_dir_cannot_plant_host_hooks() {
         a.fx.home.join(".claude/settings.json"),
         "{\"model\": \"m\"}\n",
     );
+    // The local installer's program and a host session's shell snapshot.
+    write(a.fx.home.join(".claude/local/claude"), "#!/bin/sh\n");
+    write(
+        a.fx.home.join(".claude/shell-snapshots/snapshot-bash-1.sh"),
+        "export A=1\n",
+    );
     let out = run(a.moat(["run", "claude"]));
     out.expect_stdout_has("SETTINGS_PROBE");
     for name in ["settings.json", "settings.local.json"] {
@@ -177,6 +190,17 @@ fn agent_state_dir_cannot_plant_host_hooks() {
         read(a.fx.home.join(".claude/settings.json")).as_deref(),
         Some("{\"model\": \"m\"}\n")
     );
+    for (rel, was) in [
+        ("local/claude", "#!/bin/sh\n"),
+        ("shell-snapshots/snapshot-bash-1.sh", "export A=1\n"),
+    ] {
+        assert_eq!(
+            read(a.fx.home.join(".claude").join(rel)).as_deref(),
+            Some(was),
+            "~/.claude/{rel} changed by the run\n{}",
+            out.dump()
+        );
+    }
 }
 
 /// A fake `claude` that leaves its state file as a FIFO (or, with `BIG`, a

@@ -156,8 +156,13 @@ pub const WRITE_PROTECTED_HOME_PATHS: &[&str] = &[
     // (`~/.claude`, `~/.codex`) is opted in read-write by the agent's
     // profile; these parts of it stay read-only all the same.
     // Claude Code: settings hooks, slash commands/agents/skills with
-    // `allowed-tools`, plugins (hooks, MCP servers).
+    // `allowed-tools`, plugins (hooks, MCP servers), its own install
+    // (`local/`, the program itself with the local installer) and the shell
+    // snapshots its Bash tool sources before each command (a session on the
+    // host running at the same time would source a changed one).
     ".claude/settings.json",
+    ".claude/local",
+    ".claude/shell-snapshots",
     ".claude/settings.local.json",
     ".claude/commands",
     ".claude/agents",
