@@ -628,3 +628,90 @@ fn claude_code_hook_never_waits_on_a_terminal_prompt() {
         out.dump()
     );
 }
+
+/// The moat-* cgroups in the cgroup v1 pids hierarchy beside this process's own.
+fn own_pids_cgroup() -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = text
+        .lines()
+        .find_map(|l| l.split_once(":pids:").map(|(_, p)| p.to_string()))?;
+    let dir = PathBuf::from("/sys/fs/cgroup/pids").join(rel.trim_start_matches('/'));
+    dir.join("cgroup.procs").exists().then_some(dir)
+}
+
+fn moat_cgroups(dir: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|r| {
+            r.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("moat-"))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A moat killed outright (SIGKILL) cannot remove its run's cgroup; its
+/// processes go with it, but the empty cgroup stayed forever and they piled
+/// up. A later run removes the stale empty ones.
+#[test]
+fn cgroup_of_a_killed_moat_is_swept_by_a_later_run() {
+    if euid() != 0 {
+        skip("per-run cgroups (cgroup v1) are created only as root");
+        return;
+    }
+    let Some(own) = own_pids_cgroup() else {
+        skip("no cgroup v1 pids hierarchy on this host");
+        return;
+    };
+    let fx = Fixture::new();
+    let before = moat_cgroups(&own);
+    let started = fx.w("started");
+    let mut r = spawn(fx.moat([
+        "exec",
+        "--policy",
+        "rw",
+        "--pids",
+        "50",
+        "--",
+        "bash",
+        "-c",
+        &format!("touch {}; exec sleep 300", started.display()),
+    ]));
+    for _ in 0..1200 {
+        if exists(&started) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(exists(&started), "the run started");
+    let new: Vec<PathBuf> = moat_cgroups(&own)
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    assert_eq!(new.len(), 1, "the run has its own cgroup: {new:?}");
+    let cg = new[0].clone();
+    let _ = r.child.kill();
+    let _ = r.child.wait();
+    // Its processes go with it (hang guard only).
+    for _ in 0..1200 {
+        let procs = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();
+        if procs.trim().is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(exists(&cg), "a SIGKILLed moat cannot remove its cgroup");
+    // Make it look left over from long ago (a young one may be a run being set up).
+    let touched = Command::new("touch")
+        .args(["-d", "2 hours ago"])
+        .arg(&cg)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    run(fx.moat(["exec", "--policy", "rw", "--pids", "50", "--", "true"])).expect_code(0);
+    assert!(
+        !exists(&cg),
+        "the stale cgroup {} is still there",
+        cg.display()
+    );
+}
