@@ -499,3 +499,37 @@ fn planted_hook_is_quarantined_under_the_execution_id() {
         out.dump()
     );
 }
+
+/// The floor probe tries every entry of `SECCOMP_FLOOR` and `DENIED_IOCTLS`:
+/// an entry added to the floor fails this until the probe tries it too.
+/// (Reads the source, not the binary: it passes against any stand-in.)
+#[test]
+fn the_floor_probe_names_every_floor_entry_contract() {
+    let src = include_str!("../../crates/linux/src/confine.rs");
+    let names_in = |start: &str, prefix: &str| -> Vec<String> {
+        let from = src
+            .find(start)
+            .unwrap_or_else(|| panic!("{start} not in confine.rs"));
+        let body = &src[from..from + src[from..].find("];").unwrap()];
+        body.split("(\"")
+            .skip(1)
+            .filter_map(|s| s.split_once('"').map(|(n, _)| format!("{prefix}{n}")))
+            .collect()
+    };
+    let mut listed = names_in("pub const SECCOMP_FLOOR", "");
+    listed.extend(names_in("pub const DENIED_IOCTLS", "ioctl_"));
+    assert!(
+        listed.len() > 40,
+        "parsed too few floor entries: {listed:?}"
+    );
+    let mut probed: Vec<String> = FLOOR_NAMES.iter().map(|s| s.to_string()).collect();
+    listed.sort();
+    probed.sort();
+    assert_eq!(listed, probed, "the floor and the probe differ");
+    for n in FLOOR_NAMES {
+        assert!(
+            FLOOR_PROBE.contains(&format!("\"{}\"", n.trim_start_matches("ioctl_"))),
+            "the floor probe never tries {n}"
+        );
+    }
+}
