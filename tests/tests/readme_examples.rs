@@ -233,7 +233,6 @@ impl Home {
             home.join(".ssh/id_ed25519"),
             &format!("-----BEGIN OPENSSH PRIVATE KEY-----\n{key}\n"),
         );
-        fs::create_dir_all(home.join(".local/share/bash-completion/completions")).expect("mkdir");
         write(
             ws.join("Cargo.toml"),
             "[package]\nname = \"demo\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
