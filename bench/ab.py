@@ -16,6 +16,9 @@ verdict against the target that is one of:
         min/median/max and its ratio to REF (target: ratio <= RATIO_TARGET,
         applied to rows whose name starts with "moat")
   ab.py diff OUT.json A B TARGET_MS LABEL   one row: B's added time over A
+  ab.py over OUT.json REF BASE CMD TARGET LABEL   one row: CMD's added time
+        over BASE as a multiple of REF's time (median-based, paired rounds,
+        95% CI; target: multiple <= TARGET, "-" for none)
   ab.py spread LABEL UNIT DIRECTION TARGET V1 V2 ...   min/median/max of
         repeated whole-run measurements; DIRECTION is ">=" or "<="; the
         verdict needs every repeat on one side of TARGET ("-": no target).
@@ -118,6 +121,30 @@ def diff(path, a, b, target_ms, label):
           f"< {target_ms} ms: {verdict(lo, hi, target_ms, True)} |")
 
 
+def ci_over(ref, base, cmd):
+    """(median(cmd) - median(base)) / median(ref) over paired rounds, with a
+    bootstrap 95% CI."""
+    def stat(idx):
+        m = lambda v: statistics.median([v[i] for i in idx])
+        return (m(cmd) - m(base)) / m(ref)
+    n = len(ref)
+    rng = random.Random(1)
+    point = stat(range(n))
+    boots = sorted(stat([rng.randrange(n) for _ in range(n)]) for _ in range(BOOT))
+    return point, boots[int(0.025 * BOOT)], boots[int(0.975 * BOOT) - 1]
+
+
+def over(path, ref, base, cmd, target, label):
+    _, t = load(path)
+    p, lo, hi = ci_over(t[ref], t[base], t[cmd])
+    added = statistics.median(t[cmd]) - statistics.median(t[base])
+    mr = statistics.median(t[ref])
+    v = "—" if target is None else f"≤ {target}× {ref}: " + verdict(lo, hi, target, True)
+    print(f"| {label} ({len(t[ref])} alternating rounds) | "
+          f"{added:+.1f} ms over {base}; {ref} {mr:.1f} ms (min {min(t[ref]):.1f}, max {max(t[ref]):.1f}); "
+          f"{p:.2f}× {ref} [95% CI {lo:.2f}, {hi:.2f}] | {v} |")
+
+
 def num(x):
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
 
@@ -146,6 +173,8 @@ if __name__ == "__main__":
         table(a[1], a[2], float(a[3]) if len(a) == 4 else None)
     elif a and a[0] == "diff" and len(a) == 6:
         diff(a[1], a[2], a[3], float(a[4]), a[5])
+    elif a and a[0] == "over" and len(a) == 7:
+        over(a[1], a[2], a[3], a[4], None if a[5] == "-" else float(a[5]), a[6])
     elif a and a[0] == "spread" and len(a) >= 6:
         target = None if a[4] == "-" else float(a[4])
         spread(a[1], a[2], a[3], target, [float(x) for x in a[5:]])

@@ -8,9 +8,13 @@
 #  3. What the audit log costs one `moat exec -- true`: default vs
 #     --no-audit in alternating rounds, median difference with a 95%
 #     bootstrap CI (target < 0.3 ms).
+#  4. The denial scan run on each command's stderr (`parse_denials`), on
+#     hostile 1 MiB stderr shapes (audit_bench denials): the slowest shape's
+#     median over 10 calls, REPEATS times (target <= DENIALS_MS, default
+#     100 ms: linear in the input; a quadratic scan takes seconds).
 # A verdict is "within noise" when the spread straddles the target.
 # Env: LINES (100000), RUNS (7), APPENDS (1000), REPEATS (5),
-#      EXEC_RUNS (300), OUT_DIR (target/bench).
+#      EXEC_RUNS (300), DENIALS_MS (100), OUT_DIR (target/bench).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,6 +23,7 @@ RUNS="${RUNS:-7}"
 APPENDS="${APPENDS:-1000}"
 REPEATS="${REPEATS:-5}"
 EXEC_RUNS="${EXEC_RUNS:-300}"
+DENIALS_MS="${DENIALS_MS:-100}"
 OUT_DIR="${OUT_DIR:-$ROOT/target/bench}"
 mkdir -p "$OUT_DIR"
 MD="$OUT_DIR/audit.md"
@@ -55,6 +60,14 @@ for _ in $(seq "$REPEATS"); do
 done
 "$BENCH" verify "$LOG" >/dev/null && echo "chain still intact after the appends" >&2
 
+# 4. the denial scan on hostile stderr (before 3, which takes longest).
+denials=()
+for _ in $(seq "$REPEATS"); do
+    line="$("$BENCH" denials 10)"
+    echo "$line" >&2
+    denials+=("$(echo "$line" | sed -n 's/.*median \([0-9.]*\) ms.*/\1/p')")
+done
+
 # 3. audit cost per exec; HOME is a scratch directory on /var/tmp.
 A_DIR="$LOG_DIR/exec"
 mkdir -p "$A_DIR/home" "$A_DIR/ws"
@@ -73,4 +86,5 @@ HOME="$A_DIR/home" "$MOAT" audit verify >&2
         'audit cost per `moat exec -- true` (default vs `--no-audit`)'
     python3 "$AB" spread "\`moat audit verify\`, $LINES-line log" "lines/s" ">=" 200000 "${rates[@]}"
     python3 "$AB" spread "one audit append (3 events, flock + tail read + one write), median of $APPENDS" "µs" "<=" - "${appends[@]}"
+    python3 "$AB" spread "\`parse_denials\` on a hostile 1 MiB stderr, slowest of 4 shapes, median of 10" "ms" "<=" "$DENIALS_MS" "${denials[@]}"
 } | tee "$MD"

@@ -1,23 +1,41 @@
 #!/usr/bin/env bash
-# Measures moat's workspace walk (the complete `.env` search done before
-# every sandboxed run) on generated trees, against `find` on the same tree.
+# Workspace walk benchmark: the complete `.env` search moat does before every
+# sandboxed run (and, at a writable level, the search for new git dirs after
+# it), on generated trees, against `find TREE -name '.env*'` on the same tree
+# (which also reads every directory with getdents and d_type and stats
+# nothing). Prints, and writes to $OUT_DIR/walk.md, markdown rows
+# `| measure | result (spread) | target: verdict |`.
 #
-#   bench/walk.sh [MOAT_BIN]      (default: target/release/moat, else target/debug/moat)
+# Per tree, five commands run in alternating rounds (bench/ab.py; warm page
+# cache after WARMUP unmeasured rounds):
+#   find                       find TREE -name '.env*'          (the reference)
+#   ro-empty / ro              moat exec --policy read-only --no-audit --cwd EMPTY|TREE -- true
+#   rw-empty / rw              the same at workspace-write
+# The walk's cost is moat's median on the tree minus its median in an empty
+# workspace (the sandbox's own start-up), as a multiple of find's median,
+# with a 95% bootstrap interval over the paired rounds and a verdict against
+# the target: read-only ≤ RO_TARGET × find (default 1.0: "about what find
+# costs"), workspace-write ≤ RW_TARGET × find (default 2.0: two walks).
+# "within noise" when the interval straddles the target.
 #
-# For each tree: the median of RUNS runs of
-#   moat exec --policy read-only --no-audit -- true        (the walk before the run)
-#   moat exec --policy workspace-write --no-audit -- true  (+ the search for new git dirs after it)
-# minus the same run in an empty workspace (the sandbox's own start-up),
-# next to `find TREE -name '.env*'` (which also reads every directory with
-# getdents and d_type, and stats nothing). Warm page cache: both are
-# measured after one unmeasured run.
+#   bench/walk.sh [MOAT_BIN]   (default: the static release build, scripts/build-release)
+# Env: RUNS (10), WARMUP (1), TREES ("10k 100k node_modules"), RO_TARGET,
+#      RW_TARGET, OUT_DIR (target/bench).
 set -euo pipefail
-here=$(cd "$(dirname "$0")/.." && pwd)
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUNS="${RUNS:-10}"
+WARMUP="${WARMUP:-1}"
+TREES="${TREES:-10k 100k node_modules}"
+RO_TARGET="${RO_TARGET:-1.0}"
+RW_TARGET="${RW_TARGET:-2.0}"
+OUT_DIR="${OUT_DIR:-$ROOT/target/bench}"
+mkdir -p "$OUT_DIR"
+MD="$OUT_DIR/walk.md"
+AB="$ROOT/bench/ab.py"
 moat=${1:-${MOAT_BIN:-}}
 if [ -z "$moat" ]; then
-  if [ -x "$here/target/release/moat" ]; then moat=$here/target/release/moat; else moat=$here/target/debug/moat; fi
+  moat="$(bash "$ROOT/scripts/build-release")"
 fi
-RUNS=${RUNS:-5}
 base=$(mktemp -d /var/tmp/moat-walk-XXXX)
 trap 'rm -rf "$base"' EXIT
 
@@ -38,35 +56,30 @@ elif kind == "node_modules":  # a JS app: 1500 packages, 4 dirs each, nested dep
     for p in range(1500):
         for s in ("lib", "dist", "src", "node_modules/dep/lib"): mk(f"node_modules/pkg{p}/{s}")
     for a in range(50): mk(f"src/components/c{a}")
+else:
+    sys.exit(f"unknown tree kind {kind}")
 open(os.path.join(root, ".env"), "w").write("X=1\n")
 PY
 }
 
-ms() { # median wall time in ms of "$@" over RUNS runs (after one warm-up)
-  "$@" >/dev/null 2>&1 || true
-  local t=()
-  for _ in $(seq "$RUNS"); do
-    local s=$(date +%s%N); "$@" >/dev/null 2>&1 || true; local e=$(date +%s%N)
-    t+=($(( (e - s) / 1000 )))
-  done
-  printf '%s\n' "${t[@]}" | sort -n | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1000}'
-}
-
-run_ro() { (cd "$1" && "$moat" exec --policy read-only --no-audit -- true); }
-run_rw() { (cd "$1" && "$moat" exec --policy workspace-write --no-audit -- true); }
-run_find() { find "$1" -name '.env*' -print; }
-
 mkdir -p "$base/empty"
-empty_ro=$(ms run_ro "$base/empty"); empty_rw=$(ms run_rw "$base/empty")
-echo "moat: $moat  (load: $(cut -d' ' -f1-3 /proc/loadavg))"
-echo "sandbox start-up in an empty workspace: ${empty_ro} ms read-only, ${empty_rw} ms workspace-write (subtracted below)"
-printf '%-14s %8s %10s %8s %12s %8s %8s\n' tree dirs "find ms" "ro ms" "ro/find" "rw ms" "rw/find"
-sub() { awk -v a="$1" -v b="$2" 'BEGIN {w=a-b; if (w<0) w=0; printf "%.1f", w}'; }
-div() { awk -v w="$1" -v f="$2" 'BEGIN {if (f>0) printf "%.2f", w/f; else print "-"}'; }
-for kind in 10k 100k node_modules; do
+echo "moat: $moat  rounds: $RUNS  warmup: $WARMUP  uid: $(id -u)  kernel: $(uname -r)  cpus: $(nproc)  load: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+rows=()
+for kind in $TREES; do
   d=$base/$kind; gen "$d" "$kind"
   n=$(find "$d" -type d | wc -l)
-  f=$(ms run_find "$d")
-  ro=$(sub "$(ms run_ro "$d")" "$empty_ro"); rw=$(sub "$(ms run_rw "$d")" "$empty_rw")
-  printf '%-14s %8s %10s %8s %12s %8s %8s\n' "$kind" "$n" "$f" "$ro" "$(div "$ro" "$f")" "$rw" "$(div "$rw" "$f")"
+  json="$OUT_DIR/walk-$kind.json"
+  python3 "$AB" run "$json" "$RUNS" "$WARMUP" \
+    find "find $d -name .env*" \
+    ro-empty "$moat exec --policy read-only --no-audit --cwd $base/empty -- true" \
+    ro "$moat exec --policy read-only --no-audit --cwd $d -- true" \
+    rw-empty "$moat exec --policy workspace-write --no-audit --cwd $base/empty -- true" \
+    rw "$moat exec --policy workspace-write --no-audit --cwd $d -- true"
+  rows+=("$(python3 "$AB" over "$json" find ro-empty ro "$RO_TARGET" "walk before a read-only run, $kind tree ($n dirs)")")
+  rows+=("$(python3 "$AB" over "$json" find rw-empty rw "$RW_TARGET" "walks around a workspace-write run, $kind tree ($n dirs)")")
 done
+{
+  echo "| measure | result (spread) | target: verdict |"
+  echo "|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} | tee "$MD"

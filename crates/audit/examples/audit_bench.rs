@@ -1,12 +1,14 @@
 //! Audit benchmarks. `audit_bench verify PATH`: verify a log and print lines/s.
 //! `audit_bench append PATH N`: time N appends of one run's three events to PATH
-//! and print the median and p90 per append.
+//! and print the median and p90 per append. `audit_bench denials N`: time
+//! `parse_denials` N times on each hostile 1 MiB stderr shape and print the
+//! slowest shape's median (a quadratic scan would show up here, not in a test).
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use moat_audit::{event, AuditLog, RunContext};
+use moat_audit::{event, parse_denials, AuditLog, RunContext, MAX_DENIALS};
 use serde_json::{json, Map, Value};
 
 fn fields(v: Value) -> Map<String, Value> {
@@ -80,6 +82,55 @@ fn append(path: &Path, n: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Stderr shapes a command could print to make the denial scan slow, each
+/// 1 MiB: the old test's quoted-word run on one line (the shape that once
+/// made a backtracking scan quadratic), one line of a matching phrase
+/// repeated, many denial lines, and one long line with no match.
+fn hostile_inputs() -> Vec<(&'static str, String)> {
+    const MIB: usize = 1 << 20;
+    let fill = |unit: &str, tail: &str| {
+        let mut s = unit.repeat((MIB - tail.len()) / unit.len());
+        s.push_str(tail);
+        s
+    };
+    vec![
+        ("quoted words, one line", fill(" 'x", " Permission denied")),
+        ("phrase repeated, one line", fill("Permission denied ", "")),
+        ("denial lines", fill("cat: /f: Permission denied\n", "")),
+        ("no match, one line", fill("abcdefgh", "")),
+    ]
+}
+
+fn denials(n: usize) -> Result<(), String> {
+    let mut worst = (0.0f64, "");
+    for (shape, text) in hostile_inputs() {
+        let mut times = Vec::with_capacity(n);
+        for _ in 0..n {
+            let start = Instant::now();
+            let found = parse_denials(std::hint::black_box(&text));
+            times.push(start.elapsed().as_secs_f64() * 1e3);
+            if found.len() > MAX_DENIALS {
+                return Err(format!("{shape}: {} denials > {MAX_DENIALS}", found.len()));
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let median = times[times.len() / 2];
+        eprintln!(
+            "parse_denials, {shape} ({} bytes): median {median:.2} ms, max {:.2} ms over {n}",
+            text.len(),
+            times[times.len() - 1]
+        );
+        if median > worst.0 {
+            worst = (median, shape);
+        }
+    }
+    println!(
+        "denials: slowest shape median {:.3} ms ({})",
+        worst.0, worst.1
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let result = match (args.get(1).map(String::as_str), args.get(2)) {
@@ -88,7 +139,14 @@ fn main() -> ExitCode {
             Ok(n) if n > 0 => append(Path::new(p), n),
             _ => Err("N must be a positive number".into()),
         },
-        _ => Err("usage: audit_bench verify PATH | audit_bench append PATH [N]".into()),
+        (Some("denials"), n) => match n.map_or(Ok(20), |n| n.parse()) {
+            Ok(n) if n > 0 => denials(n),
+            _ => Err("N must be a positive number".into()),
+        },
+        _ => Err(
+            "usage: audit_bench verify PATH | audit_bench append PATH [N] | audit_bench denials [N]"
+                .into(),
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

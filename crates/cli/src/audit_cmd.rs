@@ -236,9 +236,12 @@ fn verify(path: &Path) -> Result<ExitCode, String> {
     }
     match moat_audit::verify(path) {
         Ok(r) => {
+            let plural =
+                |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
             emit(&format!(
-                "ok: {} lines, {} executions, chain intact\n",
-                r.lines, r.executions
+                "ok: {}, {}, chain intact\n",
+                plural(r.lines, "line", "lines"),
+                plural(r.executions, "execution", "executions")
             ));
             Ok(ExitCode::SUCCESS)
         }
