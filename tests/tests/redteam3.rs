@@ -715,3 +715,99 @@ fn cgroup_of_a_killed_moat_is_swept_by_a_later_run() {
         cg.display()
     );
 }
+
+/// A `moat serve` request's `cwd` is checked against the server's roots,
+/// then the execution starts there. Another execution of the same client
+/// (workspace-write in the root) swaps a directory of the root for a
+/// symlink to a directory outside, and back, in a loop: a child that
+/// re-resolved the checked path got the outside directory as its writable
+/// workspace (about one request in thirty). None may ever write outside.
+#[test]
+fn serve_cwd_swapped_for_a_symlink_after_the_check_never_leads_outside() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::fs::PermissionsExt;
+    let fx = Fixture::new();
+    let dir = fx.root.join("srv");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::create_dir(fx.w("sub")).unwrap();
+    let sock = dir.join("moat.sock");
+    let mut server = fx
+        .moat([
+            "serve",
+            "--no-audit",
+            "--socket",
+            sock.to_str().unwrap(),
+            "--policy",
+            "workspace-write",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..600 {
+        if exists(&sock) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let send = |s: &mut std::os::unix::net::UnixStream, v: serde_json::Value| {
+        s.write_all(format!("{v}\n").as_bytes()).unwrap();
+    };
+    let mut flipper = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let flipping = fx.w("flipping");
+    send(
+        &mut flipper,
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "execute", "params": {
+            "command": ["bash", "-c", format!(
+                "cd {ws}; touch {flag}; while :; do mv sub sub.d; ln -s {out} sub; rm -f sub; mv sub.d sub; done",
+                ws = fx.ws.display(), flag = flipping.display(), out = fx.outside.display())],
+            "timeout_ms": 300000}}),
+    );
+    for _ in 0..600 {
+        if exists(&flipping) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(exists(&flipping), "the swapping execution runs");
+    let mut client = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let mut lines = BufReader::new(client.try_clone().unwrap());
+    let mut started = 0;
+    for n in 0..1500 {
+        let id = 100 + n;
+        send(
+            &mut client,
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "execute", "params": {
+                "command": ["sh", "-c", format!("touch W{n}")], "cwd": "sub"}}),
+        );
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if lines.read_line(&mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            if line.contains(&format!("\"id\":{id}")) {
+                started += usize::from(line.contains("\"result\""));
+                break;
+            }
+        }
+    }
+    drop(client);
+    drop(flipper);
+    let _ = server.kill();
+    let _ = server.wait();
+    let outside: Vec<String> = std::fs::read_dir(&fx.outside)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('W'))
+        .collect();
+    assert!(started > 0, "some executions started");
+    assert!(
+        outside.is_empty(),
+        "{} of {started} executions wrote outside the server's roots: {:?}",
+        outside.len(),
+        &outside[..outside.len().min(5)]
+    );
+}
