@@ -664,8 +664,8 @@ fn cgroup_of_a_killed_moat_is_swept_by_a_later_run() {
         return;
     };
     let fx = Fixture::new();
-    let before = moat_cgroups(&own);
     let started = fx.w("started");
+    let marker = unique("rt3cg");
     let mut r = spawn(fx.moat([
         "exec",
         "--policy",
@@ -675,7 +675,7 @@ fn cgroup_of_a_killed_moat_is_swept_by_a_later_run() {
         "--",
         "bash",
         "-c",
-        &format!("touch {}; exec sleep 300", started.display()),
+        &format!("touch {}; exec -a {marker} sleep 300", started.display()),
     ]));
     for _ in 0..1200 {
         if exists(&started) {
@@ -684,12 +684,24 @@ fn cgroup_of_a_killed_moat_is_swept_by_a_later_run() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert!(exists(&started), "the run started");
-    let new: Vec<PathBuf> = moat_cgroups(&own)
+    // The run's cgroup: the one holding its command (other runs on the
+    // machine have theirs).
+    let pids = procs_argv0(&marker);
+    let mine: Vec<PathBuf> = moat_cgroups(&own)
         .into_iter()
-        .filter(|p| !before.contains(p))
+        .filter(|c| {
+            let procs = std::fs::read_to_string(c.join("cgroup.procs")).unwrap_or_default();
+            procs
+                .split_whitespace()
+                .any(|p| p.parse::<i32>().is_ok_and(|p| pids.contains(&p)))
+        })
         .collect();
-    assert_eq!(new.len(), 1, "the run has its own cgroup: {new:?}");
-    let cg = new[0].clone();
+    assert_eq!(
+        mine.len(),
+        1,
+        "the run has its own cgroup: {mine:?} {pids:?}"
+    );
+    let cg = mine[0].clone();
     let _ = r.child.kill();
     let _ = r.child.wait();
     // Its processes go with it (hang guard only).
