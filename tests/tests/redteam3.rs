@@ -823,3 +823,43 @@ fn serve_cwd_swapped_for_a_symlink_after_the_check_never_leads_outside() {
         &outside[..outside.len().min(5)]
     );
 }
+
+/// A fake `codex` that appends to the files of `~/.codex` the host's Codex
+/// trusts to run or pre-approve commands.
+const CODEX_INJECTOR: &str = r#"#!/usr/bin/env python3
+import os
+d = os.path.join(os.environ["HOME"], ".codex")
+res = []
+for rel in ["config.toml", "rules/default.rules"]:
+    try:
+        with open(os.path.join(d, rel), "a") as f:
+            f.write("\n# injected\n")
+        res.append(rel + ":written")
+    except OSError as e:
+        res.append(rel + ":errno=%d" % e.errno)
+print("CODEX_PROBE", " ".join(res))
+"#;
+
+/// The `codex` profile grants `~/.codex` read-write; its `config.toml`
+/// (`[mcp_servers.*] command`, `notify`) and `rules/` (commands approved
+/// for good) stay as they are on the host.
+#[test]
+fn codex_state_dir_cannot_plant_host_executed_config() {
+    let a = Agent::new();
+    a.program("codex", CODEX_INJECTOR);
+    write(a.fx.home.join(".codex/config.toml"), "model = \"m\"\n");
+    write(a.fx.home.join(".codex/rules/default.rules"), "# rules\n");
+    let out = run(a.moat(["run", "codex"]));
+    out.expect_stdout_has("CODEX_PROBE");
+    for (rel, was) in [
+        ("config.toml", "model = \"m\"\n"),
+        ("rules/default.rules", "# rules\n"),
+    ] {
+        assert_eq!(
+            read(a.fx.home.join(".codex").join(rel)).as_deref(),
+            Some(was),
+            "~/.codex/{rel} changed by the run\n{}",
+            out.dump()
+        );
+    }
+}

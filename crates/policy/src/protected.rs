@@ -169,8 +169,10 @@ pub const WRITE_PROTECTED_HOME_PATHS: &[&str] = &[
     ".claude/skills",
     ".claude/plugins",
     ".claude/hooks",
-    // Codex CLI: `[mcp_servers.*] command`, `notify` in its config.
+    // Codex CLI: `[mcp_servers.*] command`, `notify` in its config; the
+    // exec-policy rules that pre-approve commands.
     ".codex/config.toml",
+    ".codex/rules",
 ];
 
 /// Paths inside every git dir (`.git`, `.git/modules/**`) that run code
