@@ -863,3 +863,60 @@ fn codex_state_dir_cannot_plant_host_executed_config() {
         );
     }
 }
+
+/// On the Landlock backend the command has no pty of its own: a terminal on
+/// stdin reaches it as it is, open for writing. Writing 100 KB to fd 0 must
+/// not pass a 1 KiB `--output-limit` (moat refuses such a run, 125, or
+/// counts it).
+#[test]
+fn output_limit_holds_for_a_terminal_on_stdin_under_the_landlock_backend() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let fx = Fixture::new();
+    let pty = Pty::open();
+    let mut c = fx.moat([
+        "run",
+        "--json",
+        "--backend",
+        "landlock",
+        "--policy",
+        "rw",
+        "--output-limit",
+        "1K",
+        "--",
+        "bash",
+        "-c",
+        "echo FD0_PROBE_RAN; for i in $(seq 2000); do \
+         echo TTYLINE-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx >&0; done",
+    ]);
+    pty.attach(&mut c);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let done = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (seen, done, master) = (seen.clone(), done.clone(), pty.master);
+        std::thread::spawn(move || loop {
+            let got = read_available(master);
+            seen.lock().unwrap().extend_from_slice(&got);
+            if done.load(Ordering::SeqCst) && got.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        })
+    };
+    let out = spawn(c).wait_limit(std::time::Duration::from_secs(120));
+    done.store(true, Ordering::SeqCst);
+    reader.join().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let v = out.json();
+    let refused =
+        v["exit_code"] == 125 && v["error"].as_str().unwrap_or("").contains("--output-limit");
+    let limited = v["stdout"].as_str().unwrap_or("").contains("FD0_PROBE_RAN")
+        && v["termination_reason"] == "output";
+    assert!(refused || limited, "{}", out.dump());
+    assert!(
+        seen.len() < 4096,
+        "{} bytes reached the host terminal past a 1 KiB output limit\n{}",
+        seen.len(),
+        out.dump()
+    );
+}

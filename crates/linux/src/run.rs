@@ -398,6 +398,16 @@ fn launch(
     if opts.argv.is_empty() {
         return Err("no command given; put it after --".into());
     }
+    // Without its own pty (the Landlock backend has none to give) the
+    // command gets a terminal on stdin as it is, open for writing too: what
+    // it writes there would pass the output limit uncounted.
+    if enforcer.output.is_some()
+        && plan.sandboxed
+        && !plan.namespaces()
+        && nix::unistd::isatty(std::io::stdin()).unwrap_or(false)
+    {
+        return Err("--output-limit cannot be enforced with a terminal on stdin under the Landlock backend (the command could write to the terminal directly, uncounted); give it another stdin (< /dev/null) or use --backend namespaces".into());
+    }
     let argv = cstrings(opts.argv.iter().map(|a| a.as_bytes().to_vec()))?;
     let envp = cstrings(
         plan.env
