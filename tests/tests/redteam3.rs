@@ -666,6 +666,8 @@ fn cgroup_of_a_killed_moat_is_swept_by_a_later_run() {
     let fx = Fixture::new();
     let started = fx.w("started");
     let marker = unique("rt3cg");
+    // A failed assertion still ends the run (its argv holds the marker).
+    let _guard = MarkerGuard(marker.clone());
     let mut r = spawn(fx.moat([
         "exec",
         "--policy",
