@@ -4,7 +4,7 @@
 //! the filtering proxy the Kubernetes export runs as its own pod.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, Context, Result};
@@ -132,11 +132,18 @@ fn run_inner(cmd: ExportCommand) -> Result<()> {
                 rlimits: &rlimits,
             })?;
             let dir = match bundle {
-                Some(d) => d,
-                None => default_bundle_dir(&policy),
+                Some(d) => moat_export::oci::resolve_dir(&d)
+                    .with_context(|| format!("cannot resolve --bundle {}", d.display()))?,
+                None => {
+                    // Only the parent is resolved: the name itself, in a
+                    // shared /var/tmp, must be made new here, never followed.
+                    let d = default_bundle_dir(&policy);
+                    let parent = d.parent().unwrap_or(Path::new("/"));
+                    let parent = moat_export::oci::resolve_dir(parent)
+                        .with_context(|| format!("cannot resolve {}", parent.display()))?;
+                    parent.join(d.file_name().unwrap_or_default())
+                }
             };
-            let dir = moat_export::oci::resolve_dir(&dir)
-                .with_context(|| format!("cannot resolve --bundle {}", dir.display()))?;
             moat_export::oci::check_bundle_dir(&plan, &dir)?;
             moat_export::oci::write_bundle(&dir, &b)?;
             outln!("{}", dir.display());

@@ -102,9 +102,14 @@ fn claude_code(args: &ClaudeCodeArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Runs `true` under the same profile the rewritten command will use.
+/// Runs `true` under the same profile the rewritten command will use. It
+/// runs without a controlling terminal: Claude Code's terminal is the hook's,
+/// and a question asked there (an untrusted `.moat.toml`, which the agent
+/// itself may have written in a subdirectory) would wait until Claude Code
+/// cancels the hook — and a cancelled hook lets the call run unconfined.
 fn probe(moat: &Path, cwd: Option<&Path>) -> Result<(), String> {
     let mut c = Command::new(moat);
+    moat_linux::sys::without_terminal(&mut c);
     c.args(["run", "--no-audit", "--quiet", "bash", "-c", "true"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

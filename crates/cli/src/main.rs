@@ -277,7 +277,19 @@ pub(crate) fn resolve_policy_in(
 
 /// The workspace `--cwd` names (default: `here`), canonical, a directory.
 pub(crate) fn workspace_of(args: &PolicyFlags, here: &Path, home_raw: &Path) -> Result<PathBuf> {
-    let ws_arg = args.cwd.clone().unwrap_or_else(|| here.to_path_buf());
+    // The current directory as the kernel reports it (getcwd) is already
+    // canonical: it is used as is, never walked again by path, where a
+    // component swapped for a symlink meanwhile would lead elsewhere (a
+    // `moat serve` execution starts in the directory it checked, by fd).
+    let Some(ws_arg) = args.cwd.clone() else {
+        if !here.is_dir() {
+            return Err(anyhow!(
+                "the workspace {} is not a directory",
+                here.display()
+            ));
+        }
+        return Ok(here.to_path_buf());
+    };
     let workspace = std::fs::canonicalize(expand(&ws_arg, home_raw, here))
         .with_context(|| format!("the workspace {} does not exist", ws_arg.display()))?;
     if !workspace.is_dir() {

@@ -207,7 +207,13 @@ fn listen(service: &Arc<Service>, path: &std::path::Path) -> Result<(), String> 
         let Ok(conn) = conn else { continue };
         let peer = nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials);
         match peer {
-            Ok(c) if c.uid() == me => {}
+            Ok(c) if c.uid() == me => {
+                if let Err(why) = same_namespaces(c.pid()) {
+                    eprintln!("moat serve: a client was refused: {why}");
+                    drop(conn);
+                    continue;
+                }
+            }
             _ => {
                 // Another user (or an unknown one): closed before a byte is read.
                 drop(conn);
@@ -221,6 +227,33 @@ fn listen(service: &Arc<Service>, path: &std::path::Path) -> Result<(), String> 
             let owner = NEXT_OWNER.fetch_add(1, Ordering::Relaxed);
             session(&service, BufReader::new(conn), out, owner, "socket");
         });
+    }
+    Ok(())
+}
+
+/// The namespaces a sandboxed process never shares with the host: a
+/// command inside a moat sandbox has the user's uid (SO_PEERCRED cannot
+/// tell it apart) and can reach a socket file anywhere the view shows the
+/// host fs, so it would get executions under this server's wider ceiling.
+const PEER_NAMESPACES: &[&str] = &["user", "mnt"];
+
+/// Ok when the peer `pid` (as this server sees it) lives in this server's
+/// user and mount namespaces; a peer in another one (a sandbox, a
+/// container) or one whose namespaces cannot be read is refused.
+fn same_namespaces(pid: i32) -> Result<(), String> {
+    if pid <= 0 {
+        return Err("its process is not visible from here (another pid namespace)".into());
+    }
+    for ns in PEER_NAMESPACES {
+        let mine = std::fs::read_link(format!("/proc/self/ns/{ns}"))
+            .map_err(|e| format!("cannot read this server's {ns} namespace: {e}"))?;
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}"))
+            .map_err(|e| format!("cannot read process {pid}'s {ns} namespace: {e}"))?;
+        if mine != theirs {
+            return Err(format!(
+                "process {pid} is in another {ns} namespace (inside a sandbox or a container); serve it from there instead"
+            ));
+        }
     }
     Ok(())
 }

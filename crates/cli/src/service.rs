@@ -216,8 +216,21 @@ impl Service {
             .map_err(|e| anyhow::anyhow!("cannot find moat's own executable: {e}"))?;
         let here = std::env::current_dir()
             .map_err(|e| anyhow::anyhow!("cannot read the current directory: {e}"))?;
+        // The children start in the request's directory: the server's own
+        // relative paths are made absolute from where it started.
+        let mut flags = args.policy.clone();
+        let absolute = |p: &mut PathBuf| {
+            if p.is_relative() && !p.starts_with("~") {
+                *p = here.join(&*p);
+            }
+        };
+        flags.ro.iter_mut().for_each(absolute);
+        flags.rw.iter_mut().for_each(absolute);
+        if let Some(p) = flags.upstream_proxy_auth_file.as_mut() {
+            absolute(p);
+        }
         Ok(Service {
-            flags: args.policy.clone(),
+            flags,
             ceiling,
             roots,
             audit_log: args.audit_log.clone(),
@@ -391,20 +404,34 @@ impl Service {
                 "command must be a non-empty argv array",
             ));
         }
-        let flags = self.narrowed_flags(
+        let mut flags = self.narrowed_flags(
             req.policy.as_ref(),
             req.cwd.as_deref(),
             req.timeout_ms,
             &req.env,
         )?;
+        // The child starts in the directory checked against the roots, by
+        // fd, and takes it as its workspace from getcwd: passed as a path,
+        // a component swapped for a symlink after the check (by another
+        // execution, in a directory it may write) would lead it elsewhere.
+        let dir = flags.cwd.take().unwrap_or_else(|| self.here.clone());
+        let dir_fd = moat_linux::sys::open_path_nofollow(libc::AT_FDCWD, &dir).map_err(|e| {
+            RpcError::domain(
+                "POLICY_DENIED",
+                format!(
+                    "cwd {} changed while it was checked ({e}); nothing ran",
+                    dir.display()
+                ),
+            )
+        })?;
         let mut cmd = Command::new(&self.moat);
+        moat_linux::sys::start_in(&mut cmd, dir_fd);
         // A service killed outright still takes its executions with it: the
         // supervisor gets SIGTERM and stops its tree. (This thread follows
         // the execution to its end, so it outlives the child.)
         moat_linux::sys::die_with_parent(&mut cmd, libc::SIGTERM);
         let mut child = cmd
             .args(self.child_args(&flags, &req.command))
-            .current_dir(&self.here)
             .stdin(if req.stdin.is_empty() {
                 Stdio::null()
             } else {

@@ -29,6 +29,8 @@ use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
 struct Synced {
     rel: PathBuf,
     snapshot: Option<Vec<u8>>,
+    /// The profile's `host_executed_keys`: the host's values of these win.
+    pinned: Vec<String>,
 }
 
 /// State prepared for one run; [`StateRun::finish`] merges and cleans up.
@@ -169,14 +171,20 @@ fn create_missing(home: &Path, rel: &Path, kind: FirstUseKind) -> Result<bool, S
     Ok(created)
 }
 
+/// The largest state file moat reads (the run's copy is the command's to
+/// shape: a sparse file of gigabytes must not land in moat's memory).
+const MAX_STATE_FILE: u64 = 64 << 20;
+
 /// Reads regular file `rel` beneath `base` (no symlinks). None when missing.
 fn read_beneath(base: &Path, rel: &Path) -> Result<Option<Vec<u8>>, String> {
     let dir = open_dir(base).map_err(|e| format!("{}: {e}", base.display()))?;
+    // O_NONBLOCK: a FIFO put in the file's place must not block the open
+    // (it is then refused as not a regular file).
     let fd = match openat2(
         dir.as_fd(),
         rel,
         OpenHow::new()
-            .flags(OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .flags(OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
             .resolve(beneath()),
     ) {
         Ok(fd) => fd,
@@ -190,10 +198,24 @@ fn read_beneath(base: &Path, rel: &Path) -> Result<Option<Vec<u8>>, String> {
             base.join(rel).display()
         ));
     }
+    let too_big = || {
+        format!(
+            "{} is larger than {} MiB",
+            base.join(rel).display(),
+            MAX_STATE_FILE >> 20
+        )
+    };
+    if u64::try_from(st.st_size).unwrap_or(u64::MAX) > MAX_STATE_FILE {
+        return Err(too_big());
+    }
     let mut buf = Vec::new();
     File::from(fd)
+        .take(MAX_STATE_FILE + 1)
         .read_to_end(&mut buf)
         .map_err(|e| e.to_string())?;
+    if buf.len() as u64 > MAX_STATE_FILE {
+        return Err(too_big());
+    }
     Ok(Some(buf))
 }
 
@@ -297,6 +319,7 @@ pub fn prepare(
             run.synced.push(Synced {
                 rel: rel.to_path_buf(),
                 snapshot,
+                pinned: fu.host_executed_keys.clone(),
             });
             continue;
         }
@@ -397,25 +420,45 @@ impl StateRun {
             .map_err(|(_, e)| format!("lock: {e}"))?;
         let theirs = read_beneath(&self.home, &s.rel)?;
         let merged = if theirs == s.snapshot {
-            ours
+            ours.clone()
         } else {
             match merge_json(s.snapshot.as_deref(), &ours, theirs.as_deref()) {
                 Some(m) => m,
                 None => {
                     // Not JSON: keep the host's, save ours beside it.
-                    let side =
-                        PathBuf::from(format!("{}.moat-conflict-{}", s.rel.display(), nanos()));
-                    replace_beneath(&self.home, &side, &ours)?;
-                    eprintln!(
-                        "moat: ~/{} changed on the host during the run; this run's version is in ~/{}",
-                        s.rel.display(),
-                        side.display()
-                    );
-                    return Ok(());
+                    return self.save_beside(s, &ours, "changed on the host during the run");
                 }
             }
         };
+        if s.pinned.is_empty() {
+            return replace_beneath(&self.home, &s.rel, &merged);
+        }
+        // The host tool trusts some keys to run commands: what the run
+        // wrote there never reaches the host file.
+        let Some((merged, reverted)) = pin_host_keys(&merged, theirs.as_deref(), &s.pinned) else {
+            return self.save_beside(s, &ours, "is not JSON after the run");
+        };
+        if !reverted.is_empty() {
+            eprintln!(
+                "moat: ~/{}: the run's changes to {} were not saved (the tool on the host would trust them to run commands); the host's values stay",
+                s.rel.display(),
+                reverted.join(", ")
+            );
+        }
         replace_beneath(&self.home, &s.rel, &merged)
+    }
+
+    /// Keeps the host's file and saves the run's version beside it, inert
+    /// (`NAME.moat-conflict-…` is not a file the tool reads).
+    fn save_beside(&self, s: &Synced, ours: &[u8], why: &str) -> Result<(), String> {
+        let side = PathBuf::from(format!("{}.moat-conflict-{}", s.rel.display(), nanos()));
+        replace_beneath(&self.home, &side, ours)?;
+        eprintln!(
+            "moat: ~/{} {why}; the host copy is kept and this run's version is in ~/{}",
+            s.rel.display(),
+            side.display()
+        );
+        Ok(())
     }
 }
 
@@ -448,6 +491,74 @@ fn merge_json(base: Option<&[u8]>, ours: &[u8], theirs: Option<&[u8]>) -> Option
     let mut out = serde_json::to_vec_pretty(&merged).ok()?;
     out.push(b'\n');
     Some(out)
+}
+
+/// Sets every key path of `keys` (dotted, `*` any one key) in the JSON
+/// document `merged` to its value in `host` (removed where the host has
+/// none). Returns the document, re-serialized so the bytes written are the
+/// ones checked, and the paths that changed; None when `merged` is not JSON.
+fn pin_host_keys(
+    merged: &[u8],
+    host: Option<&[u8]>,
+    keys: &[String],
+) -> Option<(Vec<u8>, Vec<String>)> {
+    use serde_json::Value;
+    let mut doc: Value = serde_json::from_slice(merged).ok()?;
+    let host: Value = host
+        .and_then(|h| serde_json::from_slice(h).ok())
+        .unwrap_or(Value::Null);
+    let mut reverted = Vec::new();
+    for k in keys {
+        let segs: Vec<&str> = k.split('.').collect();
+        pin_value(&mut doc, Some(&host), &segs, String::new(), &mut reverted);
+    }
+    let mut out = serde_json::to_vec_pretty(&doc).ok()?;
+    out.push(b'\n');
+    Some((out, reverted))
+}
+
+fn pin_value(
+    doc: &mut serde_json::Value,
+    host: Option<&serde_json::Value>,
+    segs: &[&str],
+    path: String,
+    reverted: &mut Vec<String>,
+) {
+    let (Some((first, rest)), Some(obj)) = (segs.split_first(), doc.as_object_mut()) else {
+        return;
+    };
+    let host = host.and_then(serde_json::Value::as_object);
+    let names: Vec<String> = if *first == "*" {
+        let mut n: Vec<String> = obj
+            .keys()
+            .chain(host.into_iter().flat_map(|h| h.keys()))
+            .cloned()
+            .collect();
+        n.sort();
+        n.dedup();
+        n
+    } else {
+        vec![(*first).to_string()]
+    };
+    for name in names {
+        let here = if path.is_empty() {
+            name.clone()
+        } else {
+            format!("{path}.{name}")
+        };
+        let hv = host.and_then(|h| h.get(&name));
+        if rest.is_empty() {
+            if obj.get(&name) != hv {
+                match hv {
+                    Some(v) => obj.insert(name, v.clone()),
+                    None => obj.remove(&name),
+                };
+                reverted.push(here);
+            }
+        } else if let Some(child) = obj.get_mut(&name) {
+            pin_value(child, hv, rest, here, reverted);
+        }
+    }
 }
 
 /// One key's three-way merge; None is "absent".
@@ -507,6 +618,34 @@ mod tests {
             v,
             serde_json::json!({"a":5,"login":"ours","projects":{"/x":{"n":2},"/y":{"n":9}}})
         );
+    }
+
+    #[test]
+    fn pinned_keys_keep_the_host_values() {
+        let keys = [
+            "mcpServers".to_string(),
+            "projects.*.allowedTools".to_string(),
+        ];
+        let (out, reverted) = pin_host_keys(
+            br#"{"a":2,"mcpServers":{"x":1},"projects":{"/p":{"allowedTools":["Bash"],"k":1},"/q":{"allowedTools":[]}}}"#,
+            Some(br#"{"a":1,"projects":{"/q":{"allowedTools":["Read"]}}}"#),
+            &keys,
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"a":2,"projects":{"/p":{"k":1},"/q":{"allowedTools":["Read"]}}})
+        );
+        assert_eq!(
+            reverted,
+            [
+                "mcpServers",
+                "projects./p.allowedTools",
+                "projects./q.allowedTools"
+            ]
+        );
+        assert!(pin_host_keys(b"not json", None, &keys).is_none());
     }
 
     #[test]

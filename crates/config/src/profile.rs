@@ -31,6 +31,11 @@ pub struct FirstUse {
     /// rename it over): rename onto a bind-mounted file fails with EBUSY, so
     /// moat gives the run a private copy and merges it back afterwards.
     pub replaced_by_rename: bool,
+    /// Key paths in the synced JSON file (`mcpServers`, `projects.*.mcpServers`;
+    /// `*` is any one key) whose values the tool on the host trusts to run
+    /// commands or skip its own prompts. The merge back keeps the host's
+    /// values of these: the run cannot add or change them.
+    pub host_executed_keys: Vec<String>,
 }
 
 /// A validated tool profile.
@@ -232,6 +237,26 @@ fn first_use_of(
             "moat creates only read-write grants under ~/ (the tool's own state)",
         ));
     }
+    if !m.host_executed_keys.is_empty() && !m.replaced_by_rename {
+        return Err(ConfigError::invalid(
+            file,
+            &format!("{key}.host_executed_keys"),
+            format!("{:?}", m.host_executed_keys),
+            "only a synced file (replaced_by_rename = true) is merged back key by key",
+        ));
+    }
+    if let Some(bad) = m
+        .host_executed_keys
+        .iter()
+        .find(|k| k.split('.').any(str::is_empty))
+    {
+        return Err(ConfigError::invalid(
+            file,
+            &format!("{key}.host_executed_keys"),
+            format!("{bad:?}"),
+            "write a dotted key path such as \"projects.*.mcpServers\"",
+        ));
+    }
     if m.replaced_by_rename && kind != FirstUseKind::File {
         return Err(ConfigError::invalid(
             file,
@@ -244,6 +269,7 @@ fn first_use_of(
         path: crate::settings::normalize_lexically(Path::new(&m.path)),
         kind,
         replaced_by_rename: m.replaced_by_rename,
+        host_executed_keys: m.host_executed_keys.clone(),
     }))
 }
 

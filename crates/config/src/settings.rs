@@ -148,6 +148,10 @@ pub(crate) struct RawMount {
     /// Profiles only: the tool replaces this file by an atomic rename.
     #[serde(default)]
     pub replaced_by_rename: bool,
+    /// Profiles only: JSON keys of the synced file the host tool trusts to
+    /// run commands; see [`crate::FirstUse::host_executed_keys`].
+    #[serde(default)]
+    pub host_executed_keys: Vec<String>,
 }
 
 /// The overridable keys shared by a profile's `[subcommands.X]`, the user

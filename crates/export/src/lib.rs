@@ -45,6 +45,8 @@ pub enum ExportError {
     Exists(std::path::PathBuf),
     #[error("the bundle directory {0} lies in a writable part of the view: the confined command could rewrite the config.json that confines it the next time; choose --bundle outside the workspace and the --rw paths")]
     BundleWritable(std::path::PathBuf),
+    #[error("the bundle directory {0} {1}: whoever can write it can swap the config.json a runtime runs later; choose a directory of yours closed to others (chmod go-w), or a new path")]
+    BundleDirUnsafe(std::path::PathBuf, &'static str),
 }
 
 #[cfg(test)]

@@ -366,12 +366,67 @@ fn write_err(path: &Path) -> impl FnOnce(std::io::Error) -> ExportError + '_ {
     }
 }
 
-/// Writes `bundle` into `dir` (created if missing; must not hold a
-/// config.json yet): config.json, an empty rootfs/ with the view's
-/// top-level symlinks, and moat's own files.
+/// Creates `dir` (0700) when missing; an existing one must be a directory
+/// of the caller's that group and others cannot write, so nobody else can
+/// plant or later swap what moat writes there.
+pub(crate) fn own_bundle_dir(dir: &Path) -> Result<(), ExportError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(write_err(parent))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(write_err(dir)(e)),
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(write_err(dir))?;
+    if !meta.is_dir() {
+        return Err(ExportError::BundleDirUnsafe(
+            dir.to_path_buf(),
+            "is not a directory",
+        ));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(ExportError::BundleDirUnsafe(
+            dir.to_path_buf(),
+            "belongs to another user",
+        ));
+    }
+    if meta.permissions().mode() & 0o022 != 0 {
+        return Err(ExportError::BundleDirUnsafe(
+            dir.to_path_buf(),
+            "is writable by group or others",
+        ));
+    }
+    Ok(())
+}
+
+/// A new file at `at` (never an existing one, never through a symlink).
+fn write_new(at: &Path, contents: &[u8]) -> Result<(), ExportError> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(at)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                ExportError::Exists(at.parent().unwrap_or(at).to_path_buf())
+            } else {
+                write_err(at)(e)
+            }
+        })?;
+    f.write_all(contents).map_err(write_err(at))
+}
+
+/// Writes `bundle` into `dir` (created if missing; must be the caller's,
+/// closed to others, and not hold a config.json yet): config.json, an
+/// empty rootfs/ with the view's top-level symlinks, and moat's own files,
+/// each created new (a planted link is never written through).
 pub fn write_bundle(dir: &Path, bundle: &Bundle) -> Result<(), ExportError> {
+    own_bundle_dir(dir)?;
     let config_path = dir.join("config.json");
-    if config_path.exists() {
+    if config_path.symlink_metadata().is_ok() {
         return Err(ExportError::Exists(dir.to_path_buf()));
     }
     let rootfs = dir.join("rootfs");
@@ -391,8 +446,8 @@ pub fn write_bundle(dir: &Path, bundle: &Bundle) -> Result<(), ExportError> {
         if let Some(parent) = at.parent() {
             std::fs::create_dir_all(parent).map_err(write_err(parent))?;
         }
-        std::fs::write(&at, &f.contents).map_err(write_err(&at))?;
+        write_new(&at, f.contents.as_bytes())?;
     }
     let text = serde_json::to_string_pretty(&bundle.config).unwrap_or_default();
-    std::fs::write(&config_path, text + "\n").map_err(write_err(&config_path))
+    write_new(&config_path, (text + "\n").as_bytes())
 }

@@ -352,3 +352,26 @@ fn seatbelt_newline_in_a_path_adds_no_rule() {
         "{profile}"
     );
 }
+
+/// A bundle path that is a symlink (planted at the predictable default name
+/// in /var/tmp) is refused, even when it leads to a private directory of
+/// the caller's: moat would otherwise write the bundle wherever it points.
+#[test]
+fn bundle_dir_that_is_a_symlink_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = std::env::temp_dir().join(format!("moat-export-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let target = base.join("private");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let link = base.join("moat-bundle-x");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let refused = crate::oci::own_bundle_dir(&link);
+    let fresh = crate::oci::own_bundle_dir(&base.join("fresh"));
+    let _ = std::fs::remove_dir_all(&base);
+    assert!(
+        matches!(refused, Err(crate::ExportError::BundleDirUnsafe(..))),
+        "{refused:?}"
+    );
+    assert!(fresh.is_ok(), "{fresh:?}");
+}

@@ -428,6 +428,37 @@ fn write_knob(dir: &Path, knob: &str, value: u64) -> Result<(), String> {
         .map_err(|e| format!("set {} in the run's cgroup: {e}", knob))
 }
 
+/// How old an empty `moat-*` cgroup must be before another run removes it:
+/// far longer than a run holds its new cgroup empty while it sets it up.
+const STALE_CGROUP_AGE: Duration = Duration::from_secs(10 * 60);
+
+/// Removes the empty `moat-*` cgroups under `own` that a moat killed
+/// outright (SIGKILL, OOM) left behind: nobody else would. A cgroup with a
+/// process in it is never touched (rmdir refuses it anyway), and a young
+/// one may be a run being set up.
+fn sweep_stale(own: &Path) {
+    let Ok(rd) = fs::read_dir(own) else {
+        return;
+    };
+    for e in rd.flatten() {
+        if !e.file_name().to_string_lossy().starts_with("moat-") {
+            continue;
+        }
+        let old = e
+            .metadata()
+            .ok()
+            .filter(|m| m.is_dir())
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > STALE_CGROUP_AGE);
+        let empty =
+            fs::read_to_string(e.path().join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty());
+        if old && empty {
+            let _ = fs::remove_dir(e.path());
+        }
+    }
+}
+
 impl RunCgroup {
     fn create(
         &mut self,
@@ -435,6 +466,7 @@ impl RunCgroup {
         own: &Path,
         name: &str,
     ) -> Result<PathBuf, String> {
+        sweep_stale(own);
         let dir = own.join(name);
         fs::create_dir(&dir).map_err(|e| {
             format!(

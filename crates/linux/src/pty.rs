@@ -214,7 +214,9 @@ impl Relay {
     }
 
     /// Moves what is ready. `master_ready`/`stdin_ready` come from poll.
-    pub fn pump(&mut self, master_ready: bool, stdin_ready: bool) {
+    /// `left` is the run's output budget (`--output-limit`), shared with
+    /// stdout and stderr; true when output past it was dropped.
+    pub fn pump(&mut self, master_ready: bool, stdin_ready: bool, left: &mut Option<u64>) -> bool {
         let mut buf = [0u8; 16384];
         if let (true, true, Some(stdin)) = (stdin_ready, self.raw.is_some(), sys::borrow_stdio(0)) {
             match nix::unistd::read(stdin, &mut buf) {
@@ -224,10 +226,12 @@ impl Relay {
                 Err(_) => self.stdin_open = false,
             }
         }
+        let mut exceeded = false;
         if master_ready {
-            self.drain_master();
+            exceeded = self.drain_master(left);
             self.flush_to_master();
         }
+        exceeded
     }
 
     fn flush_to_master(&mut self) {
@@ -248,13 +252,26 @@ impl Relay {
 
     /// Copies everything the command wrote so far to the host stdout. EIO
     /// means every slave is closed: the command and its children are done.
-    pub fn drain_master(&mut self) {
+    /// What the command writes to its terminal (`/dev/tty`) counts against
+    /// the output budget `left` like stdout: past it nothing is shown, and
+    /// the result is true.
+    pub fn drain_master(&mut self, left: &mut Option<u64>) -> bool {
         let mut buf = [0u8; 16384];
         let mut shown = Vec::with_capacity(buf.len());
+        let mut exceeded = false;
         while self.master_open {
             match nix::unistd::read(&self.master, &mut buf) {
                 Ok(0) => self.master_open = false,
-                Ok(n) => {
+                Ok(read) => {
+                    let n = match left.as_mut() {
+                        Some(l) => {
+                            let n = read.min(usize::try_from(*l).unwrap_or(usize::MAX));
+                            *l -= n as u64;
+                            exceeded |= n < read;
+                            n
+                        }
+                        None => read,
+                    };
                     shown.clear();
                     self.filter.push(&buf[..n], &mut shown);
                     sys::write_all_fd(self.out_fd, &shown);
@@ -264,6 +281,7 @@ impl Relay {
                 Err(_) => self.master_open = false,
             }
         }
+        exceeded
     }
 }
 

@@ -398,6 +398,16 @@ fn launch(
     if opts.argv.is_empty() {
         return Err("no command given; put it after --".into());
     }
+    // Without its own pty (the Landlock backend has none to give) the
+    // command gets a terminal on stdin as it is, open for writing too: what
+    // it writes there would pass the output limit uncounted.
+    if enforcer.output.is_some()
+        && plan.sandboxed
+        && !plan.namespaces()
+        && nix::unistd::isatty(std::io::stdin()).unwrap_or(false)
+    {
+        return Err("--output-limit cannot be enforced with a terminal on stdin under the Landlock backend (the command could write to the terminal directly, uncounted); give it another stdin (< /dev/null) or use --backend namespaces".into());
+    }
     let argv = cstrings(opts.argv.iter().map(|a| a.as_bytes().to_vec()))?;
     let envp = cstrings(
         plan.env
@@ -680,7 +690,7 @@ fn supervise(
         drop(fds);
         drop(relay_set);
         if let Some(r) = relay.as_mut() {
-            r.pump(master_ready, stdin_ready);
+            budget.exceeded |= r.pump(master_ready, stdin_ready, &mut budget.left);
         }
         if handoff_ready {
             match handoff.as_ref().and_then(crate::netns::receive) {
@@ -796,7 +806,7 @@ fn supervise(
     };
     // What the command wrote last, then the host terminal's own settings back.
     if let Some(mut r) = relay.take() {
-        r.drain_master();
+        budget.exceeded |= r.drain_master(&mut budget.left);
     }
     // Everything that could hold the pipes is gone now; drain what is left.
     set_nonblocking(&report_r);
@@ -850,12 +860,29 @@ fn supervise(
     }
     let program = opts.argv.first().cloned().unwrap_or_default();
     let r = interpret(&report_buf, init_status, plan, opts, &program, out);
-    out.termination_reason = termination_reason(out, reached);
+    out.termination_reason = termination_reason(out, reached, &enforcer.rlimits);
     r
 }
 
-/// Which limit ended the run, or how else it ended.
-fn termination_reason(out: &RunOutcome, reached: Reached) -> Option<TerminationReason> {
+/// Which limit ended the run, or how else it ended. SIGXCPU and SIGXFSZ
+/// name a limit only when that limit was set (and, for CPU time, the run
+/// used that much): the command can send either signal to itself, and the
+/// result must not blame a limit that did nothing.
+fn termination_reason(
+    out: &RunOutcome,
+    reached: Reached,
+    rlimits: &[(nix::sys::resource::Resource, u64, u64)],
+) -> Option<TerminationReason> {
+    use nix::sys::resource::Resource;
+    let soft = |r: Resource| rlimits.iter().find(|(x, _, _)| *x == r).map(|(_, s, _)| *s);
+    // RLIMIT_CPU is in whole seconds per process; the usage sums every
+    // process of the run, so less than the limit means it was not reached
+    // (a tick of slack for the accounting's granularity).
+    let cpu_reached = soft(Resource::RLIMIT_CPU).is_some_and(|secs| {
+        out.usage
+            .cpu_ms
+            .is_none_or(|used| used + 100 >= secs.saturating_mul(1000))
+    });
     if out.status == RunStatus::FailedToStart {
         return None;
     }
@@ -869,8 +896,10 @@ fn termination_reason(out: &RunOutcome, reached: Reached) -> Option<TerminationR
         TerminationReason::Pids
     } else {
         match out.signal {
-            Some(libc::SIGXCPU) => TerminationReason::Cpu,
-            Some(libc::SIGXFSZ) => TerminationReason::FileSize,
+            Some(libc::SIGXCPU) if cpu_reached => TerminationReason::Cpu,
+            Some(libc::SIGXFSZ) if soft(Resource::RLIMIT_FSIZE).is_some() => {
+                TerminationReason::FileSize
+            }
             Some(_) => TerminationReason::Signal,
             None => TerminationReason::Exit,
         }

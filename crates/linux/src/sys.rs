@@ -836,6 +836,41 @@ pub fn peer_pidfd(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Starts `cmd` in the directory `dir` refers to (fchdir before exec), not
+/// by path: a path checked earlier may lead elsewhere by the time a child
+/// would chdir to it.
+pub fn start_in(cmd: &mut std::process::Command, dir: OwnedFd) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls fchdir on an fd it owns, which is async-signal-safe; it neither
+    // allocates nor takes locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fchdir(dir.as_raw_fd()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Starts `cmd` in a new session: it has no controlling terminal, so
+/// nothing it runs can open `/dev/tty` and wait there for an answer.
+pub fn without_terminal(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls setsid, which is async-signal-safe; it neither allocates nor
+    // takes locks.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Makes the process `cmd` starts receive `sig` when the thread spawning it
 /// exits (a service killed without a chance to clean up), and refuses to
 /// start it when this process is already gone by then (the fork/prctl race).

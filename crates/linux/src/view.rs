@@ -349,7 +349,9 @@ pub fn compute(policy: &Policy, host: &HostFacts) -> View {
         // No grant makes a write-protected path writable (the plan refuses
         // one on or under it); a protected home path the caller opted in
         // (a profile's `~/.claude` when the workspace is HOME) is theirs.
-        if policy.protected_opt_in.iter().any(|o| p.starts_with(o)) {
+        // Only the opted-in path itself: a host-executed file inside it
+        // (`~/.claude/settings.json` hooks) stays read-only.
+        if policy.protected_opt_in.iter().any(|o| o == p) {
             continue;
         }
         // A git dir in a writable part (the workspace's, a `--rw` grant's)

@@ -151,6 +151,28 @@ pub const WRITE_PROTECTED_HOME_PATHS: &[&str] = &[
     ".xsessionrc",
     ".config/fontconfig",
     ".config/user-dirs.dirs",
+    // Coding agents' user-level configuration that runs commands on the
+    // host the next time the agent starts outside moat. Their state dir
+    // (`~/.claude`, `~/.codex`) is opted in read-write by the agent's
+    // profile; these parts of it stay read-only all the same.
+    // Claude Code: settings hooks, slash commands/agents/skills with
+    // `allowed-tools`, plugins (hooks, MCP servers), its own install
+    // (`local/`, the program itself with the local installer) and the shell
+    // snapshots its Bash tool sources before each command (a session on the
+    // host running at the same time would source a changed one).
+    ".claude/settings.json",
+    ".claude/local",
+    ".claude/shell-snapshots",
+    ".claude/settings.local.json",
+    ".claude/commands",
+    ".claude/agents",
+    ".claude/skills",
+    ".claude/plugins",
+    ".claude/hooks",
+    // Codex CLI: `[mcp_servers.*] command`, `notify` in its config; the
+    // exec-policy rules that pre-approve commands.
+    ".codex/config.toml",
+    ".codex/rules",
 ];
 
 /// Paths inside every git dir (`.git`, `.git/modules/**`) that run code
