@@ -149,6 +149,26 @@ fn tmp_workspace_keeps_hints_nested_runs_and_names_missing_programs() {
         assert_has(&out, "../sib/prog: not found in the sandbox's view", level);
         assert_has(&out, &format!("--ro {}", t.sib.display()), level);
     }
+    // A write into a read-only workspace under /tmp is explained like any
+    // other (the sandbox's own /tmp is writable; the workspace bound there
+    // is not), and the file is not created on the host.
+    let mut c = cx.moat(["exec", "--policy", "read-only", "--", BASH, "-c"]);
+    c.arg("touch notes.txt; echo TOUCH_RC=$?");
+    c.current_dir(&t.ws);
+    let out = run(c);
+    assert_eq!(
+        out.field("TOUCH_RC").as_deref(),
+        Some("1"),
+        "{}",
+        out.dump()
+    );
+    assert!(!t.ws.join("notes.txt").exists(), "{}", out.dump());
+    let notes = t.ws.join("notes.txt");
+    assert_has(
+        &out,
+        &format!("denied write {}", notes.display()),
+        "read-only",
+    );
 }
 
 // ------------------------------------------------- one flag table, exit codes

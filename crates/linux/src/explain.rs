@@ -121,7 +121,14 @@ pub fn explain(
     }
     match errno {
         "EROFS" | "EACCES" | "EPERM" => {
-            let writable = plan.landlock.write.iter().any(|w| abs.starts_with(w));
+            // The view decides first: a read-only host path inside a
+            // writable tmpfs (a workspace under /tmp at read-only) is not
+            // writable although Landlock's /tmp rule covers it.
+            let writable = match entry {
+                Some(x) if matches!(x.mode, Mode::Read | Mode::Hidden) => false,
+                Some(x) if x.mode == Mode::Write => true,
+                _ => plan.landlock.write.iter().any(|w| abs.starts_with(w)),
+            };
             match entry {
                 Some(x) if x.mode == Mode::Read && x.why == Why::Grant => {
                     Some(DenyReason::ReadOnlyGrant)
