@@ -95,12 +95,20 @@ struct OpenHow {
 /// any symlink on the way: bind sources are canonical paths, so a symlink
 /// there means someone swapped a component after moat resolved it.
 pub fn open_path_nofollow(dirfd: RawFd, path: &Path) -> io::Result<OwnedFd> {
+    openat2(
+        dirfd,
+        path,
+        OpenHow {
+            flags: (libc::O_PATH | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+            mode: 0,
+            resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        },
+    )
+}
+
+/// openat2(2): the one place moat calls it; the wrappers choose `how`.
+fn openat2(dirfd: RawFd, path: &Path, how: OpenHow) -> io::Result<OwnedFd> {
     let p = cstr(path)?;
-    let how = OpenHow {
-        flags: (libc::O_PATH | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
-        mode: 0,
-        resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
-    };
     // SAFETY: `p` and `how` are valid for the call and `how`'s size is
     // passed; the kernel returns a new fd that we own.
     let fd = check(unsafe {
@@ -710,6 +718,9 @@ pub fn borrow_stdio(fd: RawFd) -> Option<std::os::fd::BorrowedFd<'static>> {
 /// `openat2` resolution flags for paths a command could have shaped.
 pub const RESOLVE_BENEATH: u64 = 0x08;
 pub const RESOLVE_NO_XDEV: u64 = 0x01;
+/// What every path the command could have shaped is opened with.
+const BENEATH_NO_LINKS: u64 =
+    RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
 
 /// openat2(2) of `name` relative to `dirfd`, confined: never above `dirfd`
 /// (RESOLVE_BENEATH), through no symlink (RESOLVE_NO_SYMLINKS, which also
@@ -717,49 +728,33 @@ pub const RESOLVE_NO_XDEV: u64 = 0x01;
 /// (RESOLVE_NO_XDEV). `flags` are open(2) flags; O_CLOEXEC and O_NOFOLLOW
 /// are always added.
 pub fn openat_beneath(dirfd: RawFd, name: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
-    let p = cstr(name)?;
-    let how = OpenHow {
-        flags: (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
-        mode: 0,
-        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV,
-    };
-    // SAFETY: `p` and `how` are valid for the call and `how`'s size is
-    // passed; the kernel returns a new fd that we own.
-    let fd = check(unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dirfd,
-            p.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    })?;
-    // SAFETY: fresh fd from the kernel.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    openat2(
+        dirfd,
+        name,
+        OpenHow {
+            flags: (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+            mode: 0,
+            resolve: BENEATH_NO_LINKS,
+        },
+    )
 }
 
 /// Creates `name` in `dirfd` as a new regular file (O_EXCL: never through an
 /// existing entry or symlink) with `mode`, write-only.
 pub fn create_excl_at(dirfd: RawFd, name: &Path, mode: libc::mode_t) -> io::Result<OwnedFd> {
-    let p = cstr(name)?;
-    let how = OpenHow {
-        flags: (libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            as u64,
-        mode: mode as u64,
-        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV,
-    };
-    // SAFETY: as in `openat_beneath`.
-    let fd = check(unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dirfd,
-            p.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    })?;
-    // SAFETY: fresh fd from the kernel.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    openat2(
+        dirfd,
+        name,
+        OpenHow {
+            flags: (libc::O_WRONLY
+                | libc::O_CREAT
+                | libc::O_EXCL
+                | libc::O_CLOEXEC
+                | libc::O_NOFOLLOW) as u64,
+            mode: mode as u64,
+            resolve: BENEATH_NO_LINKS,
+        },
+    )
 }
 
 /// TIOCGWINSZ: the window size of the terminal at `fd`.
