@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use base64::Engine;
 use moat_audit::{AuditLog, RunContext};
 use moat_linux::explain::{explain, DenyReason};
+use moat_linux::timing::mark;
 use moat_linux::{
     HostFacts, OutputMode, Plan, RunObserver, RunOptions, RunOutcome, RunStatus, Stream,
 };
@@ -439,6 +440,7 @@ impl Reporting {
 pub fn exec(args: ExecArgs) -> ExitCode {
     let reporting = Reporting::from(&args.report);
     let resolved = resolve_policy(&args.policy).map_err(|e| format!("{e:#}"));
+    moat_linux::timing::mark("resolve the policy (config, project file)");
     run_resolved(resolved, &reporting, &args.command)
 }
 
@@ -553,8 +555,10 @@ pub fn run_resolved(
             }
         }
     };
+    mark("open the audit log");
     let resolved = policy_resolved(&ctx, &policy);
     let mut facts = HostFacts::probe(&policy, env);
+    mark("probe the host");
     if policy.level.is_sandboxed() {
         // The user's tool configuration, credentials removed, where the
         // tools look under the sandbox HOME.
@@ -563,6 +567,7 @@ pub fn run_resolved(
             .map(|r| (r.rel, r.contents))
             .collect();
     }
+    mark("redacted copies of the user's tool config");
     if let Some(log) = &audit {
         facts.add_hidden_file(log.path());
     }
@@ -582,6 +587,7 @@ pub fn run_resolved(
             return refuse(mode, &id, &session_id, Some(&policy), &e.to_string(), &sink);
         }
     };
+    mark("plan");
     if let Some(h) = &handoff {
         if let Err(e) = moat_linux::view::check_nested(&h.outer, &policy, &plan.view) {
             return refuse(mode, &id, &session_id, Some(&policy), &e.to_string(), &sink);
@@ -610,6 +616,7 @@ pub fn run_resolved(
     if let Err(e) = session.record_required(&[resolved]) {
         return refuse(mode, &id, &session_id, Some(&policy), &e, &sink);
     }
+    mark("audit: start record appended and verified");
     let opts = RunOptions {
         argv: command.to_vec(),
         output: match mode {
@@ -624,6 +631,7 @@ pub fn run_resolved(
         stdio_from_outer_sandbox: handoff.is_some(),
     };
     let mut outcome = moat_linux::run(&plan, &opts, &mut session);
+    mark("run returned");
     // Stops the proxy; its own per-request list is not used (the folded
     // decisions below saw every request, in bounded memory).
     drop(session.proxy.take().map(|h| h.shutdown()));
@@ -708,6 +716,7 @@ pub fn run_resolved(
             ));
         }
     }
+    mark("denials and audit finish record");
     tail_events.push(finished);
     for ev in &tail_events {
         emit(&sink, ev);
@@ -727,6 +736,7 @@ pub fn run_resolved(
     if let Some(e) = &session.audit_error {
         eprintln!("moat: {e}");
     }
+    mark("report");
     if !outcome.sweep_failed.is_empty() {
         return ExitCode::from(EXIT_SWEEP_FAILED);
     }

@@ -63,7 +63,10 @@ pub fn main(args: InitArgs<'_>) -> ! {
     let sandboxed = args.plan.namespaces();
     // The command: forked with glibc's fork so its thread state is right.
     let main_pid = match fork_command() {
-        Ok(None) => command(&args, slave.as_ref()),
+        Ok(None) => {
+            crate::timing::mark("command: forked from the init");
+            command(&args, slave.as_ref())
+        }
         Ok(Some(pid)) => {
             // Only the command holds the slave: its last close is the end
             // of the session for the supervisor's relay.
@@ -143,8 +146,10 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
         // First, so the supervisor can start serving while the view is built.
         crate::netns::create_and_send_listeners(hfd)?;
     }
+    crate::timing::mark("init: fds, id maps, hostname");
     let broker = mounts::build_root(&plan.mounts, plan.broker)
         .map_err(|e| format!("build the sandbox view: {e}"))?;
+    crate::timing::mark("init: mounts (the view)");
     if let (Some(hfd), Some(listener)) = (args.handoff_fd, broker) {
         use std::os::fd::AsRawFd;
         crate::netns::send_fds(hfd, b'B', &[listener.as_raw_fd()])
@@ -209,7 +214,9 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
     if args.plan.sandboxed {
         let r = (|| -> Result<(), confine::ConfineError> {
             confine::drop_privileges()?;
+            crate::timing::mark("command: drop capabilities");
             layers[0] = confine::apply_landlock(&args.plan.landlock, args.plan.landlock_abi)?;
+            crate::timing::mark("command: Landlock");
             if let Some(p) = &args.seccomp {
                 layers[1] = confine::apply_seccomp(p)?;
             }
@@ -220,6 +227,7 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
             sys::exit_now(125);
         }
     }
+    crate::timing::mark("command: seccomp");
     let _ = sys::close_range(3, u32::MAX, true);
     report(
         fd,

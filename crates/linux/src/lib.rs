@@ -27,6 +27,7 @@ pub mod run;
 pub mod sweep;
 pub mod sys;
 pub mod termfilter;
+pub mod timing;
 pub mod tree;
 pub mod view;
 

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::sweep::{PrefixGuard, SweepRoot};
 use crate::sys;
+use crate::timing::mark;
 
 /// What kind of filesystem object a path is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
@@ -283,15 +284,20 @@ impl HostFacts {
         }
         f.userns = policy.backend == moat_policy::Backend::Namespaces
             || crate::backend::userns_available();
+        mark("probe: kernel features, moat's path");
         f.probe_root();
+        mark("probe: /");
         f.probe_secrets(policy);
+        mark("probe: secrets (homes, /etc)");
         f.probe_sockets();
         // moat's own dirs are created first: the workspace probe then
         // records them as existing, so the sweep never takes them for
         // something the command created.
         f.probe_moat_dirs();
+        mark("probe: sockets, moat's dirs");
         f.probe_workspace(policy);
         f.probe_write_protected_in_grants(policy);
+        mark("probe: workspace walk, grants");
         f.workspace_missing = f
             .sweep
             .iter()

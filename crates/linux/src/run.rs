@@ -369,9 +369,11 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
             out.error.get_or_insert(e);
         }
     }
+    crate::timing::mark("supervise until the init is gone");
     // Every process of the command is gone (the pid namespace died with
     // its init), so nothing races the sweep.
     let report = crate::sweep::sweep(&plan.sweep, &opts.tag);
+    crate::timing::mark("sweep");
     out.swept = report.swept;
     out.sweep_failed = report.failed;
     out
@@ -494,6 +496,7 @@ fn launch(
             return Err(e);
         }
     }
+    crate::timing::mark("seccomp filter, pipes, signal mask");
     let cloned = sys::clone_process(ns_flags);
     if let (Some(cg), Ok(Forked::Parent(_))) = (&enforcer.cgroup, &cloned) {
         if let Err(e) = cg.leave() {
@@ -514,7 +517,10 @@ fn launch(
             rlimits: &enforcer.rlimits,
             pty,
         }),
-        Ok(Forked::Parent(pid)) => Pid::from_raw(pid),
+        Ok(Forked::Parent(pid)) => {
+            crate::timing::mark("clone the init (new namespaces)");
+            Pid::from_raw(pid)
+        }
         Err(e) => {
             sys::restore_sigmask(&old_mask);
             if let Some(cg) = &enforcer.cgroup {
@@ -723,7 +729,9 @@ fn supervise(
                     .any(|l| l.starts_with(b"L "))
             {
                 started_seen = true;
+                crate::timing::mark("supervisor: the command is confined, about to exec");
                 observer.started(command_host_pid(child));
+                crate::timing::mark("supervisor: execution.started recorded");
             }
         }
         for (k, c) in captures.iter_mut().filter(|c| c.open).enumerate() {
