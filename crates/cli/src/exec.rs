@@ -199,7 +199,7 @@ fn policy_resolved(ctx: &RunContext, policy: &Policy) -> Value {
         "policy.resolved",
         fields(json!({
             "policy_id": policy.level.as_str(),
-            "policy_hash": policy.hash(),
+            "policy_hash": ctx.policy_hash,
             "sandbox_level": policy.level.as_str(),
             "network": {
                 "mode": policy.network.mode.as_str(),
@@ -526,11 +526,13 @@ pub fn run_resolved(
             Some(h)
         }
     };
+    // Hashed once: serialising the policy canonically costs on every launch.
+    let policy_hash = policy.hash();
     let ctx = RunContext {
         execution_id: id.clone(),
         session_id: session_id.clone(),
-        policy_hash: policy.hash(),
-        policy_epoch: policy.hash(),
+        policy_hash: policy_hash.clone(),
+        policy_epoch: policy_hash,
         moat_version: env!("CARGO_PKG_VERSION").to_string(),
     };
     // The log is opened before anything runs: a run that cannot be recorded

@@ -125,8 +125,8 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
         }
         return Ok(None);
     }
-    sys::wipe_environ_block().map_err(|e| format!("clear the init's environment: {e}"))?;
-    sys::wipe_argv_block().map_err(|e| format!("clear the init's command line: {e}"))?;
+    sys::wipe_environ_and_argv_blocks()
+        .map_err(|e| format!("clear the init's environment and command line: {e}"))?;
     fs::write("/proc/self/setgroups", "deny")
         .map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
     fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid)).map_err(|e| {
