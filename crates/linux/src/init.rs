@@ -13,6 +13,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use crate::confine::{self, Enforcement};
+use crate::init_msg::{self, InitMessage, SetupStage};
 use crate::mounts;
 use crate::plan::Plan;
 use crate::sys;
@@ -46,8 +47,17 @@ pub struct InitArgs<'a> {
     pub pty: Option<crate::pty::Attach>,
 }
 
-fn report(fd: RawFd, msg: &str) {
-    sys::write_all_fd(fd, msg.as_bytes());
+/// Reports a failed step before exec, then leaves with moat's own exit code.
+fn fail(fd: RawFd, stage: SetupStage, errno: i32, detail: &str) -> ! {
+    init_msg::send(
+        fd,
+        &InitMessage::SetupFailed {
+            stage,
+            errno,
+            detail,
+        },
+    );
+    sys::exit_now(125);
 }
 
 /// Entry point of the cloned child. Never returns.
@@ -55,10 +65,7 @@ pub fn main(args: InitArgs<'_>) -> ! {
     let fd = args.report_fd;
     let slave = match setup(&args) {
         Ok(slave) => slave,
-        Err(msg) => {
-            report(fd, &format!("E {}\n", msg.replace('\n', " ")));
-            sys::exit_now(125);
-        }
+        Err(msg) => fail(fd, SetupStage::Sandbox, 0, &msg),
     };
     let sandboxed = args.plan.namespaces();
     // The command: forked with glibc's fork so its thread state is right.
@@ -70,10 +77,12 @@ pub fn main(args: InitArgs<'_>) -> ! {
             drop(slave);
             pid
         }
-        Err(e) => {
-            report(fd, &format!("E fork the command: {e}\n"));
-            sys::exit_now(125);
-        }
+        Err(e) => fail(
+            fd,
+            SetupStage::Fork,
+            e.raw_os_error().unwrap_or(0),
+            &format!("fork the command: {e}"),
+        ),
     };
     supervise_tree(fd, main_pid, sandboxed)
 }
@@ -190,8 +199,7 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
     let fd = args.report_fd;
     sys::reset_signals();
     if let Err(e) = crate::limits::apply_rlimits(args.rlimits) {
-        report(fd, &format!("E {e}\n"));
-        sys::exit_now(125);
+        fail(fd, SetupStage::Limits, 0, &e.to_string());
     }
     if let Some(s) = slave {
         use std::os::fd::AsRawFd;
@@ -201,8 +209,12 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
             stderr: false,
         });
         if let Err(e) = crate::pty::attach_slave(s.as_raw_fd(), attach) {
-            report(fd, &format!("E attach the command's terminal: {e}\n"));
-            sys::exit_now(125);
+            fail(
+                fd,
+                SetupStage::Terminal,
+                e.raw_os_error().unwrap_or(0),
+                &format!("attach the command's terminal: {e}"),
+            );
         }
     }
     let mut layers = [Enforcement::None; 2];
@@ -216,18 +228,16 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
             Ok(())
         })();
         if let Err(e) = r {
-            report(fd, &format!("E {e}\n"));
-            sys::exit_now(125);
+            fail(fd, SetupStage::Confine, 0, &e.to_string());
         }
     }
     let _ = sys::close_range(3, u32::MAX, true);
-    report(
+    init_msg::send(
         fd,
-        &format!(
-            "L {}{}\n",
-            layers[0].code() as char,
-            layers[1].code() as char
-        ),
+        &InitMessage::Confined {
+            landlock: layers[0],
+            seccomp: layers[1],
+        },
     );
     exec_search(args)
 }
@@ -240,7 +250,12 @@ fn exec_search(args: &InitArgs<'_>) -> ! {
     let mut envp: Vec<*const libc::c_char> = args.envp.iter().map(|a| a.as_ptr()).collect();
     envp.push(std::ptr::null());
     let Some(prog) = args.argv.first() else {
-        report(fd, "X 2\n");
+        init_msg::send(
+            fd,
+            &InitMessage::ExecFailed {
+                errno: libc::ENOENT,
+            },
+        );
         sys::exit_now(127);
     };
     let prog_bytes = prog.as_bytes();
@@ -285,7 +300,7 @@ fn exec_search(args: &InitArgs<'_>) -> ! {
     } else {
         libc::ENOENT
     };
-    report(fd, &format!("X {errno}\n"));
+    init_msg::send(fd, &InitMessage::ExecFailed { errno });
     sys::exit_now(if errno == libc::ENOENT { 127 } else { 126 });
 }
 
@@ -337,7 +352,15 @@ fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
             // Every process of the run has been reaped by now: the children
             // usage covers them all (largest RSS, summed CPU time).
             let (rss_kb, cpu_ms) = children_usage();
-            report(fd, &format!("S {code} {signal} {rss_kb} {cpu_ms}\n"));
+            init_msg::send(
+                fd,
+                &InitMessage::Exited {
+                    code,
+                    signal,
+                    max_rss_kb: rss_kb,
+                    cpu_ms,
+                },
+            );
             sys::exit_now(0);
         }
     }

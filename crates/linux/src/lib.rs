@@ -17,6 +17,7 @@ pub mod capabilities;
 pub mod confine;
 pub mod explain;
 mod init;
+pub mod init_msg;
 pub mod limits;
 pub mod mounts;
 pub mod netns;

@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use crate::confine::{self, Enforcement};
 use crate::init::{self, InitArgs, INIT_SIGNALS};
+use crate::init_msg::{self, InitMessage};
 use crate::limits::{Applied, Enforcer, LimitFacts, ResourceUsage, TerminationReason};
 use crate::plan::Plan;
 use crate::sys::{self, Forked};
@@ -718,9 +719,8 @@ fn supervise(
         if report_ready {
             report_open = read_report(&report_r, &mut report_buf);
             if !started_seen
-                && report_buf
-                    .split(|b| *b == b'\n')
-                    .any(|l| l.starts_with(b"L "))
+                && init_msg::decode_all(&report_buf, false)
+                    .is_ok_and(|m| m.iter().any(|m| matches!(m, InitMessage::Confined { .. })))
             {
                 started_seen = true;
                 observer.started(command_host_pid(child));
@@ -924,8 +924,11 @@ fn command_host_pid(init: Pid) -> Option<i32> {
     text.split_whitespace().next().and_then(|s| s.parse().ok())
 }
 
+/// Whether the init has reported the command's exit (a malformed report
+/// is not one: the run then ends when the init does, and fails).
 fn has_final_status(report: &[u8]) -> bool {
-    report.split(|b| *b == b'\n').any(|l| l.starts_with(b"S "))
+    init_msg::decode_all(report, false)
+        .is_ok_and(|m| m.iter().any(|m| matches!(m, InitMessage::Exited { .. })))
 }
 
 /// Reads what is available from the report pipe; false at EOF.
@@ -999,7 +1002,7 @@ fn not_in_view(plan: &Plan, program: &std::ffi::OsStr, look_on_host: bool) -> St
     }
 }
 
-/// Turns the init's report lines and exit status into the outcome.
+/// Turns the init's report messages and exit status into the outcome.
 fn interpret(
     report: &[u8],
     init_status: WaitStatus,
@@ -1008,19 +1011,20 @@ fn interpret(
     program: &std::ffi::OsStr,
     out: &mut RunOutcome,
 ) -> Result<(), String> {
-    let text = String::from_utf8_lossy(report);
+    // The pipe is closed (or its writers are dead) by now: a partial frame
+    // is as much a failure as garbage.
+    let messages = init_msg::decode_all(report, true).map_err(|e| {
+        format!("the sandbox's init sent a malformed report ({e}); this is a bug in moat, please report it")
+    })?;
     let mut final_status: Option<(i32, i32)> = None;
-    for line in text.lines() {
-        let (tag, rest) = line.split_at(line.len().min(2));
-        match tag.trim() {
-            "E" => return Err(rest.trim().to_string()),
-            "L" => {
-                let b = rest.trim().as_bytes();
-                out.layers.landlock = Enforcement::from_code(b.first().copied().unwrap_or(b'N'));
-                out.layers.seccomp = Enforcement::from_code(b.get(1).copied().unwrap_or(b'N'));
+    for msg in messages {
+        match msg {
+            InitMessage::SetupFailed { detail, .. } => return Err(detail.to_string()),
+            InitMessage::Confined { landlock, seccomp } => {
+                out.layers.landlock = landlock;
+                out.layers.seccomp = seccomp;
             }
-            "X" => {
-                let errno: i32 = rest.trim().parse().unwrap_or(libc::ENOENT);
+            InitMessage::ExecFailed { errno } => {
                 out.status = RunStatus::FailedToStart;
                 out.exit_code = if errno == libc::ENOENT { 127 } else { 126 };
                 let what = if errno == libc::ENOENT {
@@ -1035,20 +1039,17 @@ fn interpret(
                 out.error = Some(not_in_view(plan, program, !opts.stdio_from_outer_sandbox));
                 return Ok(());
             }
-            "S" => {
-                let mut parts = rest
-                    .split_whitespace()
-                    .map(|s| s.parse::<i64>().unwrap_or(0));
-                let code = parts.next().unwrap_or(0) as i32;
-                let signal = parts.next().unwrap_or(0) as i32;
+            InitMessage::Exited {
+                code,
+                signal,
+                max_rss_kb,
+                cpu_ms,
+            } => {
                 // What every process of the run used, reaped by the init.
-                if let (Some(rss_kb), Some(cpu_ms)) = (parts.next(), parts.next()) {
-                    out.usage.max_rss_bytes = Some(rss_kb.max(0) as u64 * 1024);
-                    out.usage.cpu_ms = Some(cpu_ms.max(0) as u64);
-                }
+                out.usage.max_rss_bytes = Some(max_rss_kb.max(0) as u64 * 1024);
+                out.usage.cpu_ms = Some(cpu_ms.max(0) as u64);
                 final_status = Some((code, signal));
             }
-            _ => {}
         }
     }
     match final_status {
