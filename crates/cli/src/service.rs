@@ -415,7 +415,7 @@ impl Service {
         // a component swapped for a symlink after the check (by another
         // execution, in a directory it may write) would lead it elsewhere.
         let dir = flags.cwd.take().unwrap_or_else(|| self.here.clone());
-        let dir_fd = moat_linux::sys::open_path_nofollow(libc::AT_FDCWD, &dir).map_err(|e| {
+        let dir_fd = moat_linux::fd::open_path_nofollow(libc::AT_FDCWD, &dir).map_err(|e| {
             RpcError::domain(
                 "POLICY_DENIED",
                 format!(
@@ -425,11 +425,11 @@ impl Service {
             )
         })?;
         let mut cmd = Command::new(&self.moat);
-        moat_linux::sys::start_in(&mut cmd, dir_fd);
+        moat_linux::process::start_in(&mut cmd, dir_fd);
         // A service killed outright still takes its executions with it: the
         // supervisor gets SIGTERM and stops its tree. (This thread follows
         // the execution to its end, so it outlives the child.)
-        moat_linux::sys::die_with_parent(&mut cmd, libc::SIGTERM);
+        moat_linux::process::die_with_parent(&mut cmd, libc::SIGTERM);
         let mut child = cmd
             .args(self.child_args(&flags, &req.command))
             .stdin(if req.stdin.is_empty() {

@@ -17,7 +17,11 @@ fn probe_result(name: &str, ok: bool, detail: String) -> Value {
 
 /// Runs `f` in a forked child; Ok(()) when it exited 0, else the errno it exited with.
 fn in_child(f: impl FnOnce() -> Result<(), i32>) -> Result<(), String> {
-    match sys::fork_glibc() {
+    // SAFETY: glibc's fork runs its atfork handlers, so the allocator is
+    // usable in the child even when this process has other threads (`moat
+    // serve`, `moat mcp`); the probes take no other lock (no stdio, no
+    // environment) before they `_exit`.
+    match unsafe { sys::fork_glibc() } {
         Ok(0) => {
             let code = match f() {
                 Ok(()) => 0,

@@ -89,7 +89,9 @@ pub fn main(args: InitArgs<'_>) -> ! {
 
 /// Forks the command's process: None in the child, its pid in the init.
 fn fork_command() -> io::Result<Option<Pid>> {
-    match sys::fork_glibc()? {
+    // SAFETY: the init is a clone's child and so has one thread; glibc's
+    // fork also makes malloc usable in the child.
+    match unsafe { sys::fork_glibc() }? {
         0 => Ok(None),
         pid => Ok(Some(Pid::from_raw(pid))),
     }
@@ -110,10 +112,13 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
         nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("become subreaper: {e}"))?;
     }
     if let Some(o) = args.stdout_fd {
-        sys::dup2(o, 1).map_err(|e| format!("redirect stdout: {e}"))?;
+        // SAFETY: fd 1 of the init is owned by no Rust object; the init and
+        // the command use it only as stdout.
+        unsafe { sys::dup2(o, 1) }.map_err(|e| format!("redirect stdout: {e}"))?;
     }
     if let Some(e) = args.stderr_fd {
-        sys::dup2(e, 2).map_err(|e| format!("redirect stderr: {e}"))?;
+        // SAFETY: as for fd 1.
+        unsafe { sys::dup2(e, 2) }.map_err(|e| format!("redirect stderr: {e}"))?;
     }
     // Inherited descriptors are a way around every path rule: close them all,
     // keeping only stdio and the report pipe (close-on-exec).
@@ -131,8 +136,12 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
         }
         return Ok(None);
     }
-    sys::wipe_environ_block().map_err(|e| format!("clear the init's environment: {e}"))?;
-    sys::wipe_argv_block().map_err(|e| format!("clear the init's command line: {e}"))?;
+    // SAFETY: the init has one thread, and nothing in it reads its
+    // environment (the command's is prepared before the clone).
+    unsafe { sys::wipe_environ_block() }
+        .map_err(|e| format!("clear the init's environment: {e}"))?;
+    // SAFETY: as above, for its arguments.
+    unsafe { sys::wipe_argv_block() }.map_err(|e| format!("clear the init's command line: {e}"))?;
     fs::write("/proc/self/setgroups", "deny")
         .map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
     fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid)).map_err(|e| {
@@ -180,18 +189,22 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
     Ok(slave)
 }
 
-/// Closes every fd >= 3 except `keep`.
+/// Closes every fd >= 3 except `keep`. The fds inherited from the
+/// supervisor have owners in the init's copy of its memory, but the init
+/// never drops them: it leaves by `_exit` or exec.
 fn close_all_but(keep: &[RawFd]) -> io::Result<()> {
     let mut keep: Vec<u32> = keep.iter().map(|f| *f as u32).collect();
     keep.sort_unstable();
     let mut first = 3u32;
     for k in keep {
         if k >= first {
-            sys::close_range(first, k.saturating_sub(1), false)?;
+            // SAFETY: see above; the owners are never dropped or used.
+            unsafe { sys::close_range(first, k.saturating_sub(1)) }?;
             first = k + 1;
         }
     }
-    sys::close_range(first, u32::MAX, false)
+    // SAFETY: as above.
+    unsafe { sys::close_range(first, u32::MAX) }
 }
 
 /// The command's own process: confine, then exec. Never returns.
@@ -231,7 +244,7 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
             fail(fd, SetupStage::Confine, 0, &e.to_string());
         }
     }
-    let _ = sys::close_range(3, u32::MAX, true);
+    let _ = sys::cloexec_from(3);
     init_msg::send(
         fd,
         &InitMessage::Confined {
@@ -281,7 +294,9 @@ fn exec_search(args: &InitArgs<'_>) -> ! {
     let mut saw_eacces = false;
     let mut last = libc::ENOENT;
     for c in &candidates {
-        let e = sys::execve(c, &argv, &envp)
+        // SAFETY: argv and envp are NULL-terminated arrays of pointers into
+        // `args.argv`/`args.envp`, which outlive the call.
+        let e = unsafe { sys::execve(c, &argv, &envp) }
             .raw_os_error()
             .unwrap_or(libc::ENOENT);
         match e {

@@ -3,7 +3,8 @@
 //! supervisor that stays in the host namespaces.
 //!
 //! # Security notes
-//! - All `unsafe` is in [`sys`]; every block says why it is sound.
+//! - All `unsafe` operations are in `sys` (crate-private); every block says
+//!   why it is sound. Other crates use the safe [`process`] and [`fd`].
 //! - A layer the plan needs that cannot be set up is an error before exec:
 //!   the command never runs with less than the policy promised.
 //!
@@ -16,6 +17,7 @@ pub mod backend;
 pub mod capabilities;
 pub mod confine;
 pub mod explain;
+pub mod fd;
 mod init;
 pub mod init_msg;
 pub mod limits;
@@ -23,10 +25,11 @@ pub mod mounts;
 pub mod netns;
 pub mod plan;
 pub mod probe;
+pub mod process;
 pub mod pty;
 pub mod run;
 pub mod sweep;
-pub mod sys;
+pub(crate) mod sys;
 pub mod termfilter;
 pub mod tree;
 pub mod view;

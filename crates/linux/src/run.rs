@@ -495,7 +495,12 @@ fn launch(
             return Err(e);
         }
     }
-    let cloned = sys::clone_process(ns_flags);
+    // SAFETY: `moat exec`'s supervisor is single-threaded here (the proxy's
+    // threads start after the clone, when the init hands its listeners
+    // over), so the init may run ordinary code. Known exception, recorded
+    // in ARCHITECTURE.md: `capabilities::report` runs each level end to end
+    // from `moat serve`/`moat mcp`, which have threads.
+    let cloned = unsafe { sys::clone_process(ns_flags) };
     if let (Some(cg), Ok(Forked::Parent(_))) = (&enforcer.cgroup, &cloned) {
         if let Err(e) = cg.leave() {
             // The supervisor would stay in the run's limits: better to stop.
