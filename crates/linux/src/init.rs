@@ -5,7 +5,6 @@
 //! that does the same for the command's process tree on the host.
 
 use std::ffi::CString;
-use std::fs;
 use std::io;
 use std::os::fd::RawFd;
 
@@ -17,6 +16,7 @@ use crate::init_msg::{self, InitMessage, SetupStage};
 use crate::mounts;
 use crate::plan::Plan;
 use crate::sys;
+use crate::syscall::Kernel;
 
 /// Signals the init waits for; blocked from before the clone so none is lost.
 pub const INIT_SIGNALS: &[libc::c_int] = &[
@@ -142,26 +142,12 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
         .map_err(|e| format!("clear the init's environment: {e}"))?;
     // SAFETY: as above, for its arguments.
     unsafe { sys::wipe_argv_block() }.map_err(|e| format!("clear the init's command line: {e}"))?;
-    fs::write("/proc/self/setgroups", "deny")
-        .map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
-    fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid)).map_err(|e| {
-        if plan.uid == 0 && e.raw_os_error() == Some(libc::EPERM) {
-            // Linux >= 5.12: mapping root needs CAP_SETFCAP where moat runs.
-            format!("write uid_map: {e}; root may map itself into a user namespace only with CAP_SETFCAP (a container that drops it: add it, e.g. docker --cap-add SETFCAP, run moat as a non-root user, or use --backend landlock)")
-        } else {
-            format!("write uid_map: {e}")
-        }
-    })?;
-    fs::write("/proc/self/gid_map", format!("{0} {0} 1\n", plan.gid))
-        .map_err(|e| format!("write gid_map: {e}"))?;
-    // After the id maps: a non-dumpable process's /proc files belong to root.
-    sys::set_not_dumpable().map_err(|e| format!("set non-dumpable: {e}"))?;
-    nix::unistd::sethostname("moat").map_err(|e| format!("set hostname: {e}"))?;
+    mounts::set_identity(&Kernel, plan)?;
     if let (Some(hfd), Some(_)) = (args.handoff_fd, &plan.proxy) {
         // First, so the supervisor can start serving while the view is built.
         crate::netns::create_and_send_listeners(hfd)?;
     }
-    let broker = mounts::build_root(&plan.mounts, plan.broker)
+    let broker = mounts::build_root(&Kernel, &plan.mounts, plan.broker)
         .map_err(|e| format!("build the sandbox view: {e}"))?;
     if let (Some(hfd), Some(listener)) = (args.handoff_fd, broker) {
         use std::os::fd::AsRawFd;

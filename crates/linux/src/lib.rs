@@ -28,8 +28,11 @@ pub mod probe;
 pub mod process;
 pub mod pty;
 pub mod run;
+#[cfg(test)]
+mod seam_tests;
 pub mod sweep;
 pub(crate) mod sys;
+mod syscall;
 pub mod termfilter;
 pub mod tree;
 pub mod view;
