@@ -16,6 +16,7 @@
 pub mod backend;
 pub mod capabilities;
 pub mod confine;
+pub mod control;
 pub mod explain;
 pub mod fd;
 mod init;
@@ -41,5 +42,6 @@ pub use confine::Enforcement;
 pub use plan::{build as build_plan, Plan, PlanError};
 pub use probe::HostFacts;
 pub use run::{
-    run, Layers, NoObserver, OutputMode, RunObserver, RunOptions, RunOutcome, RunStatus, Stream,
+    run, run_with, Layers, NoObserver, OutputMode, RunObserver, RunOptions, RunOutcome, RunStatus,
+    Stream,
 };

@@ -18,6 +18,7 @@ use nix::unistd::Pid;
 use serde::Serialize;
 
 use crate::confine::{self, Enforcement};
+use crate::control::{Control, Request};
 use crate::init::{self, InitArgs, INIT_SIGNALS};
 use crate::init_msg::{self, InitMessage};
 use crate::limits::{Applied, Enforcer, LimitFacts, ResourceUsage, TerminationReason};
@@ -291,9 +292,21 @@ fn clone_error(e: io::Error, plan: &Plan) -> String {
     )
 }
 
-/// Runs the command under `plan`. Errors here are moat's own failures before
-/// the command could start; they map to exit 125.
+/// Runs the command under `plan`, stopped by this process's own signals
+/// (one run per process: `moat exec`). Errors here are moat's own failures
+/// before the command could start; they map to exit 125.
 pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> RunOutcome {
+    run_with(plan, opts, observer, Control::ProcessSignals)
+}
+
+/// [`run`], with the stop, hang-up and resize requests taken from `control`
+/// (a service passes each execution its own channel).
+pub fn run_with(
+    plan: &Plan,
+    opts: &RunOptions,
+    observer: &mut dyn RunObserver,
+    control: Control<'_>,
+) -> RunOutcome {
     let start = Instant::now();
     // The Landlock backend: a per-run scratch directory (TMPDIR and HOME)
     // and the rules made from the view on the host's paths.
@@ -343,7 +356,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
     match &enforcer {
         Ok(e) => {
             out.limits = e.applied.clone();
-            if let Err(e) = launch(plan, opts, &mut out, start, observer, e) {
+            if let Err(e) = launch(plan, opts, &mut out, start, observer, e, control) {
                 out.status = RunStatus::FailedToStart;
                 out.exit_code = 125;
                 out.error = Some(e);
@@ -395,6 +408,7 @@ fn launch(
     start: Instant,
     observer: &mut dyn RunObserver,
     enforcer: &Enforcer,
+    control: Control<'_>,
 ) -> Result<(), String> {
     if opts.argv.is_empty() {
         return Err("no command given; put it after --".into());
@@ -537,7 +551,7 @@ fn launch(
         out.layers.namespaces = Enforcement::Full;
     }
     let result = supervise(
-        child, plan, opts, out, captures, report_r, handoff_rx, start, observer, enforcer,
+        child, plan, opts, out, captures, report_r, handoff_rx, start, observer, enforcer, control,
     );
     sys::restore_sigmask(&old_mask);
     result
@@ -582,6 +596,7 @@ fn supervise(
     start: Instant,
     observer: &mut dyn RunObserver,
     enforcer: &Enforcer,
+    control: Control<'_>,
 ) -> Result<(), String> {
     let mut handoff = handoff;
     let mut budget = Budget {
@@ -596,23 +611,38 @@ fn supervise(
     // The command's own terminal, once the init has opened it.
     let mut relay: Option<crate::pty::Relay> = None;
     let plan_pty = own_terminal(plan, opts, enforcer.output.is_some());
-    if plan_pty.is_some() {
+    let own_signals = matches!(control, Control::ProcessSignals);
+    if plan_pty.is_some() && own_signals {
         // Resizes of the host terminal arrive through the signalfd.
         let _ = sys::set_sigmask(libc::SIG_BLOCK, &[libc::SIGWINCH]);
     }
+    // The init's exit, as an event of this run alone (no SIGCHLD, which
+    // would name every child of the process).
     let pidfd = sys::pidfd_open(child.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
-    let mut mask = SigSet::empty();
-    for s in [
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-        Signal::SIGINT,
-        Signal::SIGQUIT,
-        Signal::SIGWINCH,
-    ] {
-        mask.add(s);
-    }
-    let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-        .map_err(|e| format!("signalfd: {e}"))?;
+    // This process's own signals only when it runs this one command;
+    // otherwise the caller's channel.
+    let sigfd = if own_signals {
+        let mut mask = SigSet::empty();
+        for s in [
+            Signal::SIGTERM,
+            Signal::SIGHUP,
+            Signal::SIGINT,
+            Signal::SIGQUIT,
+            Signal::SIGWINCH,
+        ] {
+            mask.add(s);
+        }
+        Some(
+            SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+                .map_err(|e| format!("signalfd: {e}"))?,
+        )
+    } else {
+        None
+    };
+    let mut channel = match control {
+        Control::Channel(c) => Some(c),
+        Control::ProcessSignals => None,
+    };
     let stdin_is_tty = nix::unistd::isatty(std::io::stdin()).unwrap_or(false);
     let mut tail = Vec::new();
     let mut started_seen = false;
@@ -644,9 +674,17 @@ fn supervise(
             Some(true) => timeout.min(PollTimeout::from(250u16)),
             _ => timeout,
         };
+        // Index 1: the run's requests, from the signalfd or the caller's
+        // channel (the init's pidfd again once the channel is closed, so
+        // the indices stay fixed).
+        let requests = match (&sigfd, channel) {
+            (Some(s), _) => s.as_fd(),
+            (None, Some(c)) => c.as_fd(),
+            (None, None) => pidfd.as_fd(),
+        };
         let mut fds = vec![
             PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
-            PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(requests, PollFlags::POLLIN),
         ];
         if report_open {
             fds.push(PollFd::new(report_r.as_fd(), PollFlags::POLLIN));
@@ -753,7 +791,35 @@ fn supervise(
             stage = 2;
             deadline = Some(Instant::now() + Duration::from_secs(1));
         }
+        let mut requested = Vec::new();
         if sig_ready {
+            if let Some(c) = channel {
+                match c.drain() {
+                    Some(r) => requested = r,
+                    // Every sender is gone: nobody can ask anything more.
+                    None => channel = None,
+                }
+            }
+        }
+        for req in requested {
+            match req {
+                Request::Stop if stage == 0 => {
+                    let _ = sys::kill(child.as_raw(), libc::SIGTERM);
+                    stage = 1;
+                    deadline = Some(Instant::now() + KILL_GRACE);
+                }
+                Request::Stop => {}
+                Request::Hangup => {
+                    let _ = sys::kill(child.as_raw(), libc::SIGHUP);
+                }
+                Request::Resize => {
+                    if let Some(r) = &relay {
+                        r.copy_window_size();
+                    }
+                }
+            }
+        }
+        if let (true, Some(sigfd)) = (sig_ready, &sigfd) {
             while let Ok(Some(info)) = sigfd.read_signal() {
                 let sig = info.ssi_signo as i32;
                 match sig {
