@@ -67,11 +67,8 @@ fn a_stop_on_the_callers_channel_ends_the_run_and_its_tree() {
         Control::Channel(&receiver),
     );
     assert!(observer.sent, "the observer never saw the command start");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "STARTED",
-        "{out:?}"
-    );
+    // (The stop may land before the shell prints anything: it is sent the
+    // moment the command is confined, before exec.)
     assert!(!out.timed_out, "the stop did not end the run: {out:?}");
     assert_eq!(out.status, RunStatus::Finished, "{out:?}");
     assert_eq!(out.signal, Some(libc::SIGTERM), "{out:?}");
