@@ -60,12 +60,25 @@ fn fail(fd: RawFd, stage: SetupStage, errno: i32, detail: &str) -> ! {
     sys::exit_now(125);
 }
 
+/// A setup step that failed in the init: the message for the user and the
+/// errno behind it (0 when the step had none to give).
+struct SetupFailure {
+    errno: i32,
+    detail: String,
+}
+
+impl From<String> for SetupFailure {
+    fn from(detail: String) -> SetupFailure {
+        SetupFailure { errno: 0, detail }
+    }
+}
+
 /// Entry point of the cloned child. Never returns.
 pub fn main(args: InitArgs<'_>) -> ! {
     let fd = args.report_fd;
     let slave = match setup(&args) {
         Ok(slave) => slave,
-        Err(msg) => fail(fd, SetupStage::Sandbox, 0, &msg),
+        Err(f) => fail(fd, SetupStage::Sandbox, f.errno, &f.detail),
     };
     let sandboxed = args.plan.namespaces();
     // The command: forked with glibc's fork so its thread state is right.
@@ -99,7 +112,7 @@ fn fork_command() -> io::Result<Option<Pid>> {
 
 /// Namespace, mount and identity setup; runs with the host still reachable.
 /// Returns the slave of the command's pty, when it gets one.
-fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
+fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailure> {
     let plan = args.plan;
     let fd = args.report_fd;
     if plan.namespaces() {
@@ -147,8 +160,11 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
         // First, so the supervisor can start serving while the view is built.
         crate::netns::create_and_send_listeners(hfd)?;
     }
-    let broker = mounts::build_root(&Kernel, &plan.mounts, plan.broker)
-        .map_err(|e| format!("build the sandbox view: {e}"))?;
+    let broker =
+        mounts::build_root(&Kernel, &plan.mounts, plan.broker).map_err(|e| SetupFailure {
+            errno: e.source.raw_os_error().unwrap_or(0),
+            detail: format!("build the sandbox view: {e}"),
+        })?;
     if let (Some(hfd), Some(listener)) = (args.handoff_fd, broker) {
         use std::os::fd::AsRawFd;
         crate::netns::send_fds(hfd, b'B', &[listener.as_raw_fd()])

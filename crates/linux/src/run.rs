@@ -509,11 +509,13 @@ fn launch(
             return Err(e);
         }
     }
-    // SAFETY: `moat exec`'s supervisor is single-threaded here (the proxy's
+    // SAFETY: every caller runs this from a single-threaded process, so the
+    // init may run ordinary code: `moat exec`'s supervisor (the proxy's
     // threads start after the clone, when the init hands its listeners
-    // over), so the init may run ordinary code. Known exception, recorded
-    // in ARCHITECTURE.md: `capabilities::report` runs each level end to end
-    // from `moat serve`/`moat mcp`, which have threads.
+    // over), the service's per-execution supervisor processes, and
+    // `capabilities::report`, which runs each level in a forked child for
+    // the sake of `moat serve`/`moat mcp`. A caller with threads must do
+    // the same (see `sys::clone_process`).
     let cloned = unsafe { sys::clone_process(ns_flags) };
     if let (Some(cg), Ok(Forked::Parent(_))) = (&enforcer.cgroup, &cloned) {
         if let Err(e) = cg.leave() {
