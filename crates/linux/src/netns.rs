@@ -20,7 +20,7 @@ pub const SOCKS_PROXY_ADDR: &str = "127.0.0.1:1080";
 
 /// In the init, inside the new network namespace: loopback up, listeners
 /// bound, both sent to the supervisor over `fd`.
-pub fn create_and_send_listeners(fd: RawFd) -> Result<(), String> {
+pub(crate) fn create_and_send_listeners(fd: RawFd) -> Result<(), String> {
     sys::bring_loopback_up()
         .map_err(|e| format!("bring up loopback in the sandbox's network namespace: {e}"))?;
     let bind = |a: &str| -> Result<TcpListener, String> {
@@ -35,7 +35,7 @@ pub fn create_and_send_listeners(fd: RawFd) -> Result<(), String> {
 }
 
 /// Sends `fds` tagged with one byte over the handoff socket.
-pub fn send_fds(sock: RawFd, tag: u8, fds: &[RawFd]) -> nix::Result<()> {
+pub(crate) fn send_fds(sock: RawFd, tag: u8, fds: &[RawFd]) -> nix::Result<()> {
     let cmsg = [ControlMessage::ScmRights(fds)];
     let tag = [tag];
     let iov = [IoSlice::new(&tag)];

@@ -87,7 +87,7 @@ impl Attach {
 
 /// In the command's process, before exec: a new session whose controlling
 /// terminal is `slave`, on each stdio fd `attach` names.
-pub fn attach_slave(slave: RawFd, attach: Attach) -> io::Result<()> {
+pub(crate) fn attach_slave(slave: RawFd, attach: Attach) -> io::Result<()> {
     nix::unistd::setsid().map_err(|e| io::Error::from_raw_os_error(e as i32))?;
     sys::set_controlling_tty(slave)?;
     for (on, t) in [(attach.stdin, 0), (attach.stdout, 1), (attach.stderr, 2)] {
