@@ -142,6 +142,10 @@ pub(crate) struct ReportArgs {
     /// Do not print refused accesses and network refusals on stderr
     #[arg(long)]
     pub(crate) quiet: bool,
+    /// A JSON object recorded (redacted) in the run's policy.resolved event:
+    /// how `moat serve` passes a request's metadata on
+    #[arg(long, hide = true, value_name = "JSON")]
+    pub(crate) metadata: Option<String>,
 }
 
 #[derive(Args)]

@@ -234,11 +234,11 @@ fn exec_tool(service: &Arc<Service>, args: &Value) -> Value {
         cwd: args["cwd"].as_str().map(str::to_string),
         policy: args.get("policy").cloned(),
         env,
-        stdin: args["stdin"]
-            .as_str()
-            .unwrap_or_default()
-            .as_bytes()
-            .to_vec(),
+        stdin: match args["stdin"].as_str().unwrap_or_default() {
+            "" => moat_runtime::subprocess::StdinSource::Empty,
+            s => moat_runtime::subprocess::StdinSource::Bytes(s.as_bytes().to_vec()),
+        },
+        metadata: None,
         timeout_ms: args["timeout_ms"].as_u64(),
         keep_output: true,
     };
@@ -265,7 +265,7 @@ fn exec_tool(service: &Arc<Service>, args: &Value) -> Value {
         None => return refused("the execution did not start", "INTERNAL_ERROR"),
     };
     service.wait(&id);
-    let result = service.with(&id, |r| {
+    let result = service.with(&id, 0, |r| {
         let mut v = r.result();
         v["stdout"] = json!(String::from_utf8_lossy(&r.stdout));
         v["stderr"] = json!(String::from_utf8_lossy(&r.stderr));

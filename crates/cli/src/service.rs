@@ -13,7 +13,7 @@ use clap::Args;
 use moat_config::{domains_within, level_within, network_within, parse_level, PolicyFlags};
 use moat_policy::net::DomainPattern;
 use moat_policy::{Level, NetworkMode, Policy};
-use moat_runtime::subprocess::{Signaller, Supervisor};
+use moat_runtime::subprocess::{Input, InputError, Signaller, StdinSource, Supervisor};
 use moat_runtime::{Denial, Event};
 use serde_json::{json, Value};
 
@@ -81,8 +81,10 @@ pub(crate) struct ExecutionRequest {
     pub(crate) cwd: Option<String>,
     pub(crate) policy: Option<Value>,
     pub(crate) env: BTreeMap<String, String>,
-    pub(crate) stdin: Vec<u8>,
+    pub(crate) stdin: StdinSource,
     pub(crate) timeout_ms: Option<u64>,
+    /// The request's metadata, checked and redacted: recorded by the child.
+    pub(crate) metadata: Option<serde_json::Map<String, Value>>,
     /// Keep the output (up to [`KEEP_OUTPUT`] per stream) for the result;
     /// otherwise it is only streamed and counted.
     pub(crate) keep_output: bool,
@@ -116,6 +118,8 @@ pub(crate) struct Record {
     pub(crate) events: Vec<Value>,
     /// Signals this execution's supervisor (by pidfd: never a reused pid).
     pub(crate) supervisor: Signaller,
+    /// The streamed stdin, when the request asked for one.
+    pub(crate) input: Option<Input>,
     pub(crate) done: bool,
 }
 
@@ -355,8 +359,17 @@ impl Service {
 
     /// `moat exec` arguments for `flags` (the child resolves them exactly as
     /// `moat exec` on a command line would).
-    fn child_args(&self, flags: &PolicyFlags, command: &[String]) -> Vec<OsString> {
+    fn child_args(
+        &self,
+        flags: &PolicyFlags,
+        command: &[String],
+        metadata: Option<&serde_json::Map<String, Value>>,
+    ) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec!["exec".into(), "--events".into(), "--quiet".into()];
+        if let Some(m) = metadata {
+            a.push("--metadata".into());
+            a.push(Value::Object(m.clone()).to_string().into());
+        }
         if self.no_audit {
             a.push("--no-audit".into());
         } else if let Some(p) = &self.audit_log {
@@ -423,7 +436,7 @@ impl Service {
         })?;
         let mut sup = Supervisor::spawn(
             &self.moat,
-            self.child_args(&flags, &req.command),
+            self.child_args(&flags, &req.command, req.metadata.as_ref()),
             dir_fd,
             req.stdin,
         )
@@ -472,6 +485,7 @@ impl Service {
             cancel_requested: false,
             events: Vec::new(),
             supervisor: sup.signaller(),
+            input: sup.input(),
             done: false,
         };
         let execution = record.execution();
@@ -590,28 +604,57 @@ impl Service {
         }
     }
 
-    /// Runs `f` on the record of `id`, or answers EXECUTION_NOT_FOUND.
+    /// Runs `f` on the record of `id` if `owner` started it, or answers
+    /// EXECUTION_NOT_FOUND — the same answer for another client's execution
+    /// as for one that never existed, so ids cannot be probed.
     pub(crate) fn with<T>(
         &self,
         id: &str,
+        owner: u64,
         f: impl FnOnce(&mut Record) -> T,
     ) -> Result<T, RpcError> {
         let mut recs = self
             .records
             .lock()
             .map_err(|_| RpcError::internal("execution table poisoned"))?;
-        match recs.iter_mut().find(|r| r.execution_id == id) {
+        match recs
+            .iter_mut()
+            .find(|r| r.execution_id == id && r.owner == owner)
+        {
             Some(r) => Ok(f(r)),
             None => Err(not_found(id)),
         }
     }
 
-    /// Runs `f` on every record, in the order they were started.
-    pub(crate) fn all<T>(&self, f: impl FnMut(&Record) -> T) -> Vec<T> {
+    /// Runs `f` on every record `owner` started, in the order they were started.
+    pub(crate) fn all<T>(&self, owner: u64, mut f: impl FnMut(&Record) -> T) -> Vec<T> {
         self.records
             .lock()
-            .map(|r| r.iter().map(f).collect())
+            .map(|r| r.iter().filter(|r| r.owner == owner).map(&mut f).collect())
             .unwrap_or_default()
+    }
+
+    /// Queues streamed stdin for `owner`'s execution `id`.
+    pub(crate) fn write_input(
+        &self,
+        id: &str,
+        owner: u64,
+        data: Vec<u8>,
+    ) -> Result<Value, RpcError> {
+        let input = self.with(id, owner, |r| r.input.clone())?;
+        let Some(input) = input else {
+            return Err(input_error(id, InputError::Closed));
+        };
+        let n = input.write(data).map_err(|e| input_error(id, e))?;
+        Ok(json!({"execution_id": id, "stream": "stdin", "accepted_bytes": n}))
+    }
+
+    /// Ends streamed stdin for `owner`'s execution `id` (idempotent).
+    pub(crate) fn close_input(&self, id: &str, owner: u64) -> Result<Value, RpcError> {
+        if let Some(input) = self.with(id, owner, |r| r.input.clone())? {
+            input.close();
+        }
+        Ok(json!({"execution_id": id, "stream": "stdin", "closed": true}))
     }
 
     /// Blocks until the execution is over.
@@ -633,8 +676,8 @@ impl Service {
 
     /// Asks the execution's supervisor to stop its whole process tree
     /// (moat's supervisor kills the sandbox's tree on SIGTERM).
-    pub(crate) fn cancel(&self, id: &str) -> Result<Value, RpcError> {
-        let pid = self.with(id, |r| {
+    pub(crate) fn cancel(&self, id: &str, owner: u64) -> Result<Value, RpcError> {
+        let pid = self.with(id, owner, |r| {
             // Its last event is out: nothing left to cancel.
             if r.done || r.finished_at.is_some() {
                 None
@@ -671,7 +714,7 @@ impl Service {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         for (id, pid) in &pids {
             while std::time::Instant::now() < deadline {
-                let done = self.with(id, |r| r.done).unwrap_or(true);
+                let done = self.with(id, owner, |r| r.done).unwrap_or(true);
                 if done {
                     break;
                 }
@@ -679,20 +722,23 @@ impl Service {
             }
             // A supervisor that did not stop in time: its init dies with it
             // (the sandbox's parent-death signal), taking the tree.
-            if !self.with(id, |r| r.done).unwrap_or(true) {
+            if !self.with(id, owner, |r| r.done).unwrap_or(true) {
                 pid.kill();
             }
         }
     }
 
     /// Releases a session's retained output and stops what is still running.
-    pub(crate) fn dispose_session(&self, session_id: &str) -> Value {
+    pub(crate) fn dispose_session(&self, session_id: &str, owner: u64) -> Value {
         let running: Vec<String> = self
             .records
             .lock()
             .map(|mut recs| {
                 let mut running = Vec::new();
-                for r in recs.iter_mut().filter(|r| r.session_id == session_id) {
+                for r in recs
+                    .iter_mut()
+                    .filter(|r| r.session_id == session_id && r.owner == owner)
+                {
                     r.stdout = Vec::new();
                     r.stderr = Vec::new();
                     if !r.done {
@@ -702,9 +748,11 @@ impl Service {
                 running
             })
             .unwrap_or_default();
-        let known = self.all(|r| r.session_id == session_id).contains(&true);
+        let known = self
+            .all(owner, |r| r.session_id == session_id)
+            .contains(&true);
         for id in &running {
-            let _ = self.cancel(id);
+            let _ = self.cancel(id, owner);
         }
         json!({"session_id": session_id, "disposed": known, "canceled": running})
     }
@@ -754,6 +802,21 @@ fn not_found(id: &str) -> RpcError {
     );
     e.data["execution_id"] = json!(id);
     e
+}
+
+/// A refused input write: closed, too large a chunk, or the queue full.
+fn input_error(id: &str, e: InputError) -> RpcError {
+    let mut err = match e {
+        InputError::Closed => RpcError::domain("EXECUTION_INPUT_CLOSED", e.to_string()),
+        InputError::ChunkTooLarge(_) => {
+            let mut err = RpcError::invalid_params("INVALID_REQUEST", e.to_string());
+            err.data["reason"] = json!("input_chunk_too_large");
+            err
+        }
+        InputError::Backpressure => RpcError::domain("INPUT_BACKPRESSURE", e.to_string()),
+    };
+    err.data["execution_id"] = json!(id);
+    err
 }
 
 fn wider(msg: String) -> RpcError {

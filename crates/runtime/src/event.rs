@@ -28,6 +28,9 @@ pub enum Event {
         network: Value,
         #[serde(default)]
         policy: Value,
+        /// The request's metadata, redacted (absent when none was given).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        metadata: Option<Map<String, Value>>,
     },
     /// The command is about to exec.
     #[serde(rename = "execution.started")]
