@@ -307,13 +307,7 @@ fn report_plain(o: &moat_linux::RunOutcome, denied: &[Denial], quiet: bool) {
         if d.operation == "connect" {
             continue;
         }
-        let op = if d.operation.is_empty() {
-            "access"
-        } else {
-            &d.operation
-        };
-        let path = d.path.as_deref().unwrap_or("?");
-        let detail = &d.detail;
+        let (op, path, detail) = (d.operation(), d.path.as_deref().unwrap_or("?"), &d.detail);
         eprintln!(
             "{}",
             printable(&format!("moat: denied {op} {path} ({detail})"))

@@ -359,7 +359,7 @@ fn call(
         })),
         "getCapabilities" => Ok(capabilities()),
         "explainPolicy" => service.explain(params),
-        "getExecution" => service.with(exec_id(params)?, owner, |r| r.result()),
+        "getExecution" => service.with(exec_id(params)?, owner, |r| r.result().to_value()),
         "cancelExecution" => service.cancel(exec_id(params)?, owner),
         "writeExecutionInput" => {
             let id = exec_id(params)?;
@@ -404,7 +404,7 @@ fn call(
             // Every client receives the events of the executions it started;
             // subscribing names an execution it may follow (see docs/protocol.md).
             let id = exec_id(params)?;
-            let status = service.with(id, owner, |r| r.status.clone())?;
+            let status = service.with(id, owner, |r| r.view.status.clone())?;
             Ok(
                 json!({"execution_id": id, "subscribed": true, "status": status, "types": params["types"]}),
             )

@@ -14,7 +14,7 @@ use moat_config::{domains_within, level_within, network_within, parse_level, Pol
 use moat_policy::net::DomainPattern;
 use moat_policy::{Level, NetworkMode, Policy};
 use moat_runtime::subprocess::{Input, InputError, Signaller, StdinSource, Supervisor};
-use moat_runtime::{Denial, Event};
+use moat_runtime::{Event, ExecutionResult, ServiceView};
 use serde_json::{json, Value};
 
 /// Output kept per stream for `moat mcp` results (the serve protocol streams it).
@@ -92,28 +92,12 @@ pub(crate) struct ExecutionRequest {
 
 /// One execution as the service knows it.
 pub(crate) struct Record {
-    pub(crate) execution_id: String,
-    pub(crate) session_id: String,
+    /// What the protocol reports about it, read from its events.
+    pub(crate) view: ServiceView,
     pub(crate) owner: u64,
-    pub(crate) policy_id: String,
-    pub(crate) policy_hash: String,
-    pub(crate) policy_epoch: String,
-    pub(crate) status: String,
-    pub(crate) termination_reason: Option<String>,
-    pub(crate) exit_code: Option<i64>,
-    pub(crate) signal: Option<i64>,
-    pub(crate) started_at: String,
-    pub(crate) finished_at: Option<String>,
-    pub(crate) duration_ms: Option<u64>,
-    pub(crate) stdout_bytes: u64,
-    pub(crate) stderr_bytes: u64,
     pub(crate) stdout: Vec<u8>,
     pub(crate) stderr: Vec<u8>,
-    pub(crate) output_truncated: bool,
     pub(crate) keep_output: bool,
-    pub(crate) denials: Vec<Denial>,
-    pub(crate) reason: Option<String>,
-    pub(crate) cancel_requested: bool,
     /// Events kept for getAuditEvents/tailAudit: all but output chunks.
     pub(crate) events: Vec<Value>,
     /// Signals this execution's supervisor (by pidfd: never a reused pid).
@@ -126,56 +110,35 @@ pub(crate) struct Record {
 impl Record {
     /// The `Execution` object `execute` answers with.
     pub(crate) fn execution(&self) -> Value {
+        let v = &self.view;
         json!({
-            "execution_id": self.execution_id,
-            "session_id": self.session_id,
-            "policy_id": self.policy_id,
-            "policy_hash": self.policy_hash,
-            "policy_epoch": self.policy_epoch,
+            "execution_id": v.execution_id,
+            "session_id": v.session_id,
+            "policy_id": v.policy_id,
+            "policy_hash": v.policy_hash,
+            "policy_epoch": v.policy_epoch,
             "backend": BACKEND,
-            "status": self.status,
+            "status": v.status,
         })
     }
 
     /// The `ExecutionResult` (while running: the fields known so far).
-    pub(crate) fn result(&self) -> Value {
-        let timed_out = self.termination_reason.as_deref() == Some("timeout");
-        json!({
-            "execution_id": self.execution_id,
-            "session_id": self.session_id,
-            "status": self.status,
-            "termination_reason": self.termination_reason,
-            "error_code": if timed_out { Some("EXECUTION_TIMEOUT") } else { None },
-            "policy_id": self.policy_id,
-            "policy_hash": self.policy_hash,
-            "policy_epoch": self.policy_epoch,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "timed_out": timed_out,
-            "cancel_requested": self.cancel_requested,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "stdout_bytes": self.stdout_bytes,
-            "stderr_bytes": self.stderr_bytes,
-            "output_truncated": self.output_truncated,
-            "resource_usage": {"duration_ms": self.duration_ms, "max_rss_bytes": null, "cpu_ms": null},
-            "denials": self.denials,
-            "reason": self.reason,
-        })
+    pub(crate) fn result(&self) -> ExecutionResult {
+        ExecutionResult::service(&self.view)
     }
 
     /// The public summary `listExecutions` returns.
     pub(crate) fn summary(&self) -> Value {
         json!({
-            "execution_id": self.execution_id,
-            "session_id": self.session_id,
-            "status": self.status,
-            "policy_id": self.policy_id,
-            "policy_hash": self.policy_hash,
-            "policy_epoch": self.policy_epoch,
+            "execution_id": self.view.execution_id,
+            "session_id": self.view.session_id,
+            "status": self.view.status,
+            "policy_id": self.view.policy_id,
+            "policy_hash": self.view.policy_hash,
+            "policy_epoch": self.view.policy_epoch,
             "backend": BACKEND,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
+            "started_at": self.view.started_at,
+            "finished_at": self.view.finished_at,
         })
     }
 }
@@ -461,28 +424,20 @@ impl Service {
             }
         };
         let record = Record {
-            execution_id: envelope.execution_id.clone(),
-            session_id: envelope.session_id.clone(),
+            view: ServiceView {
+                execution_id: envelope.execution_id.clone(),
+                session_id: envelope.session_id.clone(),
+                status: "running".to_string(),
+                policy_id: str_of(&first, "policy_id"),
+                policy_hash: envelope.policy_hash.clone().unwrap_or_default(),
+                policy_epoch: envelope.policy_epoch.clone().unwrap_or_default(),
+                started_at: envelope.time.clone(),
+                ..ServiceView::default()
+            },
             owner,
-            policy_id: str_of(&first, "policy_id"),
-            policy_hash: envelope.policy_hash.clone().unwrap_or_default(),
-            policy_epoch: envelope.policy_epoch.clone().unwrap_or_default(),
-            status: "running".to_string(),
-            termination_reason: None,
-            exit_code: None,
-            signal: None,
-            started_at: envelope.time.clone(),
-            finished_at: None,
-            duration_ms: None,
-            stdout_bytes: 0,
-            stderr_bytes: 0,
             stdout: Vec::new(),
             stderr: Vec::new(),
-            output_truncated: false,
             keep_output: req.keep_output,
-            denials: Vec::new(),
-            reason: None,
-            cancel_requested: false,
             events: Vec::new(),
             supervisor: sup.signaller(),
             input: sup.input(),
@@ -513,9 +468,9 @@ impl Service {
                 Event::Stdout(chunk) | Event::Stderr(chunk) => {
                     let bytes = chunk.bytes();
                     let (count, keep) = if ev["type"] == "execution.stdout" {
-                        (&mut r.stdout_bytes, &mut r.stdout)
+                        (&mut r.view.stdout_bytes, &mut r.stdout)
                     } else {
-                        (&mut r.stderr_bytes, &mut r.stderr)
+                        (&mut r.view.stderr_bytes, &mut r.stderr)
                     };
                     *count += bytes.len() as u64;
                     let room = if r.keep_output {
@@ -524,35 +479,36 @@ impl Service {
                         0
                     };
                     if r.keep_output && bytes.len() > room {
-                        r.output_truncated = true;
+                        r.view.output_truncated = true;
                     }
                     keep.extend_from_slice(&bytes[..bytes.len().min(room)]);
                     forwarded["encoding"] = json!("base64");
                     forwarded["stream_offset"] = json!(chunk.offset);
                 }
                 Event::Denied(d) => {
-                    r.denials.push(d);
+                    r.view.denials.push(d);
                     r.events.push(ev.clone());
                 }
                 Event::Finished(f) => {
                     finished = true;
-                    r.exit_code = Some(i64::from(f.exit_code));
-                    r.signal = f.signal.map(i64::from);
-                    r.duration_ms = Some(f.duration_ms);
-                    r.finished_at = Some(envelope.time);
-                    r.termination_reason = Some(
+                    r.view.exit_code = Some(f.exit_code);
+                    r.view.signal = f.signal;
+                    r.view.resource_usage = Some(f.resource_usage);
+                    r.view.duration_ms = Some(f.duration_ms);
+                    r.view.finished_at = Some(envelope.time);
+                    r.view.termination_reason = Some(
                         if f.timed_out {
                             "timeout"
-                        } else if r.cancel_requested {
+                        } else if r.view.cancel_requested {
                             "canceled"
-                        } else if r.signal.is_some() {
+                        } else if r.view.signal.is_some() {
                             "signal"
                         } else {
                             "exit"
                         }
                         .to_string(),
                     );
-                    r.status = if f.timed_out || r.cancel_requested {
+                    r.view.status = if f.timed_out || r.view.cancel_requested {
                         "failed"
                     } else {
                         "finished"
@@ -562,11 +518,11 @@ impl Service {
                 }
                 Event::Failed { exit_code, reason } => {
                     finished = true;
-                    r.exit_code = exit_code.map(i64::from);
-                    r.reason = reason;
-                    r.finished_at = Some(envelope.time);
-                    r.termination_reason = Some("failed_to_start".to_string());
-                    r.status = "failed".to_string();
+                    r.view.exit_code = exit_code;
+                    r.view.reason = reason;
+                    r.view.finished_at = Some(envelope.time);
+                    r.view.termination_reason = Some("failed_to_start".to_string());
+                    r.view.status = "failed".to_string();
                     r.events.push(ev.clone());
                 }
                 _ => r.events.push(ev.clone()),
@@ -579,17 +535,17 @@ impl Service {
         self.update(&id, |r| {
             if !finished {
                 // moat itself went away without its last event (killed).
-                r.status = "failed".to_string();
-                r.termination_reason = Some(
-                    if r.cancel_requested {
+                r.view.status = "failed".to_string();
+                r.view.termination_reason = Some(
+                    if r.view.cancel_requested {
                         "canceled"
                     } else {
                         "supervisor_lost"
                     }
                     .to_string(),
                 );
-                r.exit_code = status.and_then(|s| s.code()).map(i64::from);
-                r.finished_at = Some(moat_audit::now_rfc3339());
+                r.view.exit_code = status.and_then(|s| s.code());
+                r.view.finished_at = Some(moat_audit::now_rfc3339());
             }
             r.done = true;
         });
@@ -598,7 +554,7 @@ impl Service {
 
     fn update(&self, id: &str, f: impl FnOnce(&mut Record)) {
         if let Ok(mut recs) = self.records.lock() {
-            if let Some(r) = recs.iter_mut().find(|r| r.execution_id == id) {
+            if let Some(r) = recs.iter_mut().find(|r| r.view.execution_id == id) {
                 f(r);
             }
         }
@@ -619,7 +575,7 @@ impl Service {
             .map_err(|_| RpcError::internal("execution table poisoned"))?;
         match recs
             .iter_mut()
-            .find(|r| r.execution_id == id && r.owner == owner)
+            .find(|r| r.view.execution_id == id && r.owner == owner)
         {
             Some(r) => Ok(f(r)),
             None => Err(not_found(id)),
@@ -663,7 +619,7 @@ impl Service {
             return;
         };
         loop {
-            match recs.iter().find(|r| r.execution_id == id) {
+            match recs.iter().find(|r| r.view.execution_id == id) {
                 Some(r) if !r.done => {}
                 _ => return,
             }
@@ -679,11 +635,11 @@ impl Service {
     pub(crate) fn cancel(&self, id: &str, owner: u64) -> Result<Value, RpcError> {
         let pid = self.with(id, owner, |r| {
             // Its last event is out: nothing left to cancel.
-            if r.done || r.finished_at.is_some() {
+            if r.done || r.view.finished_at.is_some() {
                 None
             } else {
-                r.cancel_requested = true;
-                r.status = "canceling".to_string();
+                r.view.cancel_requested = true;
+                r.view.status = "canceling".to_string();
                 Some(r.supervisor.clone())
             }
         })?;
@@ -703,12 +659,12 @@ impl Service {
             .map(|r| {
                 r.iter()
                     .filter(|r| r.owner == owner && !r.done)
-                    .map(|r| (r.execution_id.clone(), r.supervisor.clone()))
+                    .map(|r| (r.view.execution_id.clone(), r.supervisor.clone()))
                     .collect()
             })
             .unwrap_or_default();
         for (id, pid) in &pids {
-            self.update(id, |r| r.cancel_requested = true);
+            self.update(id, |r| r.view.cancel_requested = true);
             pid.terminate();
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -737,19 +693,19 @@ impl Service {
                 let mut running = Vec::new();
                 for r in recs
                     .iter_mut()
-                    .filter(|r| r.session_id == session_id && r.owner == owner)
+                    .filter(|r| r.view.session_id == session_id && r.owner == owner)
                 {
                     r.stdout = Vec::new();
                     r.stderr = Vec::new();
                     if !r.done {
-                        running.push(r.execution_id.clone());
+                        running.push(r.view.execution_id.clone());
                     }
                 }
                 running
             })
             .unwrap_or_default();
         let known = self
-            .all(owner, |r| r.session_id == session_id)
+            .all(owner, |r| r.view.session_id == session_id)
             .contains(&true);
         for id in &running {
             let _ = self.cancel(id, owner);

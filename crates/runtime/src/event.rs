@@ -186,6 +186,55 @@ pub struct Denial {
 }
 
 impl Denial {
+    /// A refusal `explain` attributed to the plan: its stable code, and its
+    /// phrase (the flag that would grant it) as the detail.
+    pub fn explained(
+        operation: &str,
+        path: &std::path::Path,
+        errno: &str,
+        reason: moat_linux::explain::DenyReason,
+        level: moat_policy::Level,
+    ) -> Denial {
+        Denial {
+            operation: operation.to_string(),
+            path: Some(path.to_string_lossy().into_owned()),
+            errno: Some(errno.to_string()),
+            reason: reason.code().to_string(),
+            detail: reason.phrase(level),
+            ..Denial::default()
+        }
+    }
+
+    /// The operation, `access` when none was read.
+    pub fn operation(&self) -> &str {
+        if self.operation.is_empty() {
+            "access"
+        } else {
+            &self.operation
+        }
+    }
+
+    /// What was refused: the path, the host, or a target a newer moat named.
+    pub fn target(&self) -> &str {
+        self.path
+            .as_deref()
+            .or(self.host.as_deref())
+            .or(self.more.get("target").and_then(Value::as_str))
+            .unwrap_or("?")
+    }
+
+    /// `write /etc/x (outside_writable); read-only policy; use …`: the
+    /// refusal and what would grant it, for a model reading a tool result.
+    pub fn line_for_model(&self) -> String {
+        format!(
+            "{} {} ({}); {}",
+            self.operation(),
+            self.target(),
+            self.reason,
+            self.detail
+        )
+    }
+
     /// Removes the envelope from the fields a read denial carried along.
     pub fn strip_envelope(&mut self) {
         for k in ENVELOPE_KEYS {

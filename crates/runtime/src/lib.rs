@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 
 pub use event::{Chunk, Denial, Envelope, Event, Finished, Layers};
 pub use nested::{BrokerFactory, Handoff, NestedBroker, Outer};
-pub use result::ExecutionResult;
+pub use result::{ExecutionResult, ServiceView};
 
 /// Where a run's events go while it is live (stdout for `--events`, the
 /// service's subscribers), shared with the proxy's threads: one whole
