@@ -14,7 +14,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{json, Value};
 
-use crate::service::{ExecutionRequest, RpcError, ServerArgs, Service};
+use crate::service::{ProtocolRequest, RpcError, ServerArgs, Service};
 
 #[derive(Args)]
 pub(crate) struct McpArgs {
@@ -229,7 +229,7 @@ fn exec_tool(service: &Arc<Service>, args: &Value) -> Value {
         Ok(e) => e,
         Err(e) => return refused(&e.message, "INVALID_REQUEST"),
     };
-    let req = ExecutionRequest {
+    let req = ProtocolRequest {
         command,
         cwd: args["cwd"].as_str().map(str::to_string),
         policy: args.get("policy").cloned(),

@@ -14,7 +14,7 @@ use base64::Engine as _;
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::service::{EventSink, ExecutionRequest, RpcError, ServerArgs, Service};
+use crate::service::{EventSink, ProtocolRequest, RpcError, ServerArgs, Service};
 use moat_runtime::subprocess::StdinSource;
 
 /// The protocol this server speaks (RunSeal's name for it).
@@ -492,8 +492,8 @@ fn input_stream(params: &Value) -> Result<(), RpcError> {
     }
 }
 
-/// The `execute` params as a request (RunSeal's ExecutionRequest).
-fn execution_request(p: &Value) -> Result<ExecutionRequest, RpcError> {
+/// The `execute` params (RunSeal's ExecutionRequest) as a request.
+fn execution_request(p: &Value) -> Result<ProtocolRequest, RpcError> {
     let bad = |m: &str| RpcError::invalid_params("INVALID_REQUEST", m);
     let command: Vec<String> = match &p["command"] {
         Value::Array(a) => a
@@ -540,7 +540,7 @@ fn execution_request(p: &Value) -> Result<ExecutionRequest, RpcError> {
             err
         })?),
     };
-    Ok(ExecutionRequest {
+    Ok(ProtocolRequest {
         command,
         cwd: p["cwd"].as_str().map(str::to_string),
         policy: p.get("policy").cloned(),

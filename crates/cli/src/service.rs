@@ -72,11 +72,11 @@ impl RpcError {
     }
 }
 
-/// Where an execution's events go while it runs.
-pub(crate) type EventSink = Arc<dyn Fn(&Value) + Send + Sync>;
+/// Where an execution's events go while it runs (the runtime's sink).
+pub(crate) use moat_runtime::EventSink;
 
 /// What a request asked for, checked against the ceiling.
-pub(crate) struct ExecutionRequest {
+pub(crate) struct ProtocolRequest {
     pub(crate) command: Vec<String>,
     pub(crate) cwd: Option<String>,
     pub(crate) policy: Option<Value>,
@@ -351,7 +351,7 @@ impl Service {
     /// event reaches `sink`.
     pub(crate) fn execute(
         self: &Arc<Self>,
-        req: ExecutionRequest,
+        req: ProtocolRequest,
         owner: u64,
         reply: impl FnOnce(Result<Value, RpcError>),
         sink: Option<EventSink>,
@@ -368,7 +368,7 @@ impl Service {
     #[allow(clippy::type_complexity)]
     fn start(
         self: &Arc<Self>,
-        req: ExecutionRequest,
+        req: ProtocolRequest,
         owner: u64,
     ) -> Result<(Value, Supervisor, Value), RpcError> {
         if req.command.is_empty() {

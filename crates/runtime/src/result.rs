@@ -258,3 +258,84 @@ impl From<&Completed> for ExecutionResult {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(r: &ExecutionResult) -> Vec<String> {
+        match r.to_value() {
+            Value::Object(m) => m.keys().cloned().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The fields each surface has always printed: the wire formats are
+    /// pinned here, so a field meant for one surface cannot leak into another.
+    #[test]
+    fn each_surface_keeps_its_own_fields() {
+        let refused = ExecutionResult::refused("exec_1", None, "no");
+        assert_eq!(
+            keys(&refused),
+            [
+                "duration_ms",
+                "error",
+                "execution_id",
+                "exit_code",
+                "network",
+                "policy_hash",
+                "sandbox",
+                "signal",
+                "status",
+                "stderr",
+                "stderr_truncated",
+                "stdout",
+                "stdout_truncated",
+                "timed_out"
+            ]
+        );
+        let v = refused.to_value();
+        assert_eq!(
+            v["sandbox"],
+            serde_json::json!({"enforced": false, "level": null})
+        );
+        assert_eq!(v["network"], serde_json::json!({"mode": null}));
+        assert_eq!(v["exit_code"], 125);
+        let service = ExecutionResult::service(&ServiceView {
+            status: "running".into(),
+            ..ServiceView::default()
+        });
+        assert_eq!(
+            keys(&service),
+            [
+                "cancel_requested",
+                "denials",
+                "error_code",
+                "execution_id",
+                "exit_code",
+                "finished_at",
+                "output_truncated",
+                "policy_epoch",
+                "policy_hash",
+                "policy_id",
+                "reason",
+                "resource_usage",
+                "session_id",
+                "signal",
+                "started_at",
+                "status",
+                "stderr_bytes",
+                "stdout_bytes",
+                "termination_reason",
+                "timed_out"
+            ]
+        );
+        let v = service.to_value();
+        assert_eq!(v["exit_code"], Value::Null);
+        assert_eq!(v["finished_at"], Value::Null);
+        assert_eq!(
+            v["resource_usage"],
+            serde_json::json!({"duration_ms": null, "max_rss_bytes": null, "cpu_ms": null})
+        );
+    }
+}
