@@ -185,7 +185,7 @@ fn tool_result(text: String, structured: Value, is_error: bool) -> Value {
 fn refused(reason: &str, code: &str) -> Value {
     tool_result(
         format!("moat refused to run the command: {reason}"),
-        json!({"refused": true, "error_code": code, "reason": reason, "exit_code": null, "denials": []}),
+        moat_runtime::ExecutionResult::refused_request(reason, code).to_value(),
         true,
     )
 }

@@ -22,7 +22,12 @@ pub const EXIT_SWEEP_FAILED: i32 = 122;
 /// that surface reports as `null` is `Some(None)`.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ExecutionResult {
-    pub execution_id: String,
+    /// Absent only when nothing was started (an MCP call refused first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<String>,
+    /// The request was refused before an execution existed (MCP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<bool>,
     /// The protocol's session (service).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
@@ -139,7 +144,7 @@ impl ExecutionResult {
     /// The result of a run moat refused before anything ran.
     pub fn refused(execution_id: &str, policy: Option<&Policy>, msg: &str) -> ExecutionResult {
         ExecutionResult {
-            execution_id: execution_id.to_string(),
+            execution_id: Some(execution_id.to_string()),
             exit_code: Some(EXIT_MOAT_FAILED),
             signal: None,
             timed_out: false,
@@ -166,6 +171,20 @@ impl ExecutionResult {
         }
     }
 
+    /// A request refused before any execution existed (a `cwd` outside
+    /// the roots, a wider policy…), as an MCP result: `status: "denied"`
+    /// (RFC-0006's status for it), the stable `error_code` and the reason.
+    pub fn refused_request(reason: &str, error_code: &str) -> ExecutionResult {
+        ExecutionResult {
+            refused: Some(true),
+            status: "denied".to_string(),
+            error_code: Some(Some(error_code.to_string())),
+            reason: Some(Some(reason.to_string())),
+            denials: Some(Vec::new()),
+            ..ExecutionResult::default()
+        }
+    }
+
     /// The protocol's result of an execution the service follows (while
     /// running: the fields known so far).
     pub fn service(v: &ServiceView) -> ExecutionResult {
@@ -176,7 +195,7 @@ impl ExecutionResult {
             serde_json::json!({"duration_ms": v.duration_ms, "max_rss_bytes": null, "cpu_ms": null})
         });
         ExecutionResult {
-            execution_id: v.execution_id.clone(),
+            execution_id: Some(v.execution_id.clone()),
             session_id: Some(v.session_id.clone()),
             status: v.status.clone(),
             termination_reason: Some(v.termination_reason.clone()),
@@ -211,7 +230,7 @@ impl From<&Completed> for ExecutionResult {
         let (o, policy) = (&c.outcome, &c.policy);
         let enforced = policy.level.is_sandboxed() && o.status != RunStatus::FailedToStart;
         ExecutionResult {
-            execution_id: c.execution_id.clone(),
+            execution_id: Some(c.execution_id.clone()),
             exit_code: Some(if o.sweep_failed.is_empty() {
                 o.exit_code
             } else {
@@ -333,6 +352,21 @@ mod tests {
         let v = service.to_value();
         assert_eq!(v["exit_code"], Value::Null);
         assert_eq!(v["finished_at"], Value::Null);
+        let refused = ExecutionResult::refused_request("cwd outside the roots", "POLICY_DENIED");
+        assert_eq!(
+            keys(&refused),
+            [
+                "denials",
+                "error_code",
+                "exit_code",
+                "policy_hash",
+                "reason",
+                "refused",
+                "signal",
+                "status",
+                "timed_out"
+            ]
+        );
         assert_eq!(
             v["resource_usage"],
             serde_json::json!({"duration_ms": null, "max_rss_bytes": null, "cpu_ms": null})
