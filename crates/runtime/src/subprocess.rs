@@ -298,3 +298,88 @@ impl Supervisor {
         self.child.wait().ok()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> OwnedFd {
+        moat_linux::sys::open_path_nofollow(libc::AT_FDCWD, Path::new("/")).unwrap()
+    }
+
+    fn sh(script: &str, stdin: StdinSource) -> Supervisor {
+        Supervisor::spawn(
+            Path::new("/bin/sh"),
+            vec!["-c".into(), script.into()],
+            root(),
+            stdin,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn events_are_read_typed_and_a_reaped_supervisor_is_never_signalled() {
+        let mut sup = sh(
+            r#"echo not-json; echo '{"type":"policy.resolved","execution_id":"exec_1","time":"t","policy_id":"read-only"}'; exec sleep 100"#,
+            StdinSource::Empty,
+        );
+        let (_, env, ev) = sup.next_event().unwrap();
+        assert_eq!(env.execution_id, "exec_1");
+        assert!(matches!(ev, Event::PolicyResolved { .. }));
+        let signaller = sup.signaller();
+        signaller.terminate();
+        let status = sup.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGTERM));
+        // The pid may be anyone's now; the pidfd still names the dead
+        // process, so this reaches nothing.
+        let gone = rustix::process::pidfd_send_signal(&*signaller.0, rustix::process::Signal::TERM);
+        assert_eq!(gone, Err(rustix::io::Errno::SRCH));
+    }
+
+    #[test]
+    fn streamed_input_arrives_in_order_and_ends_with_close() {
+        let mut sup = sh("exec cat", StdinSource::Stream);
+        let input = sup.input().unwrap();
+        let line =
+            |n: u32| format!("{{\"type\":\"execution.stdout\",\"offset\":{n},\"data\":\"\"}}\n");
+        assert_eq!(input.write(line(1).into_bytes()), Ok(line(1).len()));
+        assert_eq!(input.write(line(2).into_bytes()), Ok(line(2).len()));
+        assert_eq!(
+            input.write(vec![b'x'; MAX_INPUT_CHUNK + 1]),
+            Err(InputError::ChunkTooLarge(MAX_INPUT_CHUNK + 1))
+        );
+        input.close();
+        input.close();
+        assert_eq!(input.write(b"late\n".to_vec()), Err(InputError::Closed));
+        let offsets: Vec<u64> = std::iter::from_fn(|| sup.next_event())
+            .map(|(_, _, ev)| match ev {
+                Event::Stdout(c) => c.offset,
+                _ => u64::MAX,
+            })
+            .collect();
+        assert_eq!(offsets, [1, 2]);
+        assert!(sup.wait().unwrap().success());
+    }
+
+    #[test]
+    fn input_the_command_does_not_read_is_bounded() {
+        let sup = sh("exec sleep 100", StdinSource::Stream);
+        let input = sup.input().unwrap();
+        let mut accepted = 0;
+        let mut refused = 0;
+        // The pipe holds at most one chunk's worth (64 KiB by default);
+        // everything else waits in the queue, which stops at its bound.
+        for _ in 0..8 {
+            match input.write(vec![b'x'; MAX_INPUT_CHUNK]) {
+                Ok(n) => accepted += n,
+                Err(InputError::Backpressure) => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(refused > 0, "accepted {accepted} bytes, none refused");
+        assert!(accepted <= MAX_INPUT_PENDING + MAX_INPUT_CHUNK);
+        sup.signaller().kill();
+        let _ = sup.wait();
+    }
+}
