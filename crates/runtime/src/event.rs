@@ -328,7 +328,18 @@ impl Event {
     /// keeps its own fields only.
     pub fn read(v: &Value) -> (Envelope, Event) {
         let envelope = serde_json::from_value(v.clone()).unwrap_or_default();
-        let mut event = serde_json::from_value(v.clone()).unwrap_or(Event::Other);
+        let mut event = serde_json::from_value(v.clone()).unwrap_or_else(|_| {
+            // A denial of a shape this build does not know (a field of
+            // another type): reported as moat wrote it, never dropped.
+            if v["type"] == "sandbox.denied" {
+                Event::Denied(Denial {
+                    more: v.as_object().cloned().unwrap_or_default(),
+                    ..Denial::default()
+                })
+            } else {
+                Event::Other
+            }
+        });
         if let Event::Denied(d) = &mut event {
             d.strip_envelope();
         }
@@ -388,6 +399,14 @@ mod tests {
         }
         .stamp(&ctx);
         assert!(failed.get("exit_code").is_none());
+        let odd = json!({"type": "sandbox.denied", "time": "t", "port": "not-a-number", "path": 3});
+        let Event::Denied(d) = Event::read(&odd).1 else {
+            panic!("an odd denial was dropped");
+        };
+        assert_eq!(
+            serde_json::to_value(&d).unwrap(),
+            json!({"operation": "", "reason": "", "detail": "", "port": "not-a-number", "path": 3})
+        );
         let other = json!({"type": "something.new", "host": "x"});
         assert!(matches!(Event::read(&other).1, Event::Other));
         let out = Event::Stdout(Chunk::new(3, b"hi")).stamp(&ctx);
