@@ -14,7 +14,7 @@ use moat_config::{domains_within, level_within, network_within, parse_level, Pol
 use moat_policy::net::DomainPattern;
 use moat_policy::{Level, NetworkMode, Policy};
 use moat_runtime::subprocess::{Input, InputError, Signaller, StdinSource, Supervisor};
-use moat_runtime::{Event, ExecutionResult, ServiceView};
+use moat_runtime::{Envelope, Event, ExecutionResult, ServiceView};
 use serde_json::{json, Value};
 
 /// Output kept per stream for `moat mcp` results (the serve protocol streams it).
@@ -460,11 +460,27 @@ impl Service {
     /// forwarding each event.
     fn follow(&self, mut sup: Supervisor, first: Value, sink: Option<EventSink>) {
         let id = str_of(&first, "execution_id");
-        let mut next = Some(Event::read(&first)).map(|(e, ev)| (first, e, ev));
+        let (envelope, typed) = Event::read(&first);
+        let events = std::iter::once((first, envelope, typed))
+            .chain(std::iter::from_fn(|| sup.next_event()));
+        let finished = self.apply_events(&id, events, sink.as_ref());
+        let status = sup.wait();
+        self.end(&id, finished, status.and_then(|s| s.code()));
+    }
+
+    /// Folds an execution's events into its record, forwarding each to
+    /// `sink`; true when its last event (finished or failed) came. The
+    /// events may come from any launcher: a supervisor's stream today.
+    fn apply_events(
+        &self,
+        id: &str,
+        events: impl Iterator<Item = (Value, Envelope, Event)>,
+        sink: Option<&EventSink>,
+    ) -> bool {
         let mut finished = false;
-        while let Some((ev, envelope, typed)) = next.take().or_else(|| sup.next_event()) {
+        for (ev, envelope, typed) in events {
             let mut forwarded = ev.clone();
-            self.update(&id, |r| match typed {
+            self.update(id, |r| match typed {
                 Event::Stdout(chunk) | Event::Stderr(chunk) => {
                     let bytes = chunk.bytes();
                     let (count, keep) = if ev["type"] == "execution.stdout" {
@@ -527,12 +543,17 @@ impl Service {
                 }
                 _ => r.events.push(ev.clone()),
             });
-            if let Some(s) = &sink {
+            if let Some(s) = sink {
                 s(&forwarded);
             }
         }
-        let status = sup.wait();
-        self.update(&id, |r| {
+        finished
+    }
+
+    /// Marks the execution over; without its last event, its supervisor
+    /// was lost (`exit_code`: how that process ended, if it did).
+    fn end(&self, id: &str, finished: bool, exit_code: Option<i32>) {
+        self.update(id, |r| {
             if !finished {
                 // moat itself went away without its last event (killed).
                 r.view.status = "failed".to_string();
@@ -544,7 +565,7 @@ impl Service {
                     }
                     .to_string(),
                 );
-                r.view.exit_code = status.and_then(|s| s.code());
+                r.view.exit_code = exit_code;
                 r.view.finished_at = Some(moat_audit::now_rfc3339());
             }
             r.done = true;
