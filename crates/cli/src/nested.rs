@@ -6,8 +6,8 @@
 //! from the host side with the caller's stdin/stdout/stderr.
 
 use std::ffi::OsString;
-use std::io::{IoSlice, IoSliceMut, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::io::{IoSlice, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -17,8 +17,7 @@ use std::sync::{Arc, Mutex};
 use clap::Parser;
 use moat_linux::netns::BROKER_SOCKET;
 use moat_linux::view::View;
-use moat_policy::Policy;
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use serde_json::{json, Value};
 
 use crate::{Cli, Command, EXIT_MOAT_FAILED};
@@ -187,16 +186,15 @@ impl Broker {
     }
 }
 
-/// What a nested run inherits from the outer one.
-#[derive(Clone)]
-pub struct Outer {
-    pub policy: Policy,
-    /// The outer run's view: a nested run gets at most this.
-    pub view: Option<View>,
-    pub session_id: String,
-    pub execution_id: String,
-    /// The outer run's audit log: nested runs are always recorded there.
-    pub audit_log: Option<PathBuf>,
+pub use moat_runtime::nested::{inherit_policy, Handoff, Outer};
+
+impl moat_runtime::NestedBroker for Broker {
+    fn serve(&mut self, conn: UnixStream) {
+        Broker::serve(self, conn)
+    }
+    fn shutdown(self: Box<Self>) {
+        Broker::shutdown(*self)
+    }
 }
 
 fn reply(conn: &UnixStream, v: Value) {
@@ -237,24 +235,8 @@ fn handle(conn: UnixStream, outer: &Outer, children: &Mutex<Vec<u32>>, stop: &At
 
 fn receive(conn: &UnixStream) -> Result<(Value, Vec<OwnedFd>), String> {
     let mut head = [0u8; 4];
-    let mut space = nix::cmsg_space!([RawFd; 3]);
-    let mut fds = Vec::new();
-    let got = {
-        let mut iov = [IoSliceMut::new(&mut head)];
-        let msg = recvmsg::<()>(
-            conn.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
+    let (got, fds) = moat_linux::fd::recv_with_fds::<3>(conn.as_fd(), &mut head)
         .map_err(|e| format!("read the request: {e}"))?;
-        for c in msg.cmsgs().map_err(|e| e.to_string())? {
-            if let ControlMessageOwned::ScmRights(r) = c {
-                fds.extend(r.into_iter().map(moat_linux::sys::own_fd));
-            }
-        }
-        msg.bytes
-    };
     let mut reader = conn;
     if got < 4 {
         reader
@@ -318,7 +300,7 @@ fn caller_net_class(conn: &UnixStream) -> Result<Option<moat_policy::NetClass>, 
                 "cannot read the caller's seccomp filters (needs Linux >= 5.9)".to_string()
             })
     };
-    let filters = match moat_linux::sys::peer_pidfd(conn.as_fd()) {
+    let filters = match moat_linux::fd::peer_pidfd(conn.as_fd()) {
         Ok(pidfd) => {
             let pid_of = || -> Option<i32> {
                 let info =
@@ -343,19 +325,6 @@ fn caller_net_class(conn: &UnixStream) -> Result<Option<moat_policy::NetClass>, 
         }
     };
     Ok(moat_linux::confine::net_class_of_filters(filters))
-}
-
-/// What the moat process that runs a nested request reads from its pipe.
-pub struct Handoff {
-    /// The outer run's view, with the caller's net class folded in.
-    pub outer: View,
-    /// `--pass-env` values from the caller's environment.
-    pub pass_env: Vec<(String, String)>,
-    /// The outer run's upstream proxy as given (credentials included): a
-    /// nested run in proxy mode uses it and cannot choose another.
-    pub upstream_url: Option<String>,
-    /// The outer run's resource limits: the nested run's are at most these.
-    pub limits: moat_policy::Limits,
 }
 
 /// Serialises spawning a nested run: the handoff pipe's read end is
@@ -657,7 +626,7 @@ pub fn read_handoff() -> Option<Result<Handoff, String>> {
         let fd: RawFd = n
             .parse()
             .map_err(|_| format!("bad {NESTED_FD_ENV} {n:?}"))?;
-        let fd = moat_linux::sys::take_inherited_fd(fd)
+        let fd = moat_linux::process::take_inherited_fd(fd)
             .map_err(|e| format!("the broker's handoff fd {fd}: {e}"))?;
         let mut body = Vec::new();
         std::fs::File::from(fd)
@@ -681,25 +650,4 @@ pub fn read_handoff() -> Option<Result<Handoff, String>> {
         })
     })();
     Some(res.map_err(|e| format!("nested run refused: {e}")))
-}
-
-/// Applies a handoff to the nested run's host facts: the outer view's
-/// stand-ins and read-only paths, and the passed-through values.
-pub fn apply_handoff(h: &Handoff, facts: &mut moat_linux::HostFacts) {
-    moat_linux::view::inherit_facts(&h.outer, facts);
-    for (k, v) in &h.pass_env {
-        facts.env.retain(|(n, _)| n != k);
-        facts.env.push((k.clone(), v.clone()));
-    }
-}
-
-/// Narrows a nested run's policy to what the outer run allows (see
-/// [`moat_linux::view::inherit_policy`]) and gives it the outer upstream proxy.
-pub fn inherit_policy(h: &Handoff, policy: &mut Policy) -> Result<(), String> {
-    moat_linux::view::inherit_policy(&h.outer, policy, None).map_err(|e| e.to_string())?;
-    if policy.network.mode == moat_policy::NetworkMode::Proxy {
-        policy.network.upstream_url = h.upstream_url.clone();
-    }
-    policy.limits = policy.limits.bounded_by(&h.limits);
-    Ok(())
 }
