@@ -24,12 +24,6 @@ pub enum Kind {
     Symlink,
 }
 
-impl Kind {
-    fn of(meta: &fs::Metadata) -> Kind {
-        dirent_kind(&meta.file_type())
-    }
-}
-
 /// One entry of the host's `/`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RootEntry {
@@ -291,12 +285,12 @@ impl HostFacts {
         f.userns = policy.backend == moat_policy::Backend::Namespaces
             || crate::backend::userns_available();
         mark("probe: kernel features, moat's path");
-        f.probe_root();
+        let root_listed = f.probe_root();
         mark("probe: /");
         // Read once for both uses below (secrets of every home, homes
         // inside a writable root).
         let passwd = passwd_homes();
-        f.probe_secrets(policy, &passwd);
+        f.probe_secrets(policy, &passwd, root_listed);
         mark("probe: secrets (homes, /etc)");
         f.probe_sockets();
         // moat's own dirs are created first: the workspace probe then
@@ -382,14 +376,23 @@ impl HostFacts {
         }
     }
 
-    fn probe_root(&mut self) {
+    /// Lists `/`; true when the listing is complete (every entry read).
+    fn probe_root(&mut self) -> bool {
+        let mut complete = false;
         if let Ok(rd) = fs::read_dir("/") {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let Ok(meta) = e.path().symlink_metadata() else {
+            complete = true;
+            for e in rd {
+                let Ok(e) = e else {
+                    complete = false;
                     continue;
                 };
-                let kind = Kind::of(&meta);
+                let name = e.file_name().to_string_lossy().into_owned();
+                // readdir's d_type: no lstat per entry (std falls back to
+                // one where the filesystem gives no type).
+                let Ok(ft) = e.file_type() else {
+                    continue;
+                };
+                let kind = dirent_kind(&ft);
                 let link = if kind == Kind::Symlink {
                     fs::read_link(e.path()).ok()
                 } else {
@@ -400,9 +403,12 @@ impl HostFacts {
         }
         self.root_entries.sort_by(|a, b| a.name.cmp(&b.name));
         self.var_run_is_dir = lstat_kind(Path::new("/var/run")) == Some(Kind::Dir);
+        complete
     }
 
-    fn probe_secrets(&mut self, policy: &Policy, passwd: &[(u32, PathBuf)]) {
+    /// `root_listed`: `root_entries` is a complete listing of `/` (a home
+    /// of several service accounts), so names there are looked up in it.
+    fn probe_secrets(&mut self, policy: &Policy, passwd: &[(u32, PathBuf)], root_listed: bool) {
         // Every home on the host, whoever runs moat: as root they are all
         // readable, and an unprivileged caller may still read a home (and a
         // secret in it) that another user left group/world-readable.
@@ -413,8 +419,14 @@ impl HostFacts {
             // a missing first component (`.config`) rules out every path
             // under it, keeping the launch path short.
             let mut missing: Vec<&str> = Vec::new();
+            let listed_root = root_listed && home == Path::new("/");
             for rel in PROTECTED_HOME_PATHS {
-                if let Some((first, _)) = rel.split_once('/') {
+                let first = rel.split_once('/').map_or(*rel, |(first, _)| first);
+                if listed_root {
+                    if !self.root_entries.iter().any(|e| e.name == first) {
+                        continue;
+                    }
+                } else if rel.contains('/') {
                     if missing.contains(&first) {
                         continue;
                     }
