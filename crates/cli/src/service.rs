@@ -80,7 +80,9 @@ impl From<Refusal> for RpcError {
     fn from(r: Refusal) -> RpcError {
         let stable = r.code.as_str();
         let mut e = match r.code {
-            RefusalCode::PolicyDenied => RpcError::domain(stable, r.message),
+            RefusalCode::PolicyDenied | RefusalCode::BackendCapabilityMissing => {
+                RpcError::domain(stable, r.message)
+            }
             RefusalCode::InvalidRequest | RefusalCode::PolicyInvalid => {
                 RpcError::invalid_params(stable, r.message)
             }
@@ -673,22 +675,11 @@ fn input_error(id: &str, e: InputError) -> RpcError {
     err
 }
 
-/// A refusal before anything ran, classified: what the host lacks, or what
-/// the policy refuses.
+/// A refusal before anything ran, classified by the runtime: what the host
+/// lacks, or what the policy refuses.
 fn refusal(reason: &str) -> RpcError {
-    let lower = reason.to_lowercase();
-    let missing = [
-        "kernel",
-        "not supported",
-        "unavailable",
-        "landlock",
-        "seccomp",
-        "namespace",
-    ];
-    let code = if missing.iter().any(|m| lower.contains(m)) {
-        "BACKEND_CAPABILITY_MISSING"
-    } else {
-        "POLICY_DENIED"
-    };
-    RpcError::domain(code, reason.to_string())
+    RpcError::domain(
+        RefusalCode::of_refused_run(reason).as_str(),
+        reason.to_string(),
+    )
 }

@@ -28,6 +28,8 @@ pub enum RefusalCode {
     PolicyInvalid,
     /// The request asks for more than the ceiling gives.
     PolicyDenied,
+    /// The host lacks what the policy needs (a kernel feature, a namespace).
+    BackendCapabilityMissing,
 }
 
 impl RefusalCode {
@@ -37,6 +39,26 @@ impl RefusalCode {
             RefusalCode::InvalidRequest => "INVALID_REQUEST",
             RefusalCode::PolicyInvalid => "POLICY_INVALID",
             RefusalCode::PolicyDenied => "POLICY_DENIED",
+            RefusalCode::BackendCapabilityMissing => "BACKEND_CAPABILITY_MISSING",
+        }
+    }
+
+    /// The code of a run refused before anything ran, from moat's reason:
+    /// what the host lacks, or else what the policy refuses.
+    pub fn of_refused_run(reason: &str) -> RefusalCode {
+        let lower = reason.to_lowercase();
+        const MISSING: [&str; 6] = [
+            "kernel",
+            "not supported",
+            "unavailable",
+            "landlock",
+            "seccomp",
+            "namespace",
+        ];
+        if MISSING.iter().any(|m| lower.contains(m)) {
+            RefusalCode::BackendCapabilityMissing
+        } else {
+            RefusalCode::PolicyDenied
         }
     }
 }
@@ -589,6 +611,18 @@ mod tests {
             .unwrap()
             .timeout,
             Some(7)
+        );
+    }
+
+    #[test]
+    fn a_refused_run_is_blamed_on_the_host_only_when_it_names_what_is_missing() {
+        assert_eq!(
+            RefusalCode::of_refused_run("user namespaces are not supported by this kernel"),
+            RefusalCode::BackendCapabilityMissing
+        );
+        assert_eq!(
+            RefusalCode::of_refused_run("--rw /nope: no such path"),
+            RefusalCode::PolicyDenied
         );
     }
 
