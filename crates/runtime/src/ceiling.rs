@@ -8,6 +8,38 @@
 //!
 //! Anything wider than the ceiling is refused, never clamped: a model that
 //! asked for more is told so, with a stable code ([`RefusalCode`]).
+//!
+//! An embedder's flow (the service's, less its transport):
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use moat_runtime::{resolve_policy_in, Ceiling, PolicyRef, RequestPolicy};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let here = Path::new("/srv/project");
+//! let home = moat_runtime::resolve::home_from_env();
+//! // The server's own flags are the ceiling.
+//! let server = moat_config::PolicyFlags {
+//!     policy: Some(moat_policy::Level::WorkspaceWrite),
+//!     ..Default::default()
+//! };
+//! let ceiling = Ceiling::new(&server, &[here.to_path_buf()], here, &home)?;
+//! // A model's request: a narrower policy is taken, a wider one refused.
+//! let request = RequestPolicy {
+//!     policy: PolicyRef::parse(Some(&serde_json::json!("read-only")))?,
+//!     cwd: Some("src".into()),
+//!     ..Default::default()
+//! };
+//! let flags = ceiling.narrow(&request)?;
+//! // `flags.cwd` is the checked directory. Start the run in it by fd
+//! // (`moat_linux::fd::open_path_nofollow`, as `moat serve` does) rather
+//! // than walking the path again: a component swapped for a symlink
+//! // after the check would lead elsewhere.
+//! let dir = flags.cwd.clone().unwrap_or_default();
+//! let (policy, timeout) = resolve_policy_in(&flags, &dir, &home)?;
+//! # let _ = (policy, timeout);
+//! # Ok(())
+//! # }
+//! ```
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
