@@ -446,8 +446,8 @@ fn call(
                 "local_only": true,
                 "remote_listener": false,
                 "active_executions": active,
-                "policy_hash": service.ceiling.policy().hash(),
-                "policy_id": service.ceiling.policy().level.as_str(),
+                "policy_hash": service.ceiling_policy().hash(),
+                "policy_id": service.ceiling_policy().level.as_str(),
                 "roots": service.roots(),
             }))
         }

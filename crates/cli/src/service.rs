@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::Args;
 use moat_config::PolicyFlags;
+use moat_policy::Policy;
 use moat_runtime::subprocess::{Input, InputError, Signaller, StdinSource, Supervisor};
 use moat_runtime::{
     AuditTarget, Ceiling, Envelope, Event, Execution, ExecutionResult, ExecutionSummary, PolicyRef,
@@ -151,7 +152,7 @@ impl Record {
 
 /// The server: its ceiling (with its roots), and the executions it started.
 pub(crate) struct Service {
-    pub(crate) ceiling: Ceiling,
+    ceiling: Ceiling,
     audit_log: Option<PathBuf>,
     no_audit: bool,
     moat: PathBuf,
@@ -187,6 +188,11 @@ impl Service {
 
     pub(crate) fn roots(&self) -> &[PathBuf] {
         self.ceiling.roots()
+    }
+
+    /// The server's own resolved policy (the ceiling).
+    pub(crate) fn ceiling_policy(&self) -> &Policy {
+        self.ceiling.policy()
     }
 
     /// The flags of one execution: the server's, narrowed by the request
@@ -640,7 +646,7 @@ impl Service {
             "policy_id": policy.level.as_str(),
             "policy_hash": policy.hash(),
             "policy": policy.canonical_value(),
-            "ceiling_hash": self.ceiling.policy().hash(),
+            "ceiling_hash": self.ceiling_policy().hash(),
             "roots": self.ceiling.roots(),
             "view": view,
         }))
