@@ -689,3 +689,32 @@ fn refusal(reason: &str) -> RpcError {
         reason.to_string(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refusal keeps the JSON-RPC error moat has always sent: a widening
+    /// is a domain error with its stable reason and detail, a bad policy
+    /// invalid params.
+    #[test]
+    fn a_ceiling_refusal_keeps_its_wire_form() {
+        let wider = Refusal {
+            code: RefusalCode::PolicyDenied,
+            message: "level x is wider: a request may narrow the server's policy, never widen it"
+                .into(),
+            reason: Some("wider_than_server_policy"),
+            detail: Some("level x is wider".into()),
+        };
+        let e = RpcError::from(wider).to_value();
+        assert_eq!(e["code"], -32000);
+        assert_eq!(e["data"]["code"], "POLICY_DENIED");
+        assert_eq!(e["data"]["reason"], "wider_than_server_policy");
+        assert_eq!(e["data"]["detail"], "level x is wider");
+        let bad = PolicyRef::parse(Some(&json!("nope"))).unwrap_err();
+        let e = RpcError::from(bad).to_value();
+        assert_eq!(e["code"], -32602);
+        assert_eq!(e["data"]["code"], "POLICY_INVALID");
+        assert_eq!(e["data"]["reason"], e["message"]);
+    }
+}
