@@ -244,7 +244,7 @@ fn landlock_output_limit_counts_what_is_written_to_the_terminal() {
             "--",
             BASH,
             "-c",
-            "echo STARTED >&0; yes FLOOD >&0",
+            "exec 3>&0; echo STARTED >&3; yes FLOOD | head -c 1048576 >&3",
         ],
         "termination_reason",
     );
@@ -302,7 +302,7 @@ fn landlock_host_controlling_terminal_is_not_reachable_through_dev_tty() {
         "workspace-write",
         &["--backend", "landlock"],
         "echo PROBE-RAN; echo HOSTTTY_SECRET_WRITE > /dev/tty && echo OPENED; \
-         read -t 1 line < /dev/tty && echo \"READ=$line\"; true",
+         trap '' TTIN; read -t 1 line < /dev/tty && echo \"READ=$line\"; true",
     );
     // SAFETY: setsid/ioctl are async-signal-safe; `s` is open in the child.
     unsafe {
