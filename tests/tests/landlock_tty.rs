@@ -47,9 +47,31 @@ fn lflag(fd: i32) -> libc::tcflag_t {
     }
 }
 
-/// The pty's slave opened anew: a file description of moat's own, so the
-/// O_NONBLOCK that `Pty::pending` sets on the test's slave fd does not make
-/// moat's writes to its terminal fail with EAGAIN.
+/// What reached the host terminal so far (the master side only:
+/// `Pty::pending` also drains the slave's input queue, which would take
+/// what the test types before moat reads it).
+fn master_out(pty: &Pty) -> Vec<u8> {
+    let mut out = Vec::new();
+    // SAFETY: fcntl and non-blocking reads on the master fd the Pty owns,
+    // into a local buffer.
+    unsafe {
+        let fl = libc::fcntl(pty.master, libc::F_GETFL);
+        libc::fcntl(pty.master, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        let mut b = [0u8; 4096];
+        loop {
+            let n = libc::read(pty.master, b.as_mut_ptr().cast(), b.len());
+            if n <= 0 {
+                break;
+            }
+            out.extend_from_slice(&b[..n as usize]);
+        }
+    }
+    out
+}
+
+/// The pty's slave opened anew: a file description of moat's own, so an
+/// O_NONBLOCK set on the test's slave fd (`Pty::pending` sets one) cannot
+/// make moat's writes to its terminal fail with EAGAIN.
 fn fresh_slave(pty: &Pty) -> OwnedFd {
     std::fs::OpenOptions::new()
         .read(true)
@@ -92,7 +114,7 @@ fn run_on_pty(fx: &Fixture, pty: &Pty, args: &[&str], done: &str) -> (Option<i32
     let start = Instant::now();
     let mut seen = String::new();
     let status = loop {
-        seen.push_str(&String::from_utf8_lossy(&pty.pending().0));
+        seen.push_str(&String::from_utf8_lossy(&master_out(pty)));
         if let Some(s) = child.try_wait().expect("wait") {
             break s;
         }
@@ -106,7 +128,7 @@ fn run_on_pty(fx: &Fixture, pty: &Pty, args: &[&str], done: &str) -> (Option<i32
     // asynchronously: read until it arrives (hang guard only).
     let exited = Instant::now();
     while !seen.contains(done) && exited.elapsed() < std::time::Duration::from_secs(10) {
-        seen.push_str(&String::from_utf8_lossy(&pty.pending().0));
+        seen.push_str(&String::from_utf8_lossy(&master_out(pty)));
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert!(seen.contains(done), "no {done:?} from the command:\n{seen}");
@@ -206,7 +228,7 @@ fn landlock_output_to_a_host_terminal_is_filtered_without_one_on_stdin() {
     let mut c = fx.sh("workspace-write", &["--backend", "landlock"], &script);
     c.stdout(fresh_slave(&pty)).stderr(fresh_slave(&pty));
     let status = c.status().expect("run moat");
-    let shown = String::from_utf8_lossy(&pty.pending().0).into_owned();
+    let shown = String::from_utf8_lossy(&master_out(&pty)).into_owned();
     assert!(status.success(), "{status:?}\n{shown:?}");
     assert!(
         shown.contains("VISIBLE_START") && shown.contains("VISIBLE_END"),
@@ -328,9 +350,61 @@ fn landlock_host_controlling_terminal_is_not_reachable_through_dev_tty() {
         "{}",
         out.dump()
     );
-    let shown = String::from_utf8_lossy(&pty.pending().0).into_owned();
+    let shown = String::from_utf8_lossy(&master_out(&pty)).into_owned();
     assert!(
         !shown.contains("HOSTTTY_SECRET_WRITE"),
         "LEAK: the command wrote to the host terminal: {shown:?}"
     );
+}
+
+/// ^C typed at the user's terminal reaches the command through its own pty
+/// (the host terminal is raw; the pty's line discipline signals the
+/// command's foreground group), and the run ends as interrupted.
+#[test]
+fn landlock_ctrl_c_reaches_the_command_through_its_terminal_contract() {
+    let fx = Fixture::new();
+    let pty = Pty::open();
+    let mut c = fx.moat([
+        "exec",
+        "--backend",
+        "landlock",
+        "--policy",
+        "workspace-write",
+        "--timeout",
+        "60s",
+        "--",
+        BASH,
+        "-c",
+        "trap 'echo GOT_INT; exit 7' INT; echo READY; while :; do sleep 0.05; done",
+    ]);
+    attach_fresh(&mut c, &pty);
+    let mut child = c.spawn().expect("spawn moat");
+    let start = Instant::now();
+    let mut seen = String::new();
+    while !seen.contains("READY") {
+        seen.push_str(&String::from_utf8_lossy(&master_out(&pty)));
+        if start.elapsed() > SAFETY_TIMEOUT {
+            let _ = child.kill();
+            panic!("no READY:\n{seen}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The user types ^C.
+    // SAFETY: writing one byte from a local buffer to the master we own.
+    let n = unsafe { libc::write(pty.master, [3u8].as_ptr().cast(), 1) };
+    assert_eq!(n, 1);
+    let status = loop {
+        seen.push_str(&String::from_utf8_lossy(&master_out(&pty)));
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if start.elapsed() > SAFETY_TIMEOUT {
+            let _ = child.kill();
+            panic!("^C did not end the run:\n{seen}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    seen.push_str(&String::from_utf8_lossy(&master_out(&pty)));
+    assert_eq!(status.code(), Some(7), "{seen}");
+    assert!(seen.contains("GOT_INT"), "{seen}");
 }
