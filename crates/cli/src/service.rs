@@ -5,18 +5,16 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use base64::Engine as _;
 use clap::Args;
 use moat_config::{domains_within, level_within, network_within, parse_level, PolicyFlags};
 use moat_policy::net::DomainPattern;
 use moat_policy::{Level, NetworkMode, Policy};
-use serde::{Deserialize, Serialize};
+use moat_runtime::subprocess::{Input, InputError, Signaller, StdinSource, Supervisor};
+use moat_runtime::{Envelope, Event, ExecutionResult, ServiceView};
 use serde_json::{json, Value};
 
 /// Output kept per stream for `moat mcp` results (the serve protocol streams it).
@@ -24,8 +22,6 @@ pub(crate) const KEEP_OUTPUT: usize = crate::CAPTURE_LIMIT;
 /// Executions a server remembers: past this, the oldest finished ones are
 /// forgotten (a long-lived service must not grow with every run).
 pub(crate) const MAX_RECORDS: usize = 1000;
-/// moat's stderr kept per execution, for the reason of a failure to start.
-const KEEP_STDERR: usize = 64 * 1024;
 
 /// The flags every server takes: the ceiling policy, the roots a request's
 /// `cwd` must lie in, and where the executions are recorded.
@@ -76,17 +72,19 @@ impl RpcError {
     }
 }
 
-/// Where an execution's events go while it runs.
-pub(crate) type EventSink = Arc<dyn Fn(&Value) + Send + Sync>;
+/// Where an execution's events go while it runs (the runtime's sink).
+pub(crate) use moat_runtime::EventSink;
 
 /// What a request asked for, checked against the ceiling.
-pub(crate) struct ExecutionRequest {
+pub(crate) struct ProtocolRequest {
     pub(crate) command: Vec<String>,
     pub(crate) cwd: Option<String>,
     pub(crate) policy: Option<Value>,
     pub(crate) env: BTreeMap<String, String>,
-    pub(crate) stdin: Vec<u8>,
+    pub(crate) stdin: StdinSource,
     pub(crate) timeout_ms: Option<u64>,
+    /// The request's metadata, checked and redacted: recorded by the child.
+    pub(crate) metadata: Option<serde_json::Map<String, Value>>,
     /// Keep the output (up to [`KEEP_OUTPUT`] per stream) for the result;
     /// otherwise it is only streamed and counted.
     pub(crate) keep_output: bool,
@@ -94,87 +92,53 @@ pub(crate) struct ExecutionRequest {
 
 /// One execution as the service knows it.
 pub(crate) struct Record {
-    pub(crate) execution_id: String,
-    pub(crate) session_id: String,
+    /// What the protocol reports about it, read from its events.
+    pub(crate) view: ServiceView,
     pub(crate) owner: u64,
-    pub(crate) policy_id: String,
-    pub(crate) policy_hash: String,
-    pub(crate) policy_epoch: String,
-    pub(crate) status: String,
-    pub(crate) termination_reason: Option<String>,
-    pub(crate) exit_code: Option<i64>,
-    pub(crate) signal: Option<i64>,
-    pub(crate) started_at: String,
-    pub(crate) finished_at: Option<String>,
-    pub(crate) duration_ms: Option<u64>,
-    pub(crate) stdout_bytes: u64,
-    pub(crate) stderr_bytes: u64,
     pub(crate) stdout: Vec<u8>,
     pub(crate) stderr: Vec<u8>,
-    pub(crate) output_truncated: bool,
     pub(crate) keep_output: bool,
-    pub(crate) denials: Vec<Denial>,
-    pub(crate) reason: Option<String>,
-    pub(crate) cancel_requested: bool,
     /// Events kept for getAuditEvents/tailAudit: all but output chunks.
     pub(crate) events: Vec<Value>,
-    pub(crate) pid: u32,
+    /// Signals this execution's supervisor (by pidfd: never a reused pid).
+    pub(crate) supervisor: Signaller,
+    /// The streamed stdin, when the request asked for one.
+    pub(crate) input: Option<Input>,
     pub(crate) done: bool,
 }
 
 impl Record {
     /// The `Execution` object `execute` answers with.
     pub(crate) fn execution(&self) -> Value {
+        let v = &self.view;
         json!({
-            "execution_id": self.execution_id,
-            "session_id": self.session_id,
-            "policy_id": self.policy_id,
-            "policy_hash": self.policy_hash,
-            "policy_epoch": self.policy_epoch,
+            "execution_id": v.execution_id,
+            "session_id": v.session_id,
+            "policy_id": v.policy_id,
+            "policy_hash": v.policy_hash,
+            "policy_epoch": v.policy_epoch,
             "backend": BACKEND,
-            "status": self.status,
+            "status": v.status,
         })
     }
 
     /// The `ExecutionResult` (while running: the fields known so far).
-    pub(crate) fn result(&self) -> Value {
-        let timed_out = self.termination_reason.as_deref() == Some("timeout");
-        json!({
-            "execution_id": self.execution_id,
-            "session_id": self.session_id,
-            "status": self.status,
-            "termination_reason": self.termination_reason,
-            "error_code": if timed_out { Some("EXECUTION_TIMEOUT") } else { None },
-            "policy_id": self.policy_id,
-            "policy_hash": self.policy_hash,
-            "policy_epoch": self.policy_epoch,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "timed_out": timed_out,
-            "cancel_requested": self.cancel_requested,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "stdout_bytes": self.stdout_bytes,
-            "stderr_bytes": self.stderr_bytes,
-            "output_truncated": self.output_truncated,
-            "resource_usage": {"duration_ms": self.duration_ms, "max_rss_bytes": null, "cpu_ms": null},
-            "denials": self.denials,
-            "reason": self.reason,
-        })
+    pub(crate) fn result(&self) -> ExecutionResult {
+        ExecutionResult::service(&self.view)
     }
 
     /// The public summary `listExecutions` returns.
     pub(crate) fn summary(&self) -> Value {
         json!({
-            "execution_id": self.execution_id,
-            "session_id": self.session_id,
-            "status": self.status,
-            "policy_id": self.policy_id,
-            "policy_hash": self.policy_hash,
-            "policy_epoch": self.policy_epoch,
+            "execution_id": self.view.execution_id,
+            "session_id": self.view.session_id,
+            "status": self.view.status,
+            "policy_id": self.view.policy_id,
+            "policy_hash": self.view.policy_hash,
+            "policy_epoch": self.view.policy_epoch,
             "backend": BACKEND,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
+            "started_at": self.view.started_at,
+            "finished_at": self.view.finished_at,
         })
     }
 }
@@ -358,8 +322,17 @@ impl Service {
 
     /// `moat exec` arguments for `flags` (the child resolves them exactly as
     /// `moat exec` on a command line would).
-    fn child_args(&self, flags: &PolicyFlags, command: &[String]) -> Vec<OsString> {
+    fn child_args(
+        &self,
+        flags: &PolicyFlags,
+        command: &[String],
+        metadata: Option<&serde_json::Map<String, Value>>,
+    ) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec!["exec".into(), "--events".into(), "--quiet".into()];
+        if let Some(m) = metadata {
+            a.push("--metadata".into());
+            a.push(Value::Object(m.clone()).to_string().into());
+        }
         if self.no_audit {
             a.push("--no-audit".into());
         } else if let Some(p) = &self.audit_log {
@@ -378,16 +351,16 @@ impl Service {
     /// event reaches `sink`.
     pub(crate) fn execute(
         self: &Arc<Self>,
-        req: ExecutionRequest,
+        req: ProtocolRequest,
         owner: u64,
         reply: impl FnOnce(Result<Value, RpcError>),
         sink: Option<EventSink>,
     ) {
         match self.start(req, owner) {
             Err(e) => reply(Err(e)),
-            Ok((execution, child, lines, first)) => {
+            Ok((execution, sup, first)) => {
                 reply(Ok(execution));
-                self.follow(child, lines, first, sink);
+                self.follow(sup, first, sink);
             }
         }
     }
@@ -395,9 +368,9 @@ impl Service {
     #[allow(clippy::type_complexity)]
     fn start(
         self: &Arc<Self>,
-        req: ExecutionRequest,
+        req: ProtocolRequest,
         owner: u64,
-    ) -> Result<(Value, Child, BufReader<std::process::ChildStdout>, Value), RpcError> {
+    ) -> Result<(Value, Supervisor, Value), RpcError> {
         if req.command.is_empty() {
             return Err(RpcError::invalid_params(
                 "INVALID_REQUEST",
@@ -424,95 +397,50 @@ impl Service {
                 ),
             )
         })?;
-        let mut cmd = Command::new(&self.moat);
-        moat_linux::sys::start_in(&mut cmd, dir_fd);
-        // A service killed outright still takes its executions with it: the
-        // supervisor gets SIGTERM and stops its tree. (This thread follows
-        // the execution to its end, so it outlives the child.)
-        moat_linux::sys::die_with_parent(&mut cmd, libc::SIGTERM);
-        let mut child = cmd
-            .args(self.child_args(&flags, &req.command))
-            .stdin(if req.stdin.is_empty() {
-                Stdio::null()
-            } else {
-                Stdio::piped()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| RpcError::internal(format!("cannot start moat: {e}")))?;
-        if let Some(mut input) = child.stdin.take() {
-            let data = req.stdin;
-            std::thread::spawn(move || {
-                let _ = input.write_all(&data);
-            });
-        }
-        let stderr_buf = Arc::new(Mutex::new(Vec::new()));
-        if let Some(mut err) = child.stderr.take() {
-            let buf = stderr_buf.clone();
-            std::thread::spawn(move || {
-                let mut chunk = [0u8; 8192];
-                while let Ok(n) = err.read(&mut chunk) {
-                    if n == 0 {
-                        break;
-                    }
-                    if let Ok(mut b) = buf.lock() {
-                        let room = KEEP_STDERR.saturating_sub(b.len());
-                        b.extend_from_slice(&chunk[..n.min(room)]);
-                    }
-                }
-            });
-        }
-        let Some(out) = child.stdout.take() else {
-            return Err(RpcError::internal("moat's event stream is missing"));
-        };
-        let mut lines = BufReader::new(out);
-        let first = read_event(&mut lines);
-        let first = match first {
-            Some(ev) if ev["type"] == "policy.resolved" => ev,
+        let mut sup = Supervisor::spawn(
+            &self.moat,
+            self.child_args(&flags, &req.command, req.metadata.as_ref()),
+            dir_fd,
+            req.stdin,
+        )
+        .map_err(|e| RpcError::internal(format!("cannot start moat: {e}")))?;
+        let (first, envelope) = match sup.next_event() {
+            Some((wire, envelope, Event::PolicyResolved { .. })) => (wire, envelope),
             other => {
                 // Not a run that started: make sure its supervisor is gone.
-                let _ = child.kill();
-                let status = child.wait().ok();
-                let reason = other
-                    .as_ref()
-                    .and_then(|ev| ev["reason"].as_str().map(str::to_string))
-                    .unwrap_or_else(|| {
-                        let text = stderr_buf
-                            .lock()
-                            .map(|b| String::from_utf8_lossy(&b).trim().to_string())
-                            .unwrap_or_default();
-                        format!("moat exited ({status:?}) before running anything: {text}")
-                    });
+                let status = sup.abort();
+                let text = sup.stderr_text();
+                let reason = match other {
+                    Some((
+                        _,
+                        _,
+                        Event::Failed {
+                            reason: Some(r), ..
+                        },
+                    )) => r,
+                    _ => format!("moat exited ({status:?}) before running anything: {text}"),
+                };
                 return Err(refusal(&reason));
             }
         };
-        let execution_id = str_of(&first, "execution_id");
         let record = Record {
-            execution_id: execution_id.clone(),
-            session_id: str_of(&first, "session_id"),
+            view: ServiceView {
+                execution_id: envelope.execution_id.clone(),
+                session_id: envelope.session_id.clone(),
+                status: "running".to_string(),
+                policy_id: str_of(&first, "policy_id"),
+                policy_hash: envelope.policy_hash.clone().unwrap_or_default(),
+                policy_epoch: envelope.policy_epoch.clone().unwrap_or_default(),
+                started_at: envelope.time.clone(),
+                ..ServiceView::default()
+            },
             owner,
-            policy_id: str_of(&first, "policy_id"),
-            policy_hash: str_of(&first, "policy_hash"),
-            policy_epoch: str_of(&first, "policy_epoch"),
-            status: "running".to_string(),
-            termination_reason: None,
-            exit_code: None,
-            signal: None,
-            started_at: str_of(&first, "time"),
-            finished_at: None,
-            duration_ms: None,
-            stdout_bytes: 0,
-            stderr_bytes: 0,
             stdout: Vec::new(),
             stderr: Vec::new(),
-            output_truncated: false,
             keep_output: req.keep_output,
-            denials: Vec::new(),
-            reason: None,
-            cancel_requested: false,
             events: Vec::new(),
-            pid: child.id(),
+            supervisor: sup.signaller(),
+            input: sup.input(),
             done: false,
         };
         let execution = record.execution();
@@ -525,36 +453,40 @@ impl Service {
                 }
             }
         }
-        // The moat stderr is only needed for a failure before the first event.
-        drop(stderr_buf);
-        Ok((execution, child, lines, first))
+        Ok((execution, sup, first))
     }
 
     /// Reads the child's events to its end, updating the record and
     /// forwarding each event.
-    fn follow(
-        &self,
-        mut child: Child,
-        mut lines: BufReader<std::process::ChildStdout>,
-        first: Value,
-        sink: Option<EventSink>,
-    ) {
+    fn follow(&self, mut sup: Supervisor, first: Value, sink: Option<EventSink>) {
         let id = str_of(&first, "execution_id");
-        let mut next = Some(first);
+        let (envelope, typed) = Event::read(&first);
+        let events = std::iter::once((first, envelope, typed))
+            .chain(std::iter::from_fn(|| sup.next_event()));
+        let finished = self.apply_events(&id, events, sink.as_ref());
+        let status = sup.wait();
+        self.end(&id, finished, status.and_then(|s| s.code()));
+    }
+
+    /// Folds an execution's events into its record, forwarding each to
+    /// `sink`; true when its last event (finished or failed) came. The
+    /// events may come from any launcher: a supervisor's stream today.
+    fn apply_events(
+        &self,
+        id: &str,
+        events: impl Iterator<Item = (Value, Envelope, Event)>,
+        sink: Option<&EventSink>,
+    ) -> bool {
         let mut finished = false;
-        while let Some(ev) = next.take().or_else(|| read_event(&mut lines)) {
+        for (ev, envelope, typed) in events {
             let mut forwarded = ev.clone();
-            let typed =
-                serde_json::from_value::<ChildEvent>(ev.clone()).unwrap_or(ChildEvent::Other);
-            self.update(&id, |r| match typed {
-                ChildEvent::Stdout { data } | ChildEvent::Stderr { data } => {
-                    let bytes = base64::engine::general_purpose::STANDARD
-                        .decode(data)
-                        .unwrap_or_default();
+            self.update(id, |r| match typed {
+                Event::Stdout(chunk) | Event::Stderr(chunk) => {
+                    let bytes = chunk.bytes();
                     let (count, keep) = if ev["type"] == "execution.stdout" {
-                        (&mut r.stdout_bytes, &mut r.stdout)
+                        (&mut r.view.stdout_bytes, &mut r.stdout)
                     } else {
-                        (&mut r.stderr_bytes, &mut r.stderr)
+                        (&mut r.view.stderr_bytes, &mut r.stderr)
                     };
                     *count += bytes.len() as u64;
                     let room = if r.keep_output {
@@ -563,42 +495,36 @@ impl Service {
                         0
                     };
                     if r.keep_output && bytes.len() > room {
-                        r.output_truncated = true;
+                        r.view.output_truncated = true;
                     }
                     keep.extend_from_slice(&bytes[..bytes.len().min(room)]);
                     forwarded["encoding"] = json!("base64");
-                    forwarded["stream_offset"] = ev["offset"].clone();
+                    forwarded["stream_offset"] = json!(chunk.offset);
                 }
-                ChildEvent::Denied(mut d) => {
-                    strip_envelope(&mut d.more);
-                    r.denials.push(d);
+                Event::Denied(d) => {
+                    r.view.denials.push(d);
                     r.events.push(ev.clone());
                 }
-                ChildEvent::Finished {
-                    exit_code,
-                    signal,
-                    duration_ms,
-                    timed_out,
-                    time,
-                } => {
+                Event::Finished(f) => {
                     finished = true;
-                    r.exit_code = exit_code;
-                    r.signal = signal;
-                    r.duration_ms = duration_ms;
-                    r.finished_at = time;
-                    r.termination_reason = Some(
-                        if timed_out {
+                    r.view.exit_code = Some(f.exit_code);
+                    r.view.signal = f.signal;
+                    r.view.resource_usage = Some(f.resource_usage);
+                    r.view.duration_ms = Some(f.duration_ms);
+                    r.view.finished_at = Some(envelope.time);
+                    r.view.termination_reason = Some(
+                        if f.timed_out {
                             "timeout"
-                        } else if r.cancel_requested {
+                        } else if r.view.cancel_requested {
                             "canceled"
-                        } else if r.signal.is_some() {
+                        } else if r.view.signal.is_some() {
                             "signal"
                         } else {
                             "exit"
                         }
                         .to_string(),
                     );
-                    r.status = if timed_out || r.cancel_requested {
+                    r.view.status = if f.timed_out || r.view.cancel_requested {
                         "failed"
                     } else {
                         "finished"
@@ -606,52 +532,41 @@ impl Service {
                     .to_string();
                     r.events.push(ev.clone());
                 }
-                ChildEvent::Failed {
-                    exit_code,
-                    reason,
-                    time,
-                } => {
+                Event::Failed { exit_code, reason } => {
                     finished = true;
-                    r.exit_code = exit_code;
-                    r.reason = reason;
-                    r.finished_at = time;
-                    r.termination_reason = Some("failed_to_start".to_string());
-                    r.status = "failed".to_string();
+                    r.view.exit_code = exit_code;
+                    r.view.reason = reason;
+                    r.view.finished_at = Some(envelope.time);
+                    r.view.termination_reason = Some("failed_to_start".to_string());
+                    r.view.status = "failed".to_string();
                     r.events.push(ev.clone());
                 }
-                ChildEvent::Other => {
-                    if ev["type"] == "sandbox.denied" {
-                        // A denial of a shape this server does not know:
-                        // reported as moat wrote it, never dropped.
-                        let mut more = ev.as_object().cloned().unwrap_or_default();
-                        strip_envelope(&mut more);
-                        r.denials.push(Denial {
-                            more,
-                            ..Denial::default()
-                        });
-                    }
-                    r.events.push(ev.clone())
-                }
+                _ => r.events.push(ev.clone()),
             });
-            if let Some(s) = &sink {
+            if let Some(s) = sink {
                 s(&forwarded);
             }
         }
-        let status = child.wait().ok();
-        self.update(&id, |r| {
+        finished
+    }
+
+    /// Marks the execution over; without its last event, its supervisor
+    /// was lost (`exit_code`: how that process ended, if it did).
+    fn end(&self, id: &str, finished: bool, exit_code: Option<i32>) {
+        self.update(id, |r| {
             if !finished {
                 // moat itself went away without its last event (killed).
-                r.status = "failed".to_string();
-                r.termination_reason = Some(
-                    if r.cancel_requested {
+                r.view.status = "failed".to_string();
+                r.view.termination_reason = Some(
+                    if r.view.cancel_requested {
                         "canceled"
                     } else {
                         "supervisor_lost"
                     }
                     .to_string(),
                 );
-                r.exit_code = status.and_then(|s| s.code()).map(i64::from);
-                r.finished_at = Some(moat_audit::now_rfc3339());
+                r.view.exit_code = exit_code;
+                r.view.finished_at = Some(moat_audit::now_rfc3339());
             }
             r.done = true;
         });
@@ -660,34 +575,63 @@ impl Service {
 
     fn update(&self, id: &str, f: impl FnOnce(&mut Record)) {
         if let Ok(mut recs) = self.records.lock() {
-            if let Some(r) = recs.iter_mut().find(|r| r.execution_id == id) {
+            if let Some(r) = recs.iter_mut().find(|r| r.view.execution_id == id) {
                 f(r);
             }
         }
     }
 
-    /// Runs `f` on the record of `id`, or answers EXECUTION_NOT_FOUND.
+    /// Runs `f` on the record of `id` if `owner` started it, or answers
+    /// EXECUTION_NOT_FOUND — the same answer for another client's execution
+    /// as for one that never existed, so ids cannot be probed.
     pub(crate) fn with<T>(
         &self,
         id: &str,
+        owner: u64,
         f: impl FnOnce(&mut Record) -> T,
     ) -> Result<T, RpcError> {
         let mut recs = self
             .records
             .lock()
             .map_err(|_| RpcError::internal("execution table poisoned"))?;
-        match recs.iter_mut().find(|r| r.execution_id == id) {
+        match recs
+            .iter_mut()
+            .find(|r| r.view.execution_id == id && r.owner == owner)
+        {
             Some(r) => Ok(f(r)),
             None => Err(not_found(id)),
         }
     }
 
-    /// Runs `f` on every record, in the order they were started.
-    pub(crate) fn all<T>(&self, f: impl FnMut(&Record) -> T) -> Vec<T> {
+    /// Runs `f` on every record `owner` started, in the order they were started.
+    pub(crate) fn all<T>(&self, owner: u64, mut f: impl FnMut(&Record) -> T) -> Vec<T> {
         self.records
             .lock()
-            .map(|r| r.iter().map(f).collect())
+            .map(|r| r.iter().filter(|r| r.owner == owner).map(&mut f).collect())
             .unwrap_or_default()
+    }
+
+    /// Queues streamed stdin for `owner`'s execution `id`.
+    pub(crate) fn write_input(
+        &self,
+        id: &str,
+        owner: u64,
+        data: Vec<u8>,
+    ) -> Result<Value, RpcError> {
+        let input = self.with(id, owner, |r| r.input.clone())?;
+        let Some(input) = input else {
+            return Err(input_error(id, InputError::Closed));
+        };
+        let n = input.write(data).map_err(|e| input_error(id, e))?;
+        Ok(json!({"execution_id": id, "stream": "stdin", "accepted_bytes": n}))
+    }
+
+    /// Ends streamed stdin for `owner`'s execution `id` (idempotent).
+    pub(crate) fn close_input(&self, id: &str, owner: u64) -> Result<Value, RpcError> {
+        if let Some(input) = self.with(id, owner, |r| r.input.clone())? {
+            input.close();
+        }
+        Ok(json!({"execution_id": id, "stream": "stdin", "closed": true}))
     }
 
     /// Blocks until the execution is over.
@@ -696,7 +640,7 @@ impl Service {
             return;
         };
         loop {
-            match recs.iter().find(|r| r.execution_id == id) {
+            match recs.iter().find(|r| r.view.execution_id == id) {
                 Some(r) if !r.done => {}
                 _ => return,
             }
@@ -709,45 +653,45 @@ impl Service {
 
     /// Asks the execution's supervisor to stop its whole process tree
     /// (moat's supervisor kills the sandbox's tree on SIGTERM).
-    pub(crate) fn cancel(&self, id: &str) -> Result<Value, RpcError> {
-        let pid = self.with(id, |r| {
+    pub(crate) fn cancel(&self, id: &str, owner: u64) -> Result<Value, RpcError> {
+        let pid = self.with(id, owner, |r| {
             // Its last event is out: nothing left to cancel.
-            if r.done || r.finished_at.is_some() {
+            if r.done || r.view.finished_at.is_some() {
                 None
             } else {
-                r.cancel_requested = true;
-                r.status = "canceling".to_string();
-                Some(r.pid)
+                r.view.cancel_requested = true;
+                r.view.status = "canceling".to_string();
+                Some(r.supervisor.clone())
             }
         })?;
-        let Some(pid) = pid else {
+        let Some(supervisor) = pid else {
             return Err(not_found(id));
         };
-        signal(pid, nix::sys::signal::Signal::SIGTERM);
+        supervisor.terminate();
         Ok(json!({"execution_id": id, "status": "canceling"}))
     }
 
     /// Stops everything `owner` started (a closed connection, a closed
     /// stdin) and waits for the supervisors to report the trees gone.
     pub(crate) fn stop_owned(&self, owner: u64) {
-        let pids: Vec<(String, u32)> = self
+        let pids: Vec<(String, Signaller)> = self
             .records
             .lock()
             .map(|r| {
                 r.iter()
                     .filter(|r| r.owner == owner && !r.done)
-                    .map(|r| (r.execution_id.clone(), r.pid))
+                    .map(|r| (r.view.execution_id.clone(), r.supervisor.clone()))
                     .collect()
             })
             .unwrap_or_default();
         for (id, pid) in &pids {
-            self.update(id, |r| r.cancel_requested = true);
-            signal(*pid, nix::sys::signal::Signal::SIGTERM);
+            self.update(id, |r| r.view.cancel_requested = true);
+            pid.terminate();
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         for (id, pid) in &pids {
             while std::time::Instant::now() < deadline {
-                let done = self.with(id, |r| r.done).unwrap_or(true);
+                let done = self.with(id, owner, |r| r.done).unwrap_or(true);
                 if done {
                     break;
                 }
@@ -755,32 +699,37 @@ impl Service {
             }
             // A supervisor that did not stop in time: its init dies with it
             // (the sandbox's parent-death signal), taking the tree.
-            if !self.with(id, |r| r.done).unwrap_or(true) {
-                signal(*pid, nix::sys::signal::Signal::SIGKILL);
+            if !self.with(id, owner, |r| r.done).unwrap_or(true) {
+                pid.kill();
             }
         }
     }
 
     /// Releases a session's retained output and stops what is still running.
-    pub(crate) fn dispose_session(&self, session_id: &str) -> Value {
+    pub(crate) fn dispose_session(&self, session_id: &str, owner: u64) -> Value {
         let running: Vec<String> = self
             .records
             .lock()
             .map(|mut recs| {
                 let mut running = Vec::new();
-                for r in recs.iter_mut().filter(|r| r.session_id == session_id) {
+                for r in recs
+                    .iter_mut()
+                    .filter(|r| r.view.session_id == session_id && r.owner == owner)
+                {
                     r.stdout = Vec::new();
                     r.stderr = Vec::new();
                     if !r.done {
-                        running.push(r.execution_id.clone());
+                        running.push(r.view.execution_id.clone());
                     }
                 }
                 running
             })
             .unwrap_or_default();
-        let known = self.all(|r| r.session_id == session_id).contains(&true);
+        let known = self
+            .all(owner, |r| r.view.session_id == session_id)
+            .contains(&true);
         for id in &running {
-            let _ = self.cancel(id);
+            let _ = self.cancel(id, owner);
         }
         json!({"session_id": session_id, "disposed": known, "canceled": running})
     }
@@ -823,12 +772,6 @@ fn str_of(v: &Value, k: &str) -> String {
     v[k].as_str().unwrap_or_default().to_string()
 }
 
-fn signal(pid: u32, sig: nix::sys::signal::Signal) {
-    if let Ok(p) = i32::try_from(pid) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), sig);
-    }
-}
-
 fn not_found(id: &str) -> RpcError {
     let mut e = RpcError::domain(
         "EXECUTION_NOT_FOUND",
@@ -836,6 +779,21 @@ fn not_found(id: &str) -> RpcError {
     );
     e.data["execution_id"] = json!(id);
     e
+}
+
+/// A refused input write: closed, too large a chunk, or the queue full.
+fn input_error(id: &str, e: InputError) -> RpcError {
+    let mut err = match e {
+        InputError::Closed => RpcError::domain("EXECUTION_INPUT_CLOSED", e.to_string()),
+        InputError::ChunkTooLarge(_) => {
+            let mut err = RpcError::invalid_params("INVALID_REQUEST", e.to_string());
+            err.data["reason"] = json!("input_chunk_too_large");
+            err
+        }
+        InputError::Backpressure => RpcError::domain("INPUT_BACKPRESSURE", e.to_string()),
+    };
+    err.data["execution_id"] = json!(id);
+    err
 }
 
 fn wider(msg: String) -> RpcError {
@@ -866,97 +824,6 @@ fn refusal(reason: &str) -> RpcError {
         "POLICY_DENIED"
     };
     RpcError::domain(code, reason.to_string())
-}
-
-/// One event of a child's `--events` stream, as the service reads it (the
-/// wire keeps moat's event as it is; this is what the service acts on).
-#[derive(Deserialize)]
-#[serde(tag = "type")]
-enum ChildEvent {
-    #[serde(rename = "execution.stdout")]
-    Stdout {
-        #[serde(default)]
-        data: String,
-    },
-    #[serde(rename = "execution.stderr")]
-    Stderr {
-        #[serde(default)]
-        data: String,
-    },
-    #[serde(rename = "sandbox.denied")]
-    Denied(Denial),
-    #[serde(rename = "execution.finished")]
-    Finished {
-        exit_code: Option<i64>,
-        signal: Option<i64>,
-        duration_ms: Option<u64>,
-        #[serde(default)]
-        timed_out: bool,
-        time: Option<String>,
-    },
-    #[serde(rename = "execution.failed")]
-    Failed {
-        exit_code: Option<i64>,
-        reason: Option<String>,
-        time: Option<String>,
-    },
-    #[serde(other)]
-    Other,
-}
-
-/// An access the sandbox refused, as a result reports it: what, where, why,
-/// and (`detail`) the flag that would grant it.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub(crate) struct Denial {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) operation: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) path: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) host: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) target: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) errno: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) detail: Option<String>,
-    /// Anything else moat says about it (`port`, the log `line`, …), kept.
-    #[serde(flatten)]
-    pub(crate) more: serde_json::Map<String, Value>,
-}
-
-/// Removes the event envelope (RFC-0004's common fields) from a denial's
-/// own fields.
-fn strip_envelope(fields: &mut serde_json::Map<String, Value>) {
-    for k in [
-        "type",
-        "time",
-        "execution_id",
-        "session_id",
-        "policy_hash",
-        "policy_epoch",
-        "moat_version",
-        "parent_execution_id",
-    ] {
-        fields.remove(k);
-    }
-}
-
-fn read_event(lines: &mut impl BufRead) -> Option<Value> {
-    let mut line = String::new();
-    loop {
-        line.clear();
-        match lines.read_line(&mut line) {
-            Ok(0) | Err(_) => return None,
-            Ok(_) => {
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    return Some(v);
-                }
-            }
-        }
-    }
 }
 
 /// Parses a RunSeal `PolicyRef`: a name (`read-only`, `rw`,
@@ -1190,38 +1057,6 @@ mod tests {
         // An unknown field is refused, never ignored (it could be a grant).
         assert!(parse_policy_ref(Some(&json!({"filesystem": {"rw": ["/"]}}))).is_err());
         assert!(parse_policy_ref(Some(&json!(3))).is_err());
-    }
-
-    #[test]
-    fn child_events_are_typed_and_denials_keep_their_own_fields() {
-        let ev = json!({"type": "sandbox.denied", "execution_id": "exec_1", "time": "t",
-            "operation": "connect", "host": "example.com", "port": 443, "reason": "not_allowed",
-            "detail": "add --allow-domain example.com"});
-        let ChildEvent::Denied(mut d) = serde_json::from_value::<ChildEvent>(ev).unwrap() else {
-            panic!("not a denial");
-        };
-        strip_envelope(&mut d.more);
-        let back = serde_json::to_value(&d).unwrap();
-        assert_eq!(
-            back,
-            json!({"operation": "connect", "host": "example.com", "port": 443,
-                   "reason": "not_allowed", "detail": "add --allow-domain example.com"})
-        );
-        let fin = json!({"type": "execution.finished", "exit_code": 124, "signal": null,
-            "timed_out": true, "duration_ms": 5, "time": "t"});
-        assert!(matches!(
-            serde_json::from_value::<ChildEvent>(fin).unwrap(),
-            ChildEvent::Finished {
-                exit_code: Some(124),
-                timed_out: true,
-                ..
-            }
-        ));
-        let other = json!({"type": "network.decision", "host": "x"});
-        assert!(matches!(
-            serde_json::from_value::<ChildEvent>(other).unwrap(),
-            ChildEvent::Other
-        ));
     }
 
     #[test]
