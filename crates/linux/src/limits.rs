@@ -415,10 +415,8 @@ impl V2Facts {
                 self.controllers.join(" ")
             ));
         }
-        if !self.enabled.iter().any(|c| c == controller)
-            && self.own == self.base
-            && self.others_inside > 0
-        {
+        // moat itself moves out first; anything else in the base blocks it.
+        if !self.enabled.iter().any(|c| c == controller) && self.others_inside > 0 {
             return Err(format!(
                 "{} other process(es) share moat's cgroup v2 {}, and cgroup v2 enables {controller} for a child only in a cgroup without processes of its own; {V2_FIX}",
                 self.others_inside,
@@ -1639,6 +1637,13 @@ mod tests {
             err.contains("1 other process(es)") && err.contains(fix),
             "{err}"
         );
+        // The same when moat already sits in its leaf but the controllers
+        // were turned off and someone else joined the base.
+        let sim2 = SimFs::new("/sim/cg");
+        sim2.add("shell.scope", "memory pids", "", &[99]);
+        sim2.add("shell.scope/moat-supervisor", "", "", &[MOAT]);
+        let f2 = v2_facts(&sim2, "0::/shell.scope/moat-supervisor\n", 0);
+        assert!(choose(&l, true, &f2).is_err());
         // …and prepare itself refuses before touching anything.
         let facts_forced = LimitFacts {
             cgroup_v2: f.cgroup_v2.clone(),
