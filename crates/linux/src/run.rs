@@ -313,7 +313,8 @@ pub fn run_with(
     let landlock_plan;
     let mut scratch = None;
     let plan = if plan.landlock_only() {
-        match crate::backend::prepare(plan, &opts.tag) {
+        let own_tty = own_terminal(plan, opts, plan.limits.output.is_some()).is_some();
+        match crate::backend::prepare(plan, &opts.tag, own_tty) {
             Ok((p, dir)) => {
                 scratch = Some(dir);
                 landlock_plan = p;
@@ -413,16 +414,6 @@ fn launch(
     if opts.argv.is_empty() {
         return Err("no command given; put it after --".into());
     }
-    // Without its own pty (the Landlock backend has none to give) the
-    // command gets a terminal on stdin as it is, open for writing too: what
-    // it writes there would pass the output limit uncounted.
-    if enforcer.output.is_some()
-        && plan.sandboxed
-        && !plan.namespaces()
-        && nix::unistd::isatty(std::io::stdin()).unwrap_or(false)
-    {
-        return Err("--output-limit cannot be enforced with a terminal on stdin under the Landlock backend (the command could write to the terminal directly, uncounted); give it another stdin (< /dev/null) or use --backend namespaces".into());
-    }
     let argv = cstrings(opts.argv.iter().map(|a| a.as_bytes().to_vec()))?;
     let envp = cstrings(
         plan.env
@@ -476,8 +467,9 @@ fn launch(
         }
     }
     // The init hands sockets it creates inside the sandbox (the proxy's
-    // listeners, the broker's) back over this pair.
-    let (handoff_rx, handoff_tx) = if plan.namespaces() {
+    // listeners, the broker's) and the command's pty master back over this
+    // pair.
+    let (handoff_rx, handoff_tx) = if plan.namespaces() || pty.is_some() {
         let (a, b) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| format!("create a socket pair: {e}"))?;
         (Some(a), Some(b))
@@ -567,7 +559,9 @@ fn own_terminal(
     opts: &RunOptions,
     output_limited: bool,
 ) -> Option<crate::pty::Attach> {
-    if !plan.namespaces() || opts.stdio_from_outer_sandbox {
+    // Both sandboxed backends: a pty needs no namespaces (the Landlock
+    // backend's is on the host's devpts).
+    if !(plan.namespaces() || plan.landlock_only()) || opts.stdio_from_outer_sandbox {
         return None;
     }
     let tty = crate::pty::Attach::of_stdio()?;
