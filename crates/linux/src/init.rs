@@ -53,17 +53,28 @@ fn report(fd: RawFd, msg: &str) {
 /// Entry point of the cloned child. Never returns.
 pub fn main(args: InitArgs<'_>) -> ! {
     let fd = args.report_fd;
-    let slave = match setup(&args) {
-        Ok(slave) => slave,
-        Err(msg) => {
-            report(fd, &format!("E {}\n", msg.replace('\n', " ")));
-            sys::exit_now(125);
-        }
-    };
+    match setup(&args) {
+        Ok(slave) => command_and_reap(&args, slave),
+        Err(msg) => fail(fd, &msg),
+    }
+}
+
+/// Reports a setup failure on the report pipe and exits 125. Never returns.
+pub(crate) fn fail(fd: RawFd, msg: &str) -> ! {
+    report(fd, &format!("E {}\n", msg.replace('\n', " ")));
+    sys::exit_now(125);
+}
+
+/// The init's second half, once the view is in place and the cwd entered:
+/// forks the command, confines and execs it, and reaps the tree until the
+/// command is done (also the end of an execution forked from a sandbox
+/// template). Never returns.
+pub(crate) fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) -> ! {
+    let fd = args.report_fd;
     let sandboxed = args.plan.namespaces();
     // The command: forked with glibc's fork so its thread state is right.
     let main_pid = match fork_command() {
-        Ok(None) => command(&args, slave.as_ref()),
+        Ok(None) => command(args, slave.as_ref()),
         Ok(Some(pid)) => {
             // Only the command holds the slave: its last close is the end
             // of the session for the supervisor's relay.

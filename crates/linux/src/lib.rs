@@ -26,6 +26,7 @@ pub mod pty;
 pub mod run;
 pub mod sweep;
 pub mod sys;
+pub mod template;
 pub mod termfilter;
 pub mod tree;
 pub mod view;

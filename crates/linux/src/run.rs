@@ -185,7 +185,7 @@ impl RunOutcome {
     }
 }
 
-struct Capture {
+pub(crate) struct Capture {
     fd: OwnedFd,
     stream: Stream,
     /// Captured bytes (Capture mode only).
@@ -253,7 +253,36 @@ impl Capture {
     }
 }
 
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+/// One pipe per wanted stream: the read ends become captures, the write
+/// ends the command's stdout/stderr.
+pub(crate) fn capture_pipes(
+    wanted: &[(Stream, usize, Option<i32>)],
+    captures: &mut Vec<Capture>,
+    stdout_end: &mut Option<OwnedFd>,
+    stderr_end: &mut Option<OwnedFd>,
+) -> Result<(), String> {
+    for (stream, limit, relay) in wanted.iter().copied() {
+        let (r, w) = pipe().map_err(|e| format!("create a pipe: {e}"))?;
+        captures.push(Capture {
+            fd: r,
+            stream,
+            buf: Vec::new(),
+            limit,
+            truncated: false,
+            offset: 0,
+            relay,
+            tail: stream == Stream::Stderr,
+            open: true,
+        });
+        match stream {
+            Stream::Stdout => *stdout_end = Some(w),
+            Stream::Stderr => *stderr_end = Some(w),
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| io::Error::from_raw_os_error(e as i32))
 }
@@ -377,7 +406,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
     out
 }
 
-fn cstrings(items: impl IntoIterator<Item = Vec<u8>>) -> Result<Vec<CString>, String> {
+pub(crate) fn cstrings(items: impl IntoIterator<Item = Vec<u8>>) -> Result<Vec<CString>, String> {
     items
         .into_iter()
         .map(|b| {
@@ -442,24 +471,7 @@ fn launch(
         }
         OutputMode::Stream => &[(Stream::Stdout, 0, None), (Stream::Stderr, 0, None)],
     };
-    for (stream, limit, relay) in wanted.iter().copied() {
-        let (r, w) = pipe().map_err(|e| format!("create a pipe: {e}"))?;
-        captures.push(Capture {
-            fd: r,
-            stream,
-            buf: Vec::new(),
-            limit,
-            truncated: false,
-            offset: 0,
-            relay,
-            tail: stream == Stream::Stderr,
-            open: true,
-        });
-        match stream {
-            Stream::Stdout => stdout_end = Some(w),
-            Stream::Stderr => stderr_end = Some(w),
-        }
-    }
+    capture_pipes(wanted, &mut captures, &mut stdout_end, &mut stderr_end)?;
     // The init hands sockets it creates inside the sandbox (the proxy's
     // listeners, the broker's) back over this pair.
     let (handoff_rx, handoff_tx) = if plan.namespaces() {
@@ -531,10 +543,67 @@ fn launch(
         out.layers.namespaces = Enforcement::Full;
     }
     let result = supervise(
-        child, plan, opts, out, captures, report_r, handoff_rx, start, observer, enforcer,
+        InitHandle::Child(child),
+        plan,
+        opts,
+        out,
+        captures,
+        report_r,
+        handoff_rx,
+        start,
+        observer,
+        enforcer,
+        None,
     );
     sys::restore_sigmask(&old_mask);
     result
+}
+
+/// The init the supervisor watches: its own child (the one-shot path), or
+/// an execution forked by a sandbox template, known by the pidfd the
+/// template made with it (never by a pid that could be reused).
+pub(crate) enum InitHandle {
+    Child(Pid),
+    Forked { pid: Pid, pidfd: OwnedFd },
+}
+
+impl InitHandle {
+    fn pid(&self) -> Pid {
+        match self {
+            InitHandle::Child(p) | InitHandle::Forked { pid: p, .. } => *p,
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        match self {
+            InitHandle::Child(p) => {
+                let _ = sys::kill(p.as_raw(), sig);
+            }
+            InitHandle::Forked { pidfd, .. } => {
+                let _ = sys::pidfd_send_signal(pidfd.as_fd(), sig);
+            }
+        }
+    }
+
+    /// How the init ended. A forked execution is its template's child (the
+    /// template reaps it): it reported its status on the pipe, or it was
+    /// killed — only moat's own escalation can, it is pid 1 of its
+    /// namespace — which is SIGKILL.
+    fn wait(&self, done: bool) -> Result<WaitStatus, String> {
+        match self {
+            InitHandle::Child(p) if done => {
+                Ok(waitpid(*p, Some(nix::sys::wait::WaitPidFlag::WNOHANG))
+                    .unwrap_or(WaitStatus::StillAlive))
+            }
+            InitHandle::Child(p) => {
+                waitpid(*p, None).map_err(|e| format!("wait for the sandbox: {e}"))
+            }
+            InitHandle::Forked { .. } if done => Ok(WaitStatus::StillAlive),
+            InitHandle::Forked { pid, .. } => {
+                Ok(WaitStatus::Signaled(*pid, Signal::SIGKILL, false))
+            }
+        }
+    }
 }
 
 /// Which of moat's stdio fds the command gets the sandbox's own pty on:
@@ -564,9 +633,11 @@ fn own_terminal(
     (attach.stdin || attach.stdout || attach.stderr).then_some(attach)
 }
 
+/// Watches one run to its end. `stop`, when readable, stops the run as a
+/// harness's SIGTERM does (a service's cancel of one execution).
 #[allow(clippy::too_many_arguments)]
-fn supervise(
-    child: Pid,
+pub(crate) fn supervise(
+    init: InitHandle,
     plan: &Plan,
     opts: &RunOptions,
     out: &mut RunOutcome,
@@ -576,7 +647,9 @@ fn supervise(
     start: Instant,
     observer: &mut dyn RunObserver,
     enforcer: &Enforcer,
+    stop: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<(), String> {
+    let child = init.pid();
     let mut handoff = handoff;
     let mut budget = Budget {
         left: enforcer.output,
@@ -594,7 +667,15 @@ fn supervise(
         // Resizes of the host terminal arrive through the signalfd.
         let _ = sys::set_sigmask(libc::SIG_BLOCK, &[libc::SIGWINCH]);
     }
-    let pidfd = sys::pidfd_open(child.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
+    let own_pidfd;
+    let pidfd = match &init {
+        InitHandle::Forked { pidfd, .. } => pidfd,
+        InitHandle::Child(p) => {
+            own_pidfd = sys::pidfd_open(p.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
+            &own_pidfd
+        }
+    };
+    let mut stop_open = stop.is_some();
     let mut mask = SigSet::empty();
     for s in [
         Signal::SIGTERM,
@@ -663,6 +744,10 @@ fn supervise(
         for (fd, flags) in &relay_set {
             fds.push(PollFd::new(*fd, *flags));
         }
+        let stop_index = fds.len();
+        if let (true, Some(s)) = (stop_open, stop) {
+            fds.push(PollFd::new(s, PollFlags::POLLIN));
+        }
         match poll(&mut fds, timeout) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(format!("poll: {e}")),
@@ -673,6 +758,7 @@ fn supervise(
                 .map(|r| !r.is_empty())
                 .unwrap_or(false)
         };
+        let stop_ready = stop_open && ready(stop_index);
         let pid_ready = ready(0);
         let sig_ready = ready(1);
         let report_ready = report_open && ready(2);
@@ -744,9 +830,18 @@ fn supervise(
         // A limit reached ends the run: everything in it is killed at once
         // (a fork bomb would outlive a polite SIGTERM), then the init.
         if (reached.output || reached.memory || reached.pids) && stage < 2 && !out.timed_out {
-            let _ = sys::kill(child.as_raw(), libc::SIGUSR1);
+            init.signal(libc::SIGUSR1);
             stage = 2;
             deadline = Some(Instant::now() + Duration::from_secs(1));
+        }
+        if stop_ready {
+            // One request is enough; the escalation takes it from here.
+            stop_open = false;
+            if stage == 0 {
+                init.signal(libc::SIGTERM);
+                stage = 1;
+                deadline = Some(Instant::now() + KILL_GRACE);
+            }
         }
         if sig_ready {
             while let Ok(Some(info)) = sigfd.read_signal() {
@@ -756,12 +851,12 @@ fn supervise(
                     libc::SIGINT | libc::SIGQUIT if stdin_is_tty => {}
                     // From a harness: stop the run (SIGTERM the tree, then escalate).
                     libc::SIGTERM | libc::SIGINT | libc::SIGQUIT if stage == 0 => {
-                        let _ = sys::kill(child.as_raw(), libc::SIGTERM);
+                        init.signal(libc::SIGTERM);
                         stage = 1;
                         deadline = Some(Instant::now() + KILL_GRACE);
                     }
                     libc::SIGHUP => {
-                        let _ = sys::kill(child.as_raw(), libc::SIGHUP);
+                        init.signal(libc::SIGHUP);
                     }
                     libc::SIGWINCH => {
                         if let Some(r) = &relay {
@@ -777,15 +872,15 @@ fn supervise(
                 match stage {
                     0 => {
                         out.timed_out = true;
-                        let _ = sys::kill(child.as_raw(), libc::SIGTERM);
+                        init.signal(libc::SIGTERM);
                         deadline = Some(Instant::now() + KILL_GRACE);
                     }
                     1 => {
-                        let _ = sys::kill(child.as_raw(), libc::SIGUSR1);
+                        init.signal(libc::SIGUSR1);
                         deadline = Some(Instant::now() + Duration::from_secs(1));
                     }
                     _ => {
-                        let _ = sys::kill(child.as_raw(), libc::SIGKILL);
+                        init.signal(libc::SIGKILL);
                         deadline = None;
                     }
                 }
@@ -799,11 +894,7 @@ fn supervise(
             exited = true;
         }
     }
-    let init_status = if has_final_status(&report_buf) {
-        waitpid(child, Some(nix::sys::wait::WaitPidFlag::WNOHANG)).unwrap_or(WaitStatus::StillAlive)
-    } else {
-        waitpid(child, None).map_err(|e| format!("wait for the sandbox: {e}"))?
-    };
+    let init_status = init.wait(has_final_status(&report_buf))?;
     // What the command wrote last, then the host terminal's own settings back.
     if let Some(mut r) = relay.take() {
         budget.exceeded |= r.drain_master(&mut budget.left);

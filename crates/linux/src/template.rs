@@ -1,0 +1,650 @@
+//! A pre-built sandbox for `serve`/`mcp`: per plan, a template process that
+//! has already done what every execution of that plan shares (its user,
+//! ipc, uts and — for `network disabled` — network namespace, the view's
+//! shared mounts, the compiled seccomp filter), and forks each execution
+//! from it. Each execution gets its own mount, pid, ipc and uts namespace,
+//! fresh copies of every writable or per-process filesystem of the view
+//! (/tmp, HOME, /dev, /dev/shm, /proc …), and its own Landlock domain; the
+//! service supervises it through a pidfd exactly as the one-shot supervisor
+//! does ([`crate::run::supervise`]), so the outcome is the one-shot
+//! outcome. See ARCHITECTURE.md, "Sandbox templates".
+//!
+//! Staleness: a template serves a plan only when the plan the caller just
+//! computed for this execution (the same probe and view the one-shot path
+//! computes) has the same [`key`]: a `.env` or `~/.aws` that appeared since
+//! changes the view's stand-ins, so the key, so a new template is built.
+
+use std::ffi::CString;
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use serde::{Deserialize, Serialize};
+
+use crate::confine::Enforcement;
+use crate::init::{self, InitArgs, INIT_SIGNALS};
+use crate::limits::Enforcer;
+use crate::plan::{LandlockSpec, MountOp, Plan, SeccompSpec};
+use crate::run::{self, InitHandle, OutputMode, RunObserver, RunOptions, RunOutcome, Stream};
+use crate::sys::{self, Forked};
+
+/// The hidden subcommand that starts a template process (`moat __template`).
+pub const SUBCOMMAND: &str = "__template";
+/// The control socket's descriptor number in the template process.
+const CTL_FD: RawFd = 3;
+/// A control message larger than this is refused (a broken peer).
+const MAX_FRAME: usize = 16 << 20;
+/// Templates kept per service; the least recently used is retired beyond.
+const MAX_TEMPLATES: usize = 8;
+
+/// Why a run cannot use a template (it takes the one-shot path), or None.
+/// Each reason is a guarantee or feature the template path does not give
+/// per execution.
+pub fn ineligible(plan: &Plan, opts: &RunOptions) -> Option<&'static str> {
+    if !plan.namespaces() {
+        return Some("not the namespaces backend");
+    }
+    if plan.proxy.is_some() {
+        return Some("proxy network mode (its listeners are made per run)");
+    }
+    if !plan.limits.is_unset() {
+        return Some("resource limits (a cgroup and rlimits per run)");
+    }
+    if opts.output == OutputMode::Passthrough {
+        return Some("passthrough output (a terminal of its own)");
+    }
+    if opts.stdio_from_outer_sandbox {
+        return Some("a nested run");
+    }
+    if plan.new_netns && !plan.landlock.scoped {
+        // Executions share the template's network namespace: only a
+        // Landlock domain per execution (ABI >= 6) keeps one's abstract
+        // unix sockets from the next.
+        return Some("Landlock below ABI 6 (no abstract-socket scoping)");
+    }
+    None
+}
+
+/// What a template is built from; two plans with the same key lay out the
+/// same sandbox (the env and argv are per execution).
+#[derive(Serialize)]
+struct KeyView<'a> {
+    mounts: &'a [MountOp],
+    landlock: &'a LandlockSpec,
+    seccomp: &'a SeccompSpec,
+    landlock_abi: i32,
+    uid: u32,
+    gid: u32,
+    cwd: &'a Path,
+    new_netns: bool,
+    sandboxed: bool,
+    backend: moat_policy::Backend,
+}
+
+/// The template key of `plan`: its view's mounts, Landlock and seccomp
+/// specs, identity and cwd, serialized.
+pub fn key(plan: &Plan) -> String {
+    serde_json::to_string(&KeyView {
+        mounts: &plan.mounts,
+        landlock: &plan.landlock,
+        seccomp: &plan.seccomp,
+        landlock_abi: plan.landlock_abi,
+        uid: plan.uid,
+        gid: plan.gid,
+        cwd: &plan.cwd,
+        new_netns: plan.new_netns,
+        sandboxed: plan.sandboxed,
+        backend: plan.backend,
+    })
+    .unwrap_or_default()
+}
+
+/// The first message to a template process.
+#[derive(Serialize, Deserialize)]
+struct Spec {
+    plan: Plan,
+    /// The compiled seccomp filter as (code, jt, jf, k).
+    seccomp: Vec<(u16, u8, u8, u32)>,
+}
+
+/// One execution asked of a template (fds: stdin, stdout, stderr, report).
+#[derive(Serialize, Deserialize)]
+enum Request {
+    Exec {
+        argv: Vec<Vec<u8>>,
+        env: Vec<Vec<u8>>,
+    },
+    /// Take no more executions; exit when the running ones are done.
+    Retire,
+}
+
+/// A template's answers.
+#[derive(Serialize, Deserialize)]
+enum Reply {
+    Ready,
+    /// The execution's init, with its pidfd attached.
+    Started {
+        pid: i32,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+/// A running template process and its control socket.
+pub struct Template {
+    key: String,
+    ctl: Mutex<UnixStream>,
+    process: Mutex<Option<std::process::Child>>,
+}
+
+impl Template {
+    /// Starts a template for `plan` from moat's binary `moat`.
+    pub fn start(plan: &Plan, moat: &Path) -> Result<Template, String> {
+        let program = crate::confine::seccomp_filter(&plan.seccomp)
+            .map_err(|e| format!("build the seccomp filter: {e}"))?;
+        let spec = Spec {
+            plan: plan.clone(),
+            seccomp: program.iter().map(|f| (f.code, f.jt, f.jf, f.k)).collect(),
+        };
+        let body = serde_json::to_vec(&spec).map_err(|e| format!("encode the template: {e}"))?;
+        let (ours, theirs) =
+            UnixStream::pair().map_err(|e| format!("create a socket pair: {e}"))?;
+        let mut cmd = std::process::Command::new(moat);
+        cmd.arg(SUBCOMMAND)
+            .env_clear()
+            .current_dir("/")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        sys::pass_fd_as(&mut cmd, OwnedFd::from(theirs), CTL_FD);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("start a sandbox template ({}): {e}", moat.display()))?;
+        let t = Template {
+            key: key(plan),
+            ctl: Mutex::new(ours),
+            process: Mutex::new(Some(child)),
+        };
+        {
+            let ctl = t.lock_ctl();
+            send_frame(ctl.as_fd(), &body, &[]).map_err(|e| format!("send the template: {e}"))?;
+            match recv_frame::<Reply>(ctl.as_fd()) {
+                Ok((Reply::Ready, _)) => {}
+                Ok((Reply::Failed { error }, _)) => return Err(error),
+                Ok(_) => return Err("the sandbox template answered out of turn".into()),
+                Err(e) => return Err(format!("the sandbox template did not start: {e}")),
+            }
+        }
+        Ok(t)
+    }
+
+    fn lock_ctl(&self) -> std::sync::MutexGuard<'_, UnixStream> {
+        self.ctl.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs one execution of `plan` (whose [`key`] must be this template's)
+    /// forked from the template: the same contract as [`run::run`]. `stdin`
+    /// is the command's stdin (None: /dev/null); `stop`, when readable,
+    /// stops the run as a SIGTERM to a one-shot supervisor does. Err: the
+    /// template could not start it (nothing ran; the caller may take the
+    /// one-shot path).
+    pub fn run(
+        &self,
+        plan: &Plan,
+        opts: &RunOptions,
+        observer: &mut dyn RunObserver,
+        stdin: Option<OwnedFd>,
+        stop: Option<BorrowedFd<'_>>,
+    ) -> Result<RunOutcome, String> {
+        if key(plan) != self.key {
+            return Err("the plan is not this template's".into());
+        }
+        if let Some(why) = ineligible(plan, opts) {
+            return Err(format!("not eligible for a template: {why}"));
+        }
+        let start = Instant::now();
+        let mut out = RunOutcome::refused(String::new());
+        out.error = None;
+        out.backend = "namespaces";
+        if opts.argv.is_empty() {
+            return Ok(RunOutcome::refused(
+                "no command given; put it after --".into(),
+            ));
+        }
+        let argv = run::cstrings(opts.argv.iter().map(|a| a.as_bytes().to_vec()));
+        let env = run::cstrings(
+            plan.env
+                .iter()
+                .map(|(k, v)| format!("{k}={v}").into_bytes()),
+        );
+        let (argv, env) = match (argv, env) {
+            (Ok(a), Ok(e)) => (a, e),
+            (Err(e), _) | (_, Err(e)) => return Ok(RunOutcome::refused(e)),
+        };
+        let stdin = match stdin {
+            Some(fd) => fd,
+            None => std::fs::File::open("/dev/null")
+                .map(OwnedFd::from)
+                .map_err(|e| format!("open /dev/null: {e}"))?,
+        };
+        let wanted: &[(Stream, usize, Option<i32>)] = match opts.output {
+            OutputMode::Capture { limit } => {
+                &[(Stream::Stdout, limit, None), (Stream::Stderr, limit, None)]
+            }
+            _ => &[(Stream::Stdout, 0, None), (Stream::Stderr, 0, None)],
+        };
+        let mut captures = Vec::new();
+        let (mut stdout_w, mut stderr_w) = (None, None);
+        run::capture_pipes(wanted, &mut captures, &mut stdout_w, &mut stderr_w)?;
+        let (stdout_w, stderr_w) = match (stdout_w, stderr_w) {
+            (Some(o), Some(e)) => (o, e),
+            _ => return Err("output pipes missing".into()),
+        };
+        let (report_r, report_w) = run::pipe().map_err(|e| format!("create a pipe: {e}"))?;
+        let request = serde_json::to_vec(&Request::Exec {
+            argv: argv.iter().map(|c| c.as_bytes().to_vec()).collect(),
+            env: env.iter().map(|c| c.as_bytes().to_vec()).collect(),
+        })
+        .map_err(|e| format!("encode the execution: {e}"))?;
+        let (pid, pidfd) = {
+            let ctl = self.lock_ctl();
+            send_frame(
+                ctl.as_fd(),
+                &request,
+                &[
+                    stdin.as_raw_fd(),
+                    stdout_w.as_raw_fd(),
+                    stderr_w.as_raw_fd(),
+                    report_w.as_raw_fd(),
+                ],
+            )
+            .map_err(|e| format!("ask the sandbox template: {e}"))?;
+            match recv_frame::<Reply>(ctl.as_fd()) {
+                Ok((Reply::Started { pid }, mut fds)) if fds.len() == 1 => (pid, fds.remove(0)),
+                Ok((Reply::Failed { error }, _)) => return Err(error),
+                Ok(_) => return Err("the sandbox template answered out of turn".into()),
+                Err(e) => return Err(format!("the sandbox template is gone: {e}")),
+            }
+        };
+        // Only the execution holds the write ends now.
+        drop((stdin, stdout_w, stderr_w, report_w));
+        out.layers.namespaces = Enforcement::Full;
+        let init = InitHandle::Forked {
+            pid: nix::unistd::Pid::from_raw(pid),
+            pidfd,
+        };
+        if let Err(e) = run::supervise(
+            init,
+            plan,
+            opts,
+            &mut out,
+            captures,
+            report_r,
+            None,
+            start,
+            observer,
+            &Enforcer::default(),
+            stop,
+        ) {
+            out.status = run::RunStatus::FailedToStart;
+            out.exit_code = 125;
+            out.error = Some(e);
+        }
+        out.duration = start.elapsed();
+        out.usage.duration_ms = out.duration.as_millis() as u64;
+        // Every process of the execution is gone (its pid namespace died
+        // with its init), so nothing races the sweep.
+        let report = crate::sweep::sweep(&plan.sweep, &opts.tag);
+        out.swept = report.swept;
+        out.sweep_failed = report.failed;
+        Ok(out)
+    }
+
+    /// Asks the template to exit once its running executions are done.
+    fn retire(&self) {
+        let request = serde_json::to_vec(&Request::Retire).unwrap_or_default();
+        let ctl = self.lock_ctl();
+        let _ = send_frame(ctl.as_fd(), &request, &[]);
+        let _ = ctl.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+impl Drop for Template {
+    fn drop(&mut self) {
+        self.retire();
+        let child = self
+            .process
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(mut child) = child {
+            // Reaped off the caller's path: it exits when its last
+            // execution does.
+            let _ = std::thread::Builder::new()
+                .name("moat-template-reaper".into())
+                .spawn(move || child.wait());
+        }
+    }
+}
+
+/// The templates of one service, by key.
+pub struct Templates {
+    moat: PathBuf,
+    map: Mutex<Vec<(String, Arc<Template>)>>,
+}
+
+impl Templates {
+    /// Templates started from moat's binary `moat`.
+    pub fn new(moat: PathBuf) -> Templates {
+        Templates {
+            moat,
+            map: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The template for `plan`, started when there is none for its key. A
+    /// template of the same cwd with another key is stale (the view's
+    /// inputs changed since it was built): it is retired.
+    pub fn get(&self, plan: &Plan) -> Result<Arc<Template>, String> {
+        let k = key(plan);
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = map.iter().position(|(x, _)| *x == k) {
+            let entry = map.remove(i);
+            let t = entry.1.clone();
+            map.push(entry);
+            return Ok(t);
+        }
+        let t = Arc::new(Template::start(plan, &self.moat)?);
+        map.retain(|(_, old)| !same_place(old, plan));
+        map.push((k, t.clone()));
+        while map.len() > MAX_TEMPLATES {
+            map.remove(0);
+        }
+        Ok(t)
+    }
+
+    /// How many templates are alive (for status reports and tests).
+    pub fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// No template is alive.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn same_place(t: &Template, plan: &Plan) -> bool {
+    let cwd = serde_json::to_string(&plan.cwd).unwrap_or_default();
+    t.key.contains(&format!("\"cwd\":{cwd}"))
+}
+
+// ---------------------------------------------------------------------------
+// Framing: a u32 length and a JSON body; descriptors ride on the first byte.
+
+fn send_frame(sock: BorrowedFd<'_>, body: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
+    let len = (body.len() as u32).to_le_bytes();
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let iov = [IoSlice::new(&len), IoSlice::new(body)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    let sent = sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None)
+        .map_err(std::io::Error::from)?;
+    let total = len.len() + body.len();
+    if sent < total {
+        // The rest carries no descriptors.
+        let mut rest = Vec::with_capacity(total - sent);
+        rest.extend_from_slice(&len);
+        rest.extend_from_slice(body);
+        let mut stream = std::fs::File::from(sock.try_clone_to_owned()?);
+        stream.write_all(&rest[sent..])?;
+    }
+    Ok(())
+}
+
+fn recv_frame<T: serde::de::DeserializeOwned>(
+    sock: BorrowedFd<'_>,
+) -> std::io::Result<(T, Vec<OwnedFd>)> {
+    let mut len = [0u8; 4];
+    let mut fds = Vec::new();
+    let got = {
+        let mut iov = [IoSliceMut::new(&mut len)];
+        let mut space = nix::cmsg_space!([RawFd; 4]);
+        let msg = recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_WAITALL,
+        )
+        .map_err(std::io::Error::from)?;
+        for c in msg.cmsgs().map_err(std::io::Error::from)? {
+            if let ControlMessageOwned::ScmRights(r) = c {
+                fds.extend(r.into_iter().map(sys::own_fd));
+            }
+        }
+        msg.bytes
+    };
+    if got == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    let mut stream = std::fs::File::from(sock.try_clone_to_owned()?);
+    if got < 4 {
+        stream.read_exact(&mut len[got..])?;
+    }
+    let n = u32::from_le_bytes(len) as usize;
+    if n > MAX_FRAME {
+        return Err(std::io::Error::other("control message too large"));
+    }
+    let mut body = vec![0u8; n];
+    stream.read_exact(&mut body)?;
+    let value = serde_json::from_slice(&body).map_err(std::io::Error::other)?;
+    Ok((value, fds))
+}
+
+// ---------------------------------------------------------------------------
+// The template process.
+
+/// `moat __template`: becomes a sandbox template on the control socket at
+/// fd 3. Must be called while the process is single-threaded (first thing
+/// in main). Never returns.
+pub fn template_main() -> ! {
+    let Ok(ctl) = sys::take_inherited_fd(CTL_FD) else {
+        sys::exit_now(125)
+    };
+    let ctl = UnixStream::from(ctl);
+    let spec = match recv_frame::<Spec>(ctl.as_fd()) {
+        Ok((s, _)) => s,
+        Err(_) => sys::exit_now(125),
+    };
+    let program: seccompiler::BpfProgram = spec
+        .seccomp
+        .iter()
+        .map(|&(code, jt, jf, k)| seccompiler::sock_filter { code, jt, jf, k })
+        .collect();
+    let plan = spec.plan;
+    let per_exec = crate::mounts::per_execution(&plan.mounts);
+    let scratch = match become_template(&plan, &per_exec) {
+        Ok(s) => s,
+        Err(error) => {
+            let body = serde_json::to_vec(&Reply::Failed { error }).unwrap_or_default();
+            let _ = send_frame(ctl.as_fd(), &body, &[]);
+            sys::exit_now(125);
+        }
+    };
+    let ready = serde_json::to_vec(&Reply::Ready).unwrap_or_default();
+    if send_frame(ctl.as_fd(), &ready, &[]).is_err() {
+        sys::exit_now(125);
+    }
+    serve(&ctl, &plan, &per_exec, &scratch, &program)
+}
+
+/// The namespaces and the shared part of the view, once.
+fn become_template(plan: &Plan, per_exec: &[bool]) -> Result<OwnedFd, String> {
+    // Executions are reaped by the kernel: the template only forks.
+    sys::ignore_signal(libc::SIGCHLD);
+    let mut flags = nix::sched::CloneFlags::CLONE_NEWUSER
+        | nix::sched::CloneFlags::CLONE_NEWNS
+        | nix::sched::CloneFlags::CLONE_NEWIPC
+        | nix::sched::CloneFlags::CLONE_NEWUTS
+        | nix::sched::CloneFlags::CLONE_NEWCGROUP;
+    if plan.new_netns {
+        flags |= nix::sched::CloneFlags::CLONE_NEWNET;
+    }
+    nix::sched::unshare(flags).map_err(|e| format!("create the template's namespaces: {e}"))?;
+    std::fs::write("/proc/self/setgroups", "deny")
+        .map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
+    std::fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid))
+        .map_err(|e| format!("write uid_map: {e}"))?;
+    std::fs::write("/proc/self/gid_map", format!("{0} {0} 1\n", plan.gid))
+        .map_err(|e| format!("write gid_map: {e}"))?;
+    sys::set_not_dumpable().map_err(|e| format!("set non-dumpable: {e}"))?;
+    // Every execution's pid 1 is a fork of this process: its command line
+    // (moat's host path) is wiped as the one-shot init's is.
+    sys::wipe_argv_block().map_err(|e| format!("clear the template's command line: {e}"))?;
+    nix::unistd::sethostname("moat").map_err(|e| format!("set hostname: {e}"))?;
+    crate::mounts::build_template_root(&plan.mounts, per_exec)
+        .map_err(|e| format!("build the sandbox view: {e}"))
+}
+
+/// Forks an execution per request until the service goes away (then every
+/// execution is killed) or retires the template (then it waits for them).
+fn serve(
+    ctl: &UnixStream,
+    plan: &Plan,
+    per_exec: &[bool],
+    scratch: &OwnedFd,
+    program: &seccompiler::BpfProgram,
+) -> ! {
+    let mut running: Vec<OwnedFd> = Vec::new();
+    loop {
+        running.retain(|p| !exited(p.as_fd()));
+        let (request, fds) = match recv_frame::<Request>(ctl.as_fd()) {
+            Ok(r) => r,
+            Err(_) => {
+                // The service is gone: nothing it started may outlive it.
+                for p in &running {
+                    let _ = sys::pidfd_send_signal(p.as_fd(), libc::SIGKILL);
+                }
+                sys::exit_now(0);
+            }
+        };
+        let (argv, env) = match request {
+            Request::Exec { argv, env } => (argv, env),
+            Request::Retire => {
+                for p in &running {
+                    let mut fds = [nix::poll::PollFd::new(
+                        p.as_fd(),
+                        nix::poll::PollFlags::POLLIN,
+                    )];
+                    while nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE).is_err() {}
+                }
+                sys::exit_now(0);
+            }
+        };
+        let reply = if fds.len() != 4 {
+            Err("an execution needs stdin, stdout, stderr and a report pipe".to_string())
+        } else {
+            fork_execution(plan, per_exec, scratch, program, argv, env, &fds)
+        };
+        drop(fds);
+        let (body, pidfd) = match reply {
+            Ok((pid, pidfd)) => (Reply::Started { pid }, Some(pidfd)),
+            Err(error) => (Reply::Failed { error }, None),
+        };
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let attached: Vec<RawFd> = pidfd.iter().map(|p| p.as_raw_fd()).collect();
+        let _ = send_frame(ctl.as_fd(), &body, &attached);
+        running.extend(pidfd);
+    }
+}
+
+fn exited(pidfd: BorrowedFd<'_>) -> bool {
+    let mut fds = [nix::poll::PollFd::new(pidfd, nix::poll::PollFlags::POLLIN)];
+    matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+fn fork_execution(
+    plan: &Plan,
+    per_exec: &[bool],
+    scratch: &OwnedFd,
+    program: &seccompiler::BpfProgram,
+    argv: Vec<Vec<u8>>,
+    env: Vec<Vec<u8>>,
+    fds: &[OwnedFd],
+) -> Result<(i32, OwnedFd), String> {
+    let argv = run::cstrings(argv)?;
+    let envp = run::cstrings(env)?;
+    let flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+    match sys::clone_with_pidfd(flags) {
+        Ok((Forked::Child, _)) => execution_main(plan, per_exec, scratch, program, argv, envp, fds),
+        Ok((Forked::Parent(pid), Some(pidfd))) => Ok((pid, pidfd)),
+        Ok((Forked::Parent(_), None)) => Err("clone gave no pidfd".into()),
+        Err(e) => Err(format!("fork an execution: {e}")),
+    }
+}
+
+/// The execution's init: pid 1 of its own pid namespace, in its own copy of
+/// the template's mount namespace. Never returns.
+fn execution_main(
+    plan: &Plan,
+    per_exec: &[bool],
+    scratch: &OwnedFd,
+    program: &seccompiler::BpfProgram,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    fds: &[OwnedFd],
+) -> ! {
+    // The report pipe at 3 and the scratch tmpfs at 4; everything else the
+    // template holds (its control socket, other executions' pidfds) closes.
+    let setup = (|| -> Result<(), String> {
+        sys::reset_signals();
+        sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS)
+            .map_err(|e| format!("block signals: {e}"))?;
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+            .map_err(|e| format!("set parent-death signal: {e}"))?;
+        for (i, fd) in fds.iter().enumerate() {
+            sys::dup2(fd.as_raw_fd(), i as RawFd).map_err(|e| format!("set up stdio: {e}"))?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = setup {
+        init::fail(fds[3].as_raw_fd(), &e);
+    }
+    // fds[3] is now fd 3 (the report pipe); the scratch goes to 4.
+    let report_fd: RawFd = 3;
+    if sys::dup2(scratch.as_raw_fd(), 4).is_err() {
+        init::fail(report_fd, "keep the stand-in tmpfs");
+    }
+    if let Err(e) = sys::close_range(5, u32::MAX, false) {
+        init::fail(report_fd, &format!("close inherited fds: {e}"));
+    }
+    let scratch = sys::own_fd(4);
+    if let Err(e) = crate::mounts::finish_execution_root(&plan.mounts, per_exec, &scratch) {
+        init::fail(report_fd, &format!("build the sandbox view: {e}"));
+    }
+    drop(scratch);
+    if let Err(e) = nix::unistd::chdir(&plan.cwd) {
+        init::fail(
+            report_fd,
+            &format!("enter the workspace {}: {e}", plan.cwd.display()),
+        );
+    }
+    let args = InitArgs {
+        plan,
+        report_fd,
+        stdout_fd: None,
+        stderr_fd: None,
+        handoff_fd: None,
+        argv,
+        envp,
+        seccomp: Some(program.clone()),
+        rlimits: &[],
+        pty: None,
+    };
+    init::command_and_reap(&args, None)
+}
