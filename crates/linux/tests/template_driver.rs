@@ -320,3 +320,28 @@ fn pipe() -> (OwnedFd, std::fs::File) {
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     (r, std::fs::File::from(w))
 }
+
+/// Not a test: `cargo test -p moat-linux --test template_driver -- --ignored
+/// --nocapture timing` prints the p50 of a template execution of /bin/true.
+#[test]
+#[ignore]
+fn timing() {
+    let d = dirs("timing");
+    let p = plan(&d.ws, &d.home);
+    let templates = Templates::new(moat_bin());
+    let t = templates.get(&p).unwrap();
+    let mut obs = moat_linux::NoObserver;
+    let o = RunOptions {
+        argv: vec!["/bin/true".into()],
+        ..opts("")
+    };
+    let mut xs = Vec::new();
+    for _ in 0..200 {
+        let s = std::time::Instant::now();
+        let out = t.run(&p, &o, &mut obs, None, None).unwrap();
+        assert_eq!(out.exit_code, 0);
+        xs.push(s.elapsed().as_secs_f64() * 1e3);
+    }
+    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!("template /bin/true p50 {:.3} ms p99 {:.3} ms", xs[100], xs[198]);
+}
