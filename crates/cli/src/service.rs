@@ -5,18 +5,16 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use base64::Engine as _;
 use clap::Args;
 use moat_config::{domains_within, level_within, network_within, parse_level, PolicyFlags};
 use moat_policy::net::DomainPattern;
 use moat_policy::{Level, NetworkMode, Policy};
-use serde::{Deserialize, Serialize};
+use moat_runtime::subprocess::{Signaller, Supervisor};
+use moat_runtime::{Denial, Event};
 use serde_json::{json, Value};
 
 /// Output kept per stream for `moat mcp` results (the serve protocol streams it).
@@ -24,8 +22,6 @@ pub(crate) const KEEP_OUTPUT: usize = crate::CAPTURE_LIMIT;
 /// Executions a server remembers: past this, the oldest finished ones are
 /// forgotten (a long-lived service must not grow with every run).
 pub(crate) const MAX_RECORDS: usize = 1000;
-/// moat's stderr kept per execution, for the reason of a failure to start.
-const KEEP_STDERR: usize = 64 * 1024;
 
 /// The flags every server takes: the ceiling policy, the roots a request's
 /// `cwd` must lie in, and where the executions are recorded.
@@ -118,7 +114,8 @@ pub(crate) struct Record {
     pub(crate) cancel_requested: bool,
     /// Events kept for getAuditEvents/tailAudit: all but output chunks.
     pub(crate) events: Vec<Value>,
-    pub(crate) pid: u32,
+    /// Signals this execution's supervisor (by pidfd: never a reused pid).
+    pub(crate) supervisor: Signaller,
     pub(crate) done: bool,
 }
 
@@ -385,9 +382,9 @@ impl Service {
     ) {
         match self.start(req, owner) {
             Err(e) => reply(Err(e)),
-            Ok((execution, child, lines, first)) => {
+            Ok((execution, sup, first)) => {
                 reply(Ok(execution));
-                self.follow(child, lines, first, sink);
+                self.follow(sup, first, sink);
             }
         }
     }
@@ -397,7 +394,7 @@ impl Service {
         self: &Arc<Self>,
         req: ExecutionRequest,
         owner: u64,
-    ) -> Result<(Value, Child, BufReader<std::process::ChildStdout>, Value), RpcError> {
+    ) -> Result<(Value, Supervisor, Value), RpcError> {
         if req.command.is_empty() {
             return Err(RpcError::invalid_params(
                 "INVALID_REQUEST",
@@ -424,82 +421,44 @@ impl Service {
                 ),
             )
         })?;
-        let mut cmd = Command::new(&self.moat);
-        moat_linux::sys::start_in(&mut cmd, dir_fd);
-        // A service killed outright still takes its executions with it: the
-        // supervisor gets SIGTERM and stops its tree. (This thread follows
-        // the execution to its end, so it outlives the child.)
-        moat_linux::sys::die_with_parent(&mut cmd, libc::SIGTERM);
-        let mut child = cmd
-            .args(self.child_args(&flags, &req.command))
-            .stdin(if req.stdin.is_empty() {
-                Stdio::null()
-            } else {
-                Stdio::piped()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| RpcError::internal(format!("cannot start moat: {e}")))?;
-        if let Some(mut input) = child.stdin.take() {
-            let data = req.stdin;
-            std::thread::spawn(move || {
-                let _ = input.write_all(&data);
-            });
-        }
-        let stderr_buf = Arc::new(Mutex::new(Vec::new()));
-        if let Some(mut err) = child.stderr.take() {
-            let buf = stderr_buf.clone();
-            std::thread::spawn(move || {
-                let mut chunk = [0u8; 8192];
-                while let Ok(n) = err.read(&mut chunk) {
-                    if n == 0 {
-                        break;
-                    }
-                    if let Ok(mut b) = buf.lock() {
-                        let room = KEEP_STDERR.saturating_sub(b.len());
-                        b.extend_from_slice(&chunk[..n.min(room)]);
-                    }
-                }
-            });
-        }
-        let Some(out) = child.stdout.take() else {
-            return Err(RpcError::internal("moat's event stream is missing"));
-        };
-        let mut lines = BufReader::new(out);
-        let first = read_event(&mut lines);
-        let first = match first {
-            Some(ev) if ev["type"] == "policy.resolved" => ev,
+        let mut sup = Supervisor::spawn(
+            &self.moat,
+            self.child_args(&flags, &req.command),
+            dir_fd,
+            req.stdin,
+        )
+        .map_err(|e| RpcError::internal(format!("cannot start moat: {e}")))?;
+        let (first, envelope) = match sup.next_event() {
+            Some((wire, envelope, Event::PolicyResolved { .. })) => (wire, envelope),
             other => {
                 // Not a run that started: make sure its supervisor is gone.
-                let _ = child.kill();
-                let status = child.wait().ok();
-                let reason = other
-                    .as_ref()
-                    .and_then(|ev| ev["reason"].as_str().map(str::to_string))
-                    .unwrap_or_else(|| {
-                        let text = stderr_buf
-                            .lock()
-                            .map(|b| String::from_utf8_lossy(&b).trim().to_string())
-                            .unwrap_or_default();
-                        format!("moat exited ({status:?}) before running anything: {text}")
-                    });
+                let status = sup.abort();
+                let text = sup.stderr_text();
+                let reason = match other {
+                    Some((
+                        _,
+                        _,
+                        Event::Failed {
+                            reason: Some(r), ..
+                        },
+                    )) => r,
+                    _ => format!("moat exited ({status:?}) before running anything: {text}"),
+                };
                 return Err(refusal(&reason));
             }
         };
-        let execution_id = str_of(&first, "execution_id");
         let record = Record {
-            execution_id: execution_id.clone(),
-            session_id: str_of(&first, "session_id"),
+            execution_id: envelope.execution_id.clone(),
+            session_id: envelope.session_id.clone(),
             owner,
             policy_id: str_of(&first, "policy_id"),
-            policy_hash: str_of(&first, "policy_hash"),
-            policy_epoch: str_of(&first, "policy_epoch"),
+            policy_hash: envelope.policy_hash.clone().unwrap_or_default(),
+            policy_epoch: envelope.policy_epoch.clone().unwrap_or_default(),
             status: "running".to_string(),
             termination_reason: None,
             exit_code: None,
             signal: None,
-            started_at: str_of(&first, "time"),
+            started_at: envelope.time.clone(),
             finished_at: None,
             duration_ms: None,
             stdout_bytes: 0,
@@ -512,7 +471,7 @@ impl Service {
             reason: None,
             cancel_requested: false,
             events: Vec::new(),
-            pid: child.id(),
+            supervisor: sup.signaller(),
             done: false,
         };
         let execution = record.execution();
@@ -525,32 +484,20 @@ impl Service {
                 }
             }
         }
-        // The moat stderr is only needed for a failure before the first event.
-        drop(stderr_buf);
-        Ok((execution, child, lines, first))
+        Ok((execution, sup, first))
     }
 
     /// Reads the child's events to its end, updating the record and
     /// forwarding each event.
-    fn follow(
-        &self,
-        mut child: Child,
-        mut lines: BufReader<std::process::ChildStdout>,
-        first: Value,
-        sink: Option<EventSink>,
-    ) {
+    fn follow(&self, mut sup: Supervisor, first: Value, sink: Option<EventSink>) {
         let id = str_of(&first, "execution_id");
-        let mut next = Some(first);
+        let mut next = Some(Event::read(&first)).map(|(e, ev)| (first, e, ev));
         let mut finished = false;
-        while let Some(ev) = next.take().or_else(|| read_event(&mut lines)) {
+        while let Some((ev, envelope, typed)) = next.take().or_else(|| sup.next_event()) {
             let mut forwarded = ev.clone();
-            let typed =
-                serde_json::from_value::<ChildEvent>(ev.clone()).unwrap_or(ChildEvent::Other);
             self.update(&id, |r| match typed {
-                ChildEvent::Stdout { data } | ChildEvent::Stderr { data } => {
-                    let bytes = base64::engine::general_purpose::STANDARD
-                        .decode(data)
-                        .unwrap_or_default();
+                Event::Stdout(chunk) | Event::Stderr(chunk) => {
+                    let bytes = chunk.bytes();
                     let (count, keep) = if ev["type"] == "execution.stdout" {
                         (&mut r.stdout_bytes, &mut r.stdout)
                     } else {
@@ -567,27 +514,20 @@ impl Service {
                     }
                     keep.extend_from_slice(&bytes[..bytes.len().min(room)]);
                     forwarded["encoding"] = json!("base64");
-                    forwarded["stream_offset"] = ev["offset"].clone();
+                    forwarded["stream_offset"] = json!(chunk.offset);
                 }
-                ChildEvent::Denied(mut d) => {
-                    strip_envelope(&mut d.more);
+                Event::Denied(d) => {
                     r.denials.push(d);
                     r.events.push(ev.clone());
                 }
-                ChildEvent::Finished {
-                    exit_code,
-                    signal,
-                    duration_ms,
-                    timed_out,
-                    time,
-                } => {
+                Event::Finished(f) => {
                     finished = true;
-                    r.exit_code = exit_code;
-                    r.signal = signal;
-                    r.duration_ms = duration_ms;
-                    r.finished_at = time;
+                    r.exit_code = Some(i64::from(f.exit_code));
+                    r.signal = f.signal.map(i64::from);
+                    r.duration_ms = Some(f.duration_ms);
+                    r.finished_at = Some(envelope.time);
                     r.termination_reason = Some(
-                        if timed_out {
+                        if f.timed_out {
                             "timeout"
                         } else if r.cancel_requested {
                             "canceled"
@@ -598,7 +538,7 @@ impl Service {
                         }
                         .to_string(),
                     );
-                    r.status = if timed_out || r.cancel_requested {
+                    r.status = if f.timed_out || r.cancel_requested {
                         "failed"
                     } else {
                         "finished"
@@ -606,38 +546,22 @@ impl Service {
                     .to_string();
                     r.events.push(ev.clone());
                 }
-                ChildEvent::Failed {
-                    exit_code,
-                    reason,
-                    time,
-                } => {
+                Event::Failed { exit_code, reason } => {
                     finished = true;
-                    r.exit_code = exit_code;
+                    r.exit_code = exit_code.map(i64::from);
                     r.reason = reason;
-                    r.finished_at = time;
+                    r.finished_at = Some(envelope.time);
                     r.termination_reason = Some("failed_to_start".to_string());
                     r.status = "failed".to_string();
                     r.events.push(ev.clone());
                 }
-                ChildEvent::Other => {
-                    if ev["type"] == "sandbox.denied" {
-                        // A denial of a shape this server does not know:
-                        // reported as moat wrote it, never dropped.
-                        let mut more = ev.as_object().cloned().unwrap_or_default();
-                        strip_envelope(&mut more);
-                        r.denials.push(Denial {
-                            more,
-                            ..Denial::default()
-                        });
-                    }
-                    r.events.push(ev.clone())
-                }
+                _ => r.events.push(ev.clone()),
             });
             if let Some(s) = &sink {
                 s(&forwarded);
             }
         }
-        let status = child.wait().ok();
+        let status = sup.wait();
         self.update(&id, |r| {
             if !finished {
                 // moat itself went away without its last event (killed).
@@ -717,32 +641,32 @@ impl Service {
             } else {
                 r.cancel_requested = true;
                 r.status = "canceling".to_string();
-                Some(r.pid)
+                Some(r.supervisor.clone())
             }
         })?;
-        let Some(pid) = pid else {
+        let Some(supervisor) = pid else {
             return Err(not_found(id));
         };
-        signal(pid, nix::sys::signal::Signal::SIGTERM);
+        supervisor.terminate();
         Ok(json!({"execution_id": id, "status": "canceling"}))
     }
 
     /// Stops everything `owner` started (a closed connection, a closed
     /// stdin) and waits for the supervisors to report the trees gone.
     pub(crate) fn stop_owned(&self, owner: u64) {
-        let pids: Vec<(String, u32)> = self
+        let pids: Vec<(String, Signaller)> = self
             .records
             .lock()
             .map(|r| {
                 r.iter()
                     .filter(|r| r.owner == owner && !r.done)
-                    .map(|r| (r.execution_id.clone(), r.pid))
+                    .map(|r| (r.execution_id.clone(), r.supervisor.clone()))
                     .collect()
             })
             .unwrap_or_default();
         for (id, pid) in &pids {
             self.update(id, |r| r.cancel_requested = true);
-            signal(*pid, nix::sys::signal::Signal::SIGTERM);
+            pid.terminate();
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         for (id, pid) in &pids {
@@ -756,7 +680,7 @@ impl Service {
             // A supervisor that did not stop in time: its init dies with it
             // (the sandbox's parent-death signal), taking the tree.
             if !self.with(id, |r| r.done).unwrap_or(true) {
-                signal(*pid, nix::sys::signal::Signal::SIGKILL);
+                pid.kill();
             }
         }
     }
@@ -823,12 +747,6 @@ fn str_of(v: &Value, k: &str) -> String {
     v[k].as_str().unwrap_or_default().to_string()
 }
 
-fn signal(pid: u32, sig: nix::sys::signal::Signal) {
-    if let Ok(p) = i32::try_from(pid) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), sig);
-    }
-}
-
 fn not_found(id: &str) -> RpcError {
     let mut e = RpcError::domain(
         "EXECUTION_NOT_FOUND",
@@ -866,97 +784,6 @@ fn refusal(reason: &str) -> RpcError {
         "POLICY_DENIED"
     };
     RpcError::domain(code, reason.to_string())
-}
-
-/// One event of a child's `--events` stream, as the service reads it (the
-/// wire keeps moat's event as it is; this is what the service acts on).
-#[derive(Deserialize)]
-#[serde(tag = "type")]
-enum ChildEvent {
-    #[serde(rename = "execution.stdout")]
-    Stdout {
-        #[serde(default)]
-        data: String,
-    },
-    #[serde(rename = "execution.stderr")]
-    Stderr {
-        #[serde(default)]
-        data: String,
-    },
-    #[serde(rename = "sandbox.denied")]
-    Denied(Denial),
-    #[serde(rename = "execution.finished")]
-    Finished {
-        exit_code: Option<i64>,
-        signal: Option<i64>,
-        duration_ms: Option<u64>,
-        #[serde(default)]
-        timed_out: bool,
-        time: Option<String>,
-    },
-    #[serde(rename = "execution.failed")]
-    Failed {
-        exit_code: Option<i64>,
-        reason: Option<String>,
-        time: Option<String>,
-    },
-    #[serde(other)]
-    Other,
-}
-
-/// An access the sandbox refused, as a result reports it: what, where, why,
-/// and (`detail`) the flag that would grant it.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub(crate) struct Denial {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) operation: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) path: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) host: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) target: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) errno: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) detail: Option<String>,
-    /// Anything else moat says about it (`port`, the log `line`, …), kept.
-    #[serde(flatten)]
-    pub(crate) more: serde_json::Map<String, Value>,
-}
-
-/// Removes the event envelope (RFC-0004's common fields) from a denial's
-/// own fields.
-fn strip_envelope(fields: &mut serde_json::Map<String, Value>) {
-    for k in [
-        "type",
-        "time",
-        "execution_id",
-        "session_id",
-        "policy_hash",
-        "policy_epoch",
-        "moat_version",
-        "parent_execution_id",
-    ] {
-        fields.remove(k);
-    }
-}
-
-fn read_event(lines: &mut impl BufRead) -> Option<Value> {
-    let mut line = String::new();
-    loop {
-        line.clear();
-        match lines.read_line(&mut line) {
-            Ok(0) | Err(_) => return None,
-            Ok(_) => {
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    return Some(v);
-                }
-            }
-        }
-    }
 }
 
 /// Parses a RunSeal `PolicyRef`: a name (`read-only`, `rw`,
@@ -1190,38 +1017,6 @@ mod tests {
         // An unknown field is refused, never ignored (it could be a grant).
         assert!(parse_policy_ref(Some(&json!({"filesystem": {"rw": ["/"]}}))).is_err());
         assert!(parse_policy_ref(Some(&json!(3))).is_err());
-    }
-
-    #[test]
-    fn child_events_are_typed_and_denials_keep_their_own_fields() {
-        let ev = json!({"type": "sandbox.denied", "execution_id": "exec_1", "time": "t",
-            "operation": "connect", "host": "example.com", "port": 443, "reason": "not_allowed",
-            "detail": "add --allow-domain example.com"});
-        let ChildEvent::Denied(mut d) = serde_json::from_value::<ChildEvent>(ev).unwrap() else {
-            panic!("not a denial");
-        };
-        strip_envelope(&mut d.more);
-        let back = serde_json::to_value(&d).unwrap();
-        assert_eq!(
-            back,
-            json!({"operation": "connect", "host": "example.com", "port": 443,
-                   "reason": "not_allowed", "detail": "add --allow-domain example.com"})
-        );
-        let fin = json!({"type": "execution.finished", "exit_code": 124, "signal": null,
-            "timed_out": true, "duration_ms": 5, "time": "t"});
-        assert!(matches!(
-            serde_json::from_value::<ChildEvent>(fin).unwrap(),
-            ChildEvent::Finished {
-                exit_code: Some(124),
-                timed_out: true,
-                ..
-            }
-        ));
-        let other = json!({"type": "network.decision", "host": "x"});
-        assert!(matches!(
-            serde_json::from_value::<ChildEvent>(other).unwrap(),
-            ChildEvent::Other
-        ));
     }
 
     #[test]

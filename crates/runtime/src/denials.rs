@@ -1,0 +1,191 @@
+//! A run's refusals, typed: swept write-protected paths, what the command's
+//! stderr says was refused (attributed to the plan by `explain`), and the
+//! network refusals (the proxy's denials, failed lookups in `disabled`).
+
+use moat_linux::explain::{explain, DenyReason};
+use moat_linux::{Plan, RunOutcome};
+use moat_policy::{NetworkMode, Policy};
+use serde_json::Value;
+
+use crate::event::Denial;
+
+/// A proxy record's reason code as the policy's type.
+pub(crate) fn net_reason(code: &str) -> Option<moat_policy::net::Reason> {
+    moat_policy::net::Reason::ALL
+        .into_iter()
+        .find(|r| r.as_str() == code)
+}
+
+/// The flag that gives a command the network, for a refusal in `disabled` mode.
+pub fn disabled_hint(host: Option<&str>) -> String {
+    format!(
+        "network is disabled; use --network proxy --allow-domain {}",
+        host.unwrap_or("HOST")
+    )
+}
+
+fn stderr_text(o: &RunOutcome) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(if o.stderr.is_empty() {
+        &o.stderr_tail
+    } else {
+        &o.stderr
+    })
+}
+
+/// Network refusals of one run: the proxy's denials (one per host, port
+/// and reason), and, from the command's stderr, lookups and sockets that
+/// failed because the network is disabled or the net class refused them.
+pub fn network_denials(policy: &Policy, requests: &[Value], o: &RunOutcome) -> Vec<Denial> {
+    let mut out: Vec<Denial> = Vec::new();
+    for r in requests.iter().filter(|r| r["decision"] == "deny") {
+        let Some(reason) = r["reason"].as_str().and_then(net_reason) else {
+            continue;
+        };
+        let host = r["host"].as_str().unwrap_or("");
+        let port = r["port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(0);
+        let entry = Denial {
+            operation: "connect".into(),
+            host: Some(host.to_string()),
+            port: Some(port),
+            reason: reason.as_str().into(),
+            detail: moat_proxy::refusal_hint(host, port, reason),
+            ..Denial::default()
+        };
+        if !out
+            .iter()
+            .any(|d| d.host == entry.host && d.port == entry.port && d.reason == entry.reason)
+        {
+            out.push(entry);
+        }
+    }
+    if !policy.level.is_sandboxed() {
+        return out;
+    }
+    let text = stderr_text(o);
+    let class = policy
+        .net_class
+        .filter(|c| *c != moat_policy::NetClass::Unconfined);
+    for f in moat_audit::parse_network_failures(&text) {
+        let (reason, detail) = match policy.network.mode {
+            NetworkMode::Disabled => ("network_disabled", disabled_hint(f.host.as_deref())),
+            NetworkMode::Proxy if f.kind == "socket_refused" => (
+                "net_class",
+                format!(
+                    "a socket was refused (EPERM) by a network class: this run's is {}, and profiled tools inside keep their own (`moat profile show TOOL`)",
+                    class.map(|c| c.as_str()).unwrap_or("unconfined")
+                ),
+            ),
+            _ => continue,
+        };
+        out.push(Denial {
+            operation: "connect".into(),
+            host: f.host,
+            reason: reason.into(),
+            detail,
+            line: Some(f.line),
+            ..Denial::default()
+        });
+    }
+    out
+}
+
+/// The refusals of a run, explained: swept write-protected paths, and what
+/// the command's stderr says was refused, attributed to the plan. `outer`
+/// is a nested run's outer view: then only what that view shows is looked
+/// up on the host, since the explanations go back into the outer sandbox
+/// and must not tell it what exists outside its view.
+pub fn denials(plan: &Plan, o: &RunOutcome, outer: Option<&moat_linux::view::View>) -> Vec<Denial> {
+    let host_exists =
+        |p: &std::path::Path| outer.is_none_or(|v| v.shows_host(p)) && p.symlink_metadata().is_ok();
+    let mut out = Vec::new();
+    for s in &o.swept {
+        let fate = match &s.moved_to {
+            Some(to) => format!("moved to {}", to.display()),
+            None => "deleted".to_string(),
+        };
+        out.push(Denial {
+            operation: "create".into(),
+            path: Some(s.path.to_string_lossy().into_owned()),
+            reason: DenyReason::WriteProtected.code().into(),
+            detail: format!("{}; {fate}", s.detail),
+            ..Denial::default()
+        });
+    }
+    let text = stderr_text(o);
+    for d in moat_audit::parse_denials(&text) {
+        let Some(path) = d.path.as_deref() else {
+            continue;
+        };
+        if let Some(reason) = explain(plan, path, d.errno, host_exists) {
+            out.push(Denial {
+                operation: d.op.into(),
+                path: Some(
+                    moat_linux::explain::absolute(&plan.cwd, path)
+                        .to_string_lossy()
+                        .into_owned(),
+                ),
+                errno: Some(d.errno.into()),
+                reason: reason.code().into(),
+                detail: reason.phrase(plan.level),
+                ..Denial::default()
+            });
+        }
+    }
+    // Paths outside the view read as missing: at workspace-contained most
+    // of the host, at every level the host's /tmp (the sandbox has its own).
+    if plan.sandboxed {
+        for line in text
+            .lines()
+            .filter(|l| l.contains("No such file or directory"))
+            .take(64)
+        {
+            let Some(path) = quoted_or_prefixed_path(line) else {
+                continue;
+            };
+            if let Some(reason) = explain(plan, &path, "ENOENT", host_exists) {
+                let abs = moat_linux::explain::absolute(&plan.cwd, &path);
+                let shown = abs.to_string_lossy().into_owned();
+                if out
+                    .iter()
+                    .any(|d| d.path.as_deref() == Some(shown.as_str()))
+                {
+                    continue;
+                }
+                let detail = if abs.starts_with("/tmp") {
+                    format!(
+                        "the sandbox's /tmp is its own, the host's is not shown; add --ro {} to show it",
+                        abs.display()
+                    )
+                } else {
+                    reason.phrase(plan.level)
+                };
+                out.push(Denial {
+                    operation: "access".into(),
+                    path: Some(shown),
+                    errno: Some("ENOENT".into()),
+                    reason: reason.code().into(),
+                    detail,
+                    ..Denial::default()
+                });
+            }
+        }
+    }
+    out
+}
+
+/// `cat: /a/b: No such file…` or `ls: cannot access '/a/b': No such…`.
+fn quoted_or_prefixed_path(line: &str) -> Option<String> {
+    if let Some(start) = line.find(['\'', '"', '‘']) {
+        let rest = &line[start + line[start..].chars().next()?.len_utf8()..];
+        if let Some(end) = rest.find(['\'', '"', '’']) {
+            return Some(rest[..end].to_string());
+        }
+    }
+    let mut parts = line.split(": ");
+    let _prog = parts.next()?;
+    let candidate = parts.next()?;
+    (candidate.contains('/') || candidate.starts_with('.')).then(|| candidate.to_string())
+}

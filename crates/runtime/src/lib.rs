@@ -1,0 +1,582 @@
+//! One moat execution as a library object: an [`ExecutionRequest`] is
+//! [`prepare`]d (audit log opened, host probed, plan built, the start put
+//! on record) into a [`Prepared`], which runs through a [`Launcher`] and
+//! ends in a [`Completed`] run whose typed [`ExecutionResult`] is what
+//! `moat exec --json`, the service's `getExecution` and the MCP result
+//! report. Events are typed ([`Event`]) for writing and reading alike.
+//!
+//! The CLI (`moat exec`, `moat run`, a nested run) calls [`prepare`] and
+//! [`Prepared::run`] in its own process with [`InProcess`]; the service
+//! (`moat serve`, `moat mcp`) runs each execution as a [`subprocess`]
+//! supervisor and reads its events back with [`Event::read`].
+
+pub mod denials;
+pub mod event;
+pub mod nested;
+pub mod result;
+pub mod subprocess;
+
+use std::ffi::OsString;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use moat_audit::{AuditLog, RunContext};
+use moat_linux::{
+    HostFacts, OutputMode, Plan, RunObserver, RunOptions, RunOutcome, RunStatus, Stream,
+};
+use moat_policy::{NetworkMode, Policy};
+use serde_json::{json, Value};
+
+pub use event::{Chunk, Denial, Envelope, Event, Finished, Layers};
+pub use nested::{BrokerFactory, Handoff, NestedBroker, Outer};
+pub use result::ExecutionResult;
+
+/// Where a run's events go while it is live (stdout for `--events`, the
+/// service's subscribers), shared with the proxy's threads: one whole
+/// wire event per call.
+pub type EventSink = Arc<dyn Fn(&Value) + Send + Sync>;
+
+/// A sink that drops every event (plain and `--json` runs).
+pub fn no_sink() -> EventSink {
+    Arc::new(|_: &Value| {})
+}
+
+/// Where a run is recorded.
+#[derive(Clone, Debug)]
+pub enum AuditTarget {
+    /// Not recorded (`--no-audit`).
+    Off,
+    /// This log; `None`: moat's default log for the environment.
+    Log(Option<std::path::PathBuf>),
+}
+
+/// What to run and how: the command, its resolved policy (its workspace
+/// is the cwd), moat's own environment (the host facts are probed from
+/// it), the output mode, and where it is recorded.
+pub struct ExecutionRequest {
+    pub argv: Vec<OsString>,
+    pub policy: Policy,
+    pub timeout: Option<Duration>,
+    /// moat's environment, which the sandbox's environment is built from.
+    pub env: Vec<(String, String)>,
+    pub output: OutputMode,
+    pub audit: AuditTarget,
+    pub execution_id: String,
+    pub session_id: String,
+    /// A nested run: what the broker handed over (the outer view).
+    pub nested: Option<Handoff>,
+    /// Print each network refusal on stderr as it happens.
+    pub live_refusals: bool,
+    /// The id of the outer execution, for `execution.started`.
+    pub parent_execution_id: Option<String>,
+}
+
+/// A run refused before anything ran (exit 125), with the policy it would
+/// have run under.
+#[derive(Debug)]
+pub struct Refused {
+    pub message: String,
+    pub policy: Box<Policy>,
+}
+
+/// A fresh `exec_<32 hex>` id.
+pub fn execution_id() -> String {
+    let mut bytes = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut bytes);
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("exec_{hex}")
+}
+
+/// The `policy.resolved` event of `policy`.
+pub fn policy_resolved(policy: &Policy) -> Event {
+    Event::PolicyResolved {
+        policy_id: policy.level.as_str().to_string(),
+        sandbox_level: policy.level.as_str().to_string(),
+        network: json!({
+            "mode": policy.network.mode.as_str(),
+            "routes": policy.network.rules.allow.iter().map(|p| p.as_str().to_string()).collect::<Vec<_>>(),
+        }),
+        policy: policy.canonical_value(),
+    }
+}
+
+/// Follows one run: streams events, appends to the audit log, serves the
+/// proxy and the nested-run broker.
+struct Session {
+    ctx: RunContext,
+    audit: Option<AuditLog>,
+    sink: EventSink,
+    argv: Vec<String>,
+    cwd: String,
+    parent_execution_id: Option<String>,
+    proxy_config: Option<moat_proxy::ProxyConfig>,
+    proxy: Option<moat_proxy::ProxyHandle>,
+    proxy_error: Option<String>,
+    audit_error: Option<String>,
+    /// Proxy decisions folded per target for the log and `--json`, in
+    /// bounded memory.
+    decisions: Arc<Mutex<moat_audit::DecisionAggregator>>,
+    /// What a nested run inherits.
+    outer: Outer,
+    /// Print each network refusal on stderr as it happens (not with --quiet).
+    live_refusals: bool,
+    broker_factory: Option<BrokerFactory>,
+    broker: Option<Box<dyn NestedBroker>>,
+}
+
+impl Session {
+    fn new(
+        ctx: RunContext,
+        audit: Option<AuditLog>,
+        sink: EventSink,
+        req: &ExecutionRequest,
+    ) -> Session {
+        let outer = Outer {
+            policy: req.policy.clone(),
+            view: None,
+            session_id: ctx.session_id.clone(),
+            execution_id: ctx.execution_id.clone(),
+            audit_log: audit.as_ref().map(|l| l.path().to_path_buf()),
+        };
+        Session {
+            ctx,
+            audit,
+            sink,
+            argv: moat_audit::redact_argv(
+                &req.argv
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect::<Vec<_>>(),
+            ),
+            cwd: req.policy.workspace.to_string_lossy().into_owned(),
+            parent_execution_id: req.parent_execution_id.clone(),
+            proxy_config: None,
+            proxy: None,
+            proxy_error: None,
+            audit_error: None,
+            decisions: Arc::default(),
+            outer,
+            live_refusals: req.live_refusals,
+            broker_factory: None,
+            broker: None,
+        }
+    }
+
+    fn stamp(&self, ev: &Event) -> Value {
+        ev.stamp(&self.ctx)
+    }
+
+    fn record(&mut self, events: &[Value]) {
+        for ev in events {
+            (self.sink)(ev);
+        }
+        if let Some(log) = &self.audit {
+            if let Err(e) = log.append(events) {
+                self.audit_error.get_or_insert_with(|| {
+                    format!(
+                        "cannot append to the audit log {}: {e}",
+                        log.path().display()
+                    )
+                });
+            }
+        }
+    }
+
+    /// Records `events` and fails when they are not on record: what comes
+    /// before the launch must be, or the run does not happen.
+    fn record_required(&mut self, events: &[Value]) -> Result<(), String> {
+        for ev in events {
+            (self.sink)(ev);
+        }
+        match &self.audit {
+            Some(log) => log.append(events).map_err(|e| {
+                format!(
+                    "cannot record the run in the audit log, so it does not happen: {e}; \
+                     fix the log, pass --audit-log PATH, or --no-audit"
+                )
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl RunObserver for Session {
+    fn started(&mut self, pid: Option<i32>) {
+        let ev = self.stamp(&Event::Started {
+            argv: self.argv.clone(),
+            cwd: self.cwd.clone(),
+            pid,
+            parent_execution_id: self.parent_execution_id.clone(),
+        });
+        self.record(&[ev]);
+    }
+
+    fn output(&mut self, stream: Stream, offset: u64, data: &[u8]) {
+        let chunk = Chunk::new(offset, data);
+        let ev = match stream {
+            Stream::Stdout => Event::Stdout(chunk),
+            Stream::Stderr => Event::Stderr(chunk),
+        };
+        (self.sink)(&self.stamp(&ev));
+    }
+
+    fn broker_connection(&mut self, conn: std::os::unix::net::UnixStream) {
+        if self.broker.is_none() {
+            if let Some(make) = self.broker_factory.take() {
+                self.broker = Some(make(self.outer.clone()));
+            }
+        }
+        // Without a broker the connection drops: the caller fails closed.
+        if let Some(b) = self.broker.as_mut() {
+            b.serve(conn);
+        }
+    }
+
+    fn proxy_listeners(&mut self, http: std::net::TcpListener, socks: std::net::TcpListener) {
+        let Some(config) = self.proxy_config.take() else {
+            return;
+        };
+        // Each tunnel costs two descriptors here. The sandbox was forked
+        // already, so raising our own soft limit does not reach the command.
+        if let Ok((_, hard)) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        {
+            let _ = nix::sys::resource::setrlimit(
+                nix::sys::resource::Resource::RLIMIT_NOFILE,
+                hard,
+                hard,
+            );
+        }
+        let sink = self.sink.clone();
+        let ctx = self.ctx.clone();
+        let live = self.live_refusals;
+        let said: Mutex<std::collections::HashSet<(String, u16, &'static str)>> = Mutex::default();
+        let decisions = self.decisions.clone();
+        let on_decision: moat_proxy::OnDecision = Box::new(move |rec| {
+            // The agent reads its stderr while it retries: say it now, once
+            // per host, port and reason.
+            if let Some(reason) = rec.reason.and_then(denials::net_reason) {
+                let fresh = said
+                    .lock()
+                    .map(|mut s| s.insert((rec.host.clone(), rec.port, reason.as_str())))
+                    .unwrap_or(false);
+                if live && fresh && !rec.host.is_empty() {
+                    eprintln!("{}", moat_proxy::refusal_line(&rec.host, rec.port, reason));
+                }
+            }
+            let record = serde_json::to_value(&rec).unwrap_or(Value::Null);
+            let fields = match &record {
+                Value::Object(m) => m.clone(),
+                _ => serde_json::Map::new(),
+            };
+            sink(&Event::NetworkDecision(fields).stamp(&ctx));
+            if let Ok(mut agg) = decisions.lock() {
+                agg.add(record, &moat_audit::now_rfc3339());
+            }
+        });
+        match moat_proxy::start(http, socks, config, on_decision) {
+            Ok(h) => self.proxy = Some(h),
+            Err(e) => self.proxy_error = Some(format!("cannot start the network proxy: {e}")),
+        }
+    }
+}
+
+/// The user's credentials for plain-HTTP registries (from their own pip and
+/// npm configuration), as headers the proxy adds for that host only; the
+/// copies inside the sandbox have them removed.
+fn registry_credentials(policy: &Policy) -> Vec<moat_proxy::HostCredential> {
+    use base64::Engine;
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    moat_config::http_registry_credentials(&policy.home, &env)
+        .into_iter()
+        .map(|c| moat_proxy::HostCredential {
+            host: c.host,
+            port: c.port,
+            authorization: match c.kind {
+                moat_config::CredentialKind::Basic { user, password } => format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+                ),
+                moat_config::CredentialKind::BasicEncoded(v) => format!("Basic {v}"),
+                moat_config::CredentialKind::Bearer(t) => format!("Bearer {t}"),
+            },
+        })
+        .collect()
+}
+
+/// A run ready to launch: its policy, plan and view fixed, its start on
+/// record in the audit log.
+pub struct Prepared {
+    policy: Policy,
+    plan: Plan,
+    opts: RunOptions,
+    session: Session,
+    nested: Option<Handoff>,
+}
+
+/// Opens the audit log, probes the host, builds the plan, and puts the
+/// start of the run on record (a run that cannot be recorded does not
+/// happen). Events go to `sink` as they are recorded.
+pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refused> {
+    let policy = req.policy.clone();
+    let refused = |message: String| Refused {
+        message,
+        policy: Box::new(policy.clone()),
+    };
+    let ctx = RunContext {
+        execution_id: req.execution_id.clone(),
+        session_id: req.session_id.clone(),
+        policy_hash: policy.hash(),
+        policy_epoch: policy.hash(),
+        moat_version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    // The log is opened before anything runs: a run that cannot be recorded
+    // does not happen (unless the caller said --no-audit).
+    let audit = match &req.audit {
+        AuditTarget::Off => None,
+        AuditTarget::Log(path) => {
+            let Some(path) = path
+                .clone()
+                .or_else(|| moat_audit::default_log_path(&req.env))
+            else {
+                return Err(refused("no audit log location: set HOME or XDG_STATE_HOME, pass --audit-log PATH, or --no-audit".to_string()));
+            };
+            match AuditLog::open(&path) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    return Err(refused(format!(
+                        "cannot open the audit log {}: {e}; pass --audit-log PATH or --no-audit",
+                        path.display()
+                    )))
+                }
+            }
+        }
+    };
+    let resolved = policy_resolved(&policy).stamp(&ctx);
+    let mut facts = HostFacts::probe(&policy, req.env.clone());
+    if policy.level.is_sandboxed() {
+        // The user's tool configuration, credentials removed, where the
+        // tools look under the sandbox HOME.
+        facts.home_config_copies = moat_config::redacted_user_configs(&policy.home)
+            .into_iter()
+            .map(|r| (r.rel, r.contents))
+            .collect();
+    }
+    if let Some(log) = &audit {
+        facts.add_hidden_file(log.path());
+    }
+    if let Some(h) = &req.nested {
+        nested::apply_handoff(h, &mut facts);
+    }
+    let plan = match moat_linux::build_plan(&policy, &facts) {
+        Ok(p) => p,
+        Err(e) => {
+            let failed = Event::Failed {
+                reason: Some(e.to_string()),
+                exit_code: None,
+            }
+            .stamp(&ctx);
+            let mut s = Session::new(ctx, audit, sink, &req);
+            s.record(&[resolved, failed]);
+            return Err(refused(e.to_string()));
+        }
+    };
+    if let Some(h) = &req.nested {
+        if let Err(e) = moat_linux::view::check_nested(&h.outer, &policy, &plan.view) {
+            return Err(refused(e.to_string()));
+        }
+    }
+    let mut session = Session::new(ctx, audit, sink, &req);
+    session.outer.view = Some(plan.view.clone());
+    if policy.network.mode == NetworkMode::Proxy {
+        let mut config = moat_proxy::ProxyConfig::new(policy.network.rules.clone());
+        config.credentials = registry_credentials(&policy);
+        if let Some(u) = &policy.network.upstream_url {
+            match moat_proxy::parse_upstream(u) {
+                Ok(up) => config.upstream = Some(up),
+                Err(e) => return Err(refused(e.to_string())),
+            }
+        }
+        session.proxy_config = Some(config);
+    }
+    // The start of the run is on record (appended and read back) before
+    // anything runs: a run that cannot be recorded does not happen.
+    session.record_required(&[resolved]).map_err(refused)?;
+    let opts = RunOptions {
+        argv: req.argv,
+        output: req.output,
+        timeout: req.timeout,
+        tag: req.execution_id,
+        stdio_from_outer_sandbox: req.nested.is_some(),
+    };
+    Ok(Prepared {
+        policy,
+        plan,
+        opts,
+        session,
+        nested: req.nested,
+    })
+}
+
+/// The run step: what turns a plan into a process tree and its outcome.
+/// [`InProcess`] is today's supervisor in this process (one execution per
+/// process: the CLI). A pre-built template (`moat_linux::template`, whose
+/// entry returns the same [`RunOutcome`]) plugs in here as another
+/// implementation.
+pub trait Launcher {
+    fn launch(
+        &mut self,
+        plan: &Plan,
+        opts: &RunOptions,
+        observer: &mut dyn RunObserver,
+    ) -> RunOutcome;
+}
+
+/// Runs the plan with [`moat_linux::run`], supervised by this process.
+pub struct InProcess;
+
+impl Launcher for InProcess {
+    fn launch(
+        &mut self,
+        plan: &Plan,
+        opts: &RunOptions,
+        observer: &mut dyn RunObserver,
+    ) -> RunOutcome {
+        moat_linux::run(plan, opts, observer)
+    }
+}
+
+/// A run that ran (or failed to start after its start was recorded): its
+/// outcome, refusals and network decisions, all on record.
+pub struct Completed {
+    pub execution_id: String,
+    pub policy: Policy,
+    pub outcome: RunOutcome,
+    pub denials: Vec<Denial>,
+    /// The proxy's decisions, folded per target.
+    pub requests: Vec<Value>,
+    /// Appending the end of the run to the audit log failed.
+    pub audit_error: Option<String>,
+}
+
+impl Prepared {
+    /// The plan this run goes under.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Serves nested `moat exec` requests from inside the sandbox with the
+    /// broker `make` builds on the first one (none: they are refused).
+    pub fn with_broker(mut self, make: BrokerFactory) -> Prepared {
+        self.session.broker_factory = Some(make);
+        self
+    }
+
+    /// Launches the command, waits for it, reads its refusals, and records
+    /// and streams the end of the run.
+    pub fn run(self, launcher: &mut dyn Launcher) -> Completed {
+        let Prepared {
+            policy,
+            plan,
+            opts,
+            mut session,
+            nested,
+        } = self;
+        let mut outcome = launcher.launch(&plan, &opts, &mut session);
+        // Stops the proxy; its own per-request list is not used (the folded
+        // decisions below saw every request, in bounded memory).
+        drop(session.proxy.take().map(|h| h.shutdown()));
+        let requests = session
+            .decisions
+            .lock()
+            .map(|agg| agg.records())
+            .unwrap_or_default();
+        if let Some(b) = session.broker.take() {
+            b.shutdown();
+        }
+        if let Some(e) = session.proxy_error.take() {
+            outcome.error.get_or_insert(e);
+        }
+        let mut denied = denials::denials(&plan, &outcome, nested.as_ref().map(|h| &h.outer));
+        denied.extend(denials::network_denials(&policy, &requests, &outcome));
+        let mut tail_events: Vec<Value> = denied
+            .iter()
+            .map(|d| session.stamp(&Event::Denied(d.clone())))
+            .collect();
+        // A path the sweep could not neutralise is still live on the host:
+        // it is recorded, and the caller says so whatever --quiet says.
+        for f in &outcome.sweep_failed {
+            tail_events.push(session.stamp(&Event::SweepFailed {
+                path: f.path.clone(),
+                error: f.error.clone(),
+            }));
+        }
+        // Live subscribers saw each decision as it happened; the log gets them now.
+        let decision_events: Vec<Value> = requests
+            .iter()
+            .map(|r| {
+                let fields = r.as_object().cloned().unwrap_or_default();
+                session.stamp(&Event::NetworkDecision(fields))
+            })
+            .collect();
+        let finished = session.stamp(&finished_event(&outcome));
+        if let Some(log) = &session.audit {
+            let mut batch = tail_events.clone();
+            batch.extend(decision_events);
+            batch.push(finished.clone());
+            if let Err(e) = log.append(&batch) {
+                session.audit_error.get_or_insert(format!(
+                    "cannot append to the audit log {}: {e}",
+                    log.path().display()
+                ));
+            }
+        }
+        tail_events.push(finished);
+        for ev in &tail_events {
+            (session.sink)(ev);
+        }
+        Completed {
+            execution_id: session.ctx.execution_id.clone(),
+            policy,
+            outcome,
+            denials: denied,
+            requests,
+            audit_error: session.audit_error.take(),
+        }
+    }
+}
+
+/// `finished`/`failed_to_start`/`timed_out`.
+pub fn status_str(s: RunStatus) -> &'static str {
+    match s {
+        RunStatus::Finished => "finished",
+        RunStatus::FailedToStart => "failed_to_start",
+        RunStatus::TimedOut => "timed_out",
+    }
+}
+
+/// The last event of a run: `execution.failed` when it never started,
+/// else `execution.finished`.
+fn finished_event(o: &RunOutcome) -> Event {
+    if o.status == RunStatus::FailedToStart {
+        return Event::Failed {
+            reason: o.error.clone(),
+            exit_code: Some(o.exit_code),
+        };
+    }
+    Event::Finished(Finished {
+        exit_code: o.exit_code,
+        signal: o.signal,
+        status: status_str(o.status).to_string(),
+        duration_ms: o.duration.as_millis() as u64,
+        timed_out: o.timed_out,
+        termination_reason: o.termination_reason.map(|r| r.as_str().to_string()),
+        backend: o.backend.to_string(),
+        layers: Layers::from(&o.layers),
+        resource_usage: serde_json::to_value(o.usage).unwrap_or(Value::Null),
+        limits: serde_json::to_value(&o.limits).unwrap_or(Value::Null),
+    })
+}
