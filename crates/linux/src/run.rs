@@ -137,6 +137,9 @@ pub struct RunOutcome {
     pub backend: &'static str,
     /// What the backend could not give (the Landlock backend's list).
     pub not_given: Vec<&'static str>,
+    /// How the sandbox was launched: `oneshot` (built for this run by
+    /// [`run`]) or `template` (forked from a pre-built one).
+    pub launch: &'static str,
 }
 
 /// Limits reached while the run was under way.
@@ -181,6 +184,7 @@ impl RunOutcome {
             limits: Vec::new(),
             backend: "none",
             not_given: Vec::new(),
+            launch: "oneshot",
         }
     }
 }

@@ -212,10 +212,14 @@ impl Template {
         let mut out = RunOutcome::refused(String::new());
         out.error = None;
         out.backend = "namespaces";
+        out.launch = "template";
+        let refused = |e: String| {
+            let mut o = RunOutcome::refused(e);
+            o.launch = "template";
+            o
+        };
         if opts.argv.is_empty() {
-            return Ok(RunOutcome::refused(
-                "no command given; put it after --".into(),
-            ));
+            return Ok(refused("no command given; put it after --".into()));
         }
         let argv = run::cstrings(opts.argv.iter().map(|a| a.as_bytes().to_vec()));
         let env = run::cstrings(
@@ -225,7 +229,7 @@ impl Template {
         );
         let (argv, env) = match (argv, env) {
             (Ok(a), Ok(e)) => (a, e),
-            (Err(e), _) | (_, Err(e)) => return Ok(RunOutcome::refused(e)),
+            (Err(e), _) | (_, Err(e)) => return Ok(refused(e)),
         };
         let stdin = match stdin {
             Some(fd) => fd,

@@ -343,5 +343,8 @@ fn timing() {
         xs.push(s.elapsed().as_secs_f64() * 1e3);
     }
     xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!("template /bin/true p50 {:.3} ms p99 {:.3} ms", xs[100], xs[198]);
+    println!(
+        "template /bin/true p50 {:.3} ms p99 {:.3} ms",
+        xs[100], xs[198]
+    );
 }

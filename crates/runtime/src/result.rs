@@ -56,6 +56,9 @@ pub struct SandboxReport {
     pub backend: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not_given: Option<Vec<String>>,
+    /// `oneshot` or `template` (see the `execution.finished` event).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub launch: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layers: Option<Layers>,
 }
@@ -90,6 +93,7 @@ impl ExecutionResult {
                 level: policy.map(|p| p.level.as_str().to_string()),
                 backend: None,
                 not_given: None,
+                launch: None,
                 layers: None,
             },
             network: NetworkReport {
@@ -137,6 +141,7 @@ impl From<&Completed> for ExecutionResult {
                 level: Some(policy.level.as_str().to_string()),
                 backend: Some(o.backend.to_string()),
                 not_given: Some(o.not_given.iter().map(|s| s.to_string()).collect()),
+                launch: Some(o.launch.to_string()),
                 layers: Some(Layers::from(&o.layers)),
             },
             network: NetworkReport {

@@ -1,0 +1,103 @@
+//! The service's fast launcher: each execution is forked from a pre-built
+//! sandbox template of its plan (`moat_linux::template`) and supervised in
+//! this process by pidfd. The outcome has the one-shot supervisor's
+//! contract, so prepare → run → denials → record are the one-shot path's.
+//! A policy the template cannot give every guarantee of
+//! ([`policy_eligible`]) takes the subprocess path instead.
+
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use moat_linux::template::Templates;
+use moat_linux::{Plan, RunObserver, RunOptions, RunOutcome};
+use moat_policy::{Backend, NetworkMode, Policy};
+
+use crate::Launcher;
+
+/// Whether executions under `policy` may be forked from a template. The
+/// plan is checked again at launch (`moat_linux::template::ineligible`);
+/// this is what can be known before the run is on record.
+pub fn policy_eligible(policy: &Policy) -> Result<(), &'static str> {
+    if !policy.level.is_sandboxed() {
+        return Err("an unsandboxed level");
+    }
+    if policy.backend == Backend::Landlock {
+        return Err("the Landlock backend");
+    }
+    if policy.network.mode == NetworkMode::Proxy {
+        return Err("proxy network mode");
+    }
+    if !policy.limits.is_unset() {
+        return Err("resource limits");
+    }
+    if policy.private_home.is_some() {
+        return Err("a private HOME synced per run");
+    }
+    if moat_linux::sys::landlock_abi() < 6 {
+        return Err("Landlock below ABI 6");
+    }
+    Ok(())
+}
+
+/// Launches one execution from the service's templates.
+pub struct TemplateLauncher {
+    templates: Arc<Templates>,
+    stdin: Option<OwnedFd>,
+    stop: OwnedFd,
+}
+
+impl TemplateLauncher {
+    /// `stdin`: the command's input (empty: /dev/null); `stop`: readable
+    /// when the execution is to be stopped (cancel).
+    pub fn new(
+        templates: Arc<Templates>,
+        stdin: Vec<u8>,
+        stop: OwnedFd,
+    ) -> std::io::Result<TemplateLauncher> {
+        let stdin = if stdin.is_empty() {
+            None
+        } else {
+            let (r, w) =
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
+            std::thread::spawn(move || {
+                let _ = std::fs::File::from(w).write_all(&stdin);
+            });
+            Some(r)
+        };
+        Ok(TemplateLauncher {
+            templates,
+            stdin,
+            stop,
+        })
+    }
+}
+
+impl Launcher for TemplateLauncher {
+    fn launch(
+        &mut self,
+        plan: &Plan,
+        opts: &RunOptions,
+        observer: &mut dyn RunObserver,
+    ) -> RunOutcome {
+        let run = self.templates.get(plan).and_then(|t| {
+            t.run(
+                plan,
+                opts,
+                observer,
+                self.stdin.take(),
+                Some(self.stop.as_fd()),
+            )
+        });
+        match run {
+            Ok(out) => out,
+            Err(e) => {
+                let mut out =
+                    RunOutcome::refused(format!("the sandbox template could not run it: {e}"));
+                out.backend = "namespaces";
+                out.launch = "template";
+                out
+            }
+        }
+    }
+}
