@@ -505,17 +505,22 @@ impl Service {
     /// template, or None: the one-shot path (`--launch oneshot`, a policy
     /// that is not eligible, or one that does not resolve — the child
     /// reports that refusal as `moat exec` does). Resolved as the child
-    /// would: in the checked directory, against the service's HOME.
+    /// would: in the checked directory — as the kernel names the directory
+    /// `dir` opened, never the checked path walked again (a component
+    /// swapped for a symlink since would lead elsewhere) — against the
+    /// service's HOME.
     fn template_policy(
         &self,
         flags: &PolicyFlags,
-        dir: &Path,
+        dir: &std::os::fd::OwnedFd,
     ) -> Option<(Policy, Option<Duration>)> {
+        use std::os::fd::AsRawFd;
         self.templates.as_ref()?;
+        let dir = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())).ok()?;
         let home = std::env::var_os("HOME")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/"));
-        let (policy, timeout) = crate::resolve_policy_in(flags, dir, &home).ok()?;
+        let (policy, timeout) = crate::resolve_policy_in(flags, &dir, &home).ok()?;
         moat_runtime::template::policy_eligible(&policy).ok()?;
         Some((policy, timeout))
     }
@@ -643,7 +648,7 @@ impl Service {
                 ),
             )
         })?;
-        let mut sup = match self.template_policy(&flags, &dir) {
+        let mut sup = match self.template_policy(&flags, &dir_fd) {
             Some((policy, timeout)) => self
                 .start_in_process(policy, timeout, &req)
                 .map_err(|e| RpcError::internal(format!("cannot start the execution: {e}")))?,
