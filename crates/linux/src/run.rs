@@ -291,7 +291,7 @@ pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
         .map_err(|e| io::Error::from_raw_os_error(e as i32))
 }
 
-fn clone_error(e: io::Error, plan: &Plan) -> String {
+pub(crate) fn clone_error(e: io::Error, plan: &Plan) -> String {
     let code = e.raw_os_error().unwrap_or(0);
     if !plan.sandboxed {
         return format!("cannot start the command's reaper: {e}");

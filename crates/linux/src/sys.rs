@@ -960,3 +960,10 @@ pub fn pass_fd_as(cmd: &mut std::process::Command, fd: OwnedFd, target: RawFd) {
         });
     }
 }
+
+/// Restores the default action of `sig` (an execution's init takes SIGCHLD
+/// back from its template, which ignores it).
+pub fn default_signal(sig: libc::c_int) {
+    // SAFETY: installing SIG_DFL has no memory-safety implications.
+    unsafe { libc::signal(sig, libc::SIG_DFL) };
+}

@@ -203,6 +203,8 @@ impl Template {
         stop: Option<BorrowedFd<'_>>,
     ) -> Result<RunOutcome, String> {
         if key(plan) != self.key {
+            // Never a stale view: the plan computed for this execution
+            // must be the one the template was built from.
             return Err("the plan is not this template's".into());
         }
         if let Some(why) = ineligible(plan, opts) {
@@ -499,7 +501,8 @@ fn become_template(plan: &Plan, per_exec: &[bool]) -> Result<OwnedFd, String> {
     if plan.new_netns {
         flags |= nix::sched::CloneFlags::CLONE_NEWNET;
     }
-    nix::sched::unshare(flags).map_err(|e| format!("create the template's namespaces: {e}"))?;
+    // The same refusal, with the same fix, as a one-shot run's clone.
+    nix::sched::unshare(flags).map_err(|e| crate::run::clone_error(e.into(), plan))?;
     std::fs::write("/proc/self/setgroups", "deny")
         .map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
     std::fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid))
@@ -606,7 +609,9 @@ fn execution_main(
     // The report pipe at 3 and the scratch tmpfs at 4; everything else the
     // template holds (its control socket, other executions' pidfds) closes.
     let setup = (|| -> Result<(), String> {
-        sys::reset_signals();
+        // The template ignores SIGCHLD (the kernel reaps executions); this
+        // init reaps its own tree. The command resets every signal itself.
+        sys::default_signal(libc::SIGCHLD);
         sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS)
             .map_err(|e| format!("block signals: {e}"))?;
         nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
