@@ -40,6 +40,8 @@ pub struct Reporting {
     pub audit_log: Option<std::path::PathBuf>,
     pub no_audit: bool,
     pub quiet: bool,
+    /// Request metadata to record (a JSON object, checked and redacted).
+    pub metadata: Option<String>,
 }
 
 impl From<&crate::ReportArgs> for Reporting {
@@ -50,6 +52,7 @@ impl From<&crate::ReportArgs> for Reporting {
             audit_log: a.audit_log.clone(),
             no_audit: a.no_audit,
             quiet: a.quiet,
+            metadata: a.metadata.clone(),
         }
     }
 }
@@ -145,6 +148,15 @@ pub fn run_resolved(
             Some(h)
         }
     };
+    let metadata = match reporting.metadata.as_deref().map(|m| {
+        serde_json::from_str::<Value>(m)
+            .map_err(|e| format!("--metadata is not JSON: {e}"))
+            .and_then(|v| moat_runtime::metadata::sanitize(&v).map_err(|e| e.to_string()))
+    }) {
+        None => None,
+        Some(Ok(m)) => Some(m),
+        Some(Err(e)) => return refuse(mode, &id, &session_id, Some(&policy), &e, &sink),
+    };
     let request = ExecutionRequest {
         argv: command.to_vec(),
         policy,
@@ -167,6 +179,7 @@ pub fn run_resolved(
         nested: handoff,
         live_refusals: !reporting.quiet,
         parent_execution_id: std::env::var("MOAT_PARENT_EXECUTION_ID").ok(),
+        metadata,
     };
     let prepared = match moat_runtime::prepare(request, sink.clone()) {
         Ok(p) => p,
@@ -294,13 +307,7 @@ fn report_plain(o: &moat_linux::RunOutcome, denied: &[Denial], quiet: bool) {
         if d.operation == "connect" {
             continue;
         }
-        let op = if d.operation.is_empty() {
-            "access"
-        } else {
-            &d.operation
-        };
-        let path = d.path.as_deref().unwrap_or("?");
-        let detail = &d.detail;
+        let (op, path, detail) = (d.operation(), d.path.as_deref().unwrap_or("?"), &d.detail);
         eprintln!(
             "{}",
             printable(&format!("moat: denied {op} {path} ({detail})"))

@@ -46,11 +46,11 @@ use crate::exec::print_json;
 const PROTOCOL_VERSION: &str = "1";
 /// Captured output per stream with --json.
 pub(crate) const CAPTURE_LIMIT: usize = 1 << 20;
-/// Exit status when moat itself refuses or fails.
-pub(crate) const EXIT_MOAT_FAILED: u8 = 125;
+/// Exit status when moat itself refuses or fails (the runtime's, as a status byte).
+pub(crate) const EXIT_MOAT_FAILED: u8 = moat_runtime::result::EXIT_MOAT_FAILED as u8;
 /// The command ran, but the post-run sweep could not neutralise something
 /// it left at a write-protected path (still live on the host).
-pub(crate) const EXIT_SWEEP_FAILED: u8 = 122;
+pub(crate) const EXIT_SWEEP_FAILED: u8 = moat_runtime::result::EXIT_SWEEP_FAILED as u8;
 
 #[derive(Parser)]
 #[command(
@@ -142,6 +142,10 @@ pub(crate) struct ReportArgs {
     /// Do not print refused accesses and network refusals on stderr
     #[arg(long)]
     pub(crate) quiet: bool,
+    /// A JSON object recorded (redacted) in the run's policy.resolved event:
+    /// how `moat serve` passes a request's metadata on
+    #[arg(long, hide = true, value_name = "JSON")]
+    pub(crate) metadata: Option<String>,
 }
 
 #[derive(Args)]

@@ -14,7 +14,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{json, Value};
 
-use crate::service::{ExecutionRequest, RpcError, ServerArgs, Service};
+use crate::service::{ProtocolRequest, RpcError, ServerArgs, Service};
 
 #[derive(Args)]
 pub(crate) struct McpArgs {
@@ -185,7 +185,7 @@ fn tool_result(text: String, structured: Value, is_error: bool) -> Value {
 fn refused(reason: &str, code: &str) -> Value {
     tool_result(
         format!("moat refused to run the command: {reason}"),
-        json!({"refused": true, "error_code": code, "reason": reason, "exit_code": null, "denials": []}),
+        moat_runtime::ExecutionResult::refused_request(reason, code).to_value(),
         true,
     )
 }
@@ -229,16 +229,16 @@ fn exec_tool(service: &Arc<Service>, args: &Value) -> Value {
         Ok(e) => e,
         Err(e) => return refused(&e.message, "INVALID_REQUEST"),
     };
-    let req = ExecutionRequest {
+    let req = ProtocolRequest {
         command,
         cwd: args["cwd"].as_str().map(str::to_string),
         policy: args.get("policy").cloned(),
         env,
-        stdin: args["stdin"]
-            .as_str()
-            .unwrap_or_default()
-            .as_bytes()
-            .to_vec(),
+        stdin: match args["stdin"].as_str().unwrap_or_default() {
+            "" => moat_runtime::subprocess::StdinSource::Empty,
+            s => moat_runtime::subprocess::StdinSource::Bytes(s.as_bytes().to_vec()),
+        },
+        metadata: None,
         timeout_ms: args["timeout_ms"].as_u64(),
         keep_output: true,
     };
@@ -265,17 +265,17 @@ fn exec_tool(service: &Arc<Service>, args: &Value) -> Value {
         None => return refused("the execution did not start", "INTERNAL_ERROR"),
     };
     service.wait(&id);
-    let result = service.with(&id, |r| {
+    let result = service.with(&id, 0, |r| {
         let mut v = r.result();
-        v["stdout"] = json!(String::from_utf8_lossy(&r.stdout));
-        v["stderr"] = json!(String::from_utf8_lossy(&r.stderr));
+        v.stdout = Some(String::from_utf8_lossy(&r.stdout).into_owned());
+        v.stderr = Some(String::from_utf8_lossy(&r.stderr).into_owned());
         v
     });
     match result {
         Ok(v) => {
             let text = model_text(&v);
-            let is_error = v["exit_code"].as_i64() != Some(0);
-            tool_result(text, v, is_error)
+            let is_error = v.exit_code != Some(0);
+            tool_result(text, v.to_value(), is_error)
         }
         Err(e) => refused(&e.message, "INTERNAL_ERROR"),
     }
@@ -283,39 +283,28 @@ fn exec_tool(service: &Arc<Service>, args: &Value) -> Value {
 
 /// The result written for a model: output, exit code, and each refusal
 /// with what would grant it.
-fn model_text(v: &Value) -> String {
+fn model_text(v: &moat_runtime::ExecutionResult) -> String {
     let mut t = String::new();
-    let stdout = v["stdout"].as_str().unwrap_or_default();
-    let stderr = v["stderr"].as_str().unwrap_or_default();
+    let stdout = v.stdout.as_deref().unwrap_or_default();
+    let stderr = v.stderr.as_deref().unwrap_or_default();
     if !stdout.is_empty() {
         t.push_str(&format!("stdout:\n{stdout}\n"));
     }
     if !stderr.is_empty() {
         t.push_str(&format!("stderr:\n{stderr}\n"));
     }
-    if v["timed_out"] == json!(true) {
+    if v.timed_out {
         t.push_str("the command was stopped: it ran past its timeout\n");
     }
-    match v["exit_code"].as_i64() {
+    match v.exit_code {
         Some(c) => t.push_str(&format!("exit code: {c}\n")),
         None => t.push_str("exit code: none\n"),
     }
-    if let Some(reason) = v["reason"].as_str() {
+    if let Some(Some(reason)) = &v.reason {
         t.push_str(&format!("moat: {reason}\n"));
     }
-    for d in v["denials"].as_array().into_iter().flatten() {
-        let what = d["path"]
-            .as_str()
-            .or(d["host"].as_str())
-            .or(d["target"].as_str())
-            .unwrap_or("?");
-        t.push_str(&format!(
-            "refused by the sandbox: {} {} ({}); {}\n",
-            d["operation"].as_str().unwrap_or("access"),
-            what,
-            d["reason"].as_str().unwrap_or_default(),
-            d["detail"].as_str().unwrap_or_default()
-        ));
+    for d in v.denials.iter().flatten() {
+        t.push_str(&format!("refused by the sandbox: {}\n", d.line_for_model()));
     }
     t
 }

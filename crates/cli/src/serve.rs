@@ -14,7 +14,8 @@ use base64::Engine as _;
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::service::{EventSink, ExecutionRequest, RpcError, ServerArgs, Service};
+use crate::service::{EventSink, ProtocolRequest, RpcError, ServerArgs, Service};
+use moat_runtime::subprocess::StdinSource;
 
 /// The protocol this server speaks (RunSeal's name for it).
 pub(crate) const RUNSEAL_PROTOCOL: &str = "runseal.protocol/v1";
@@ -308,7 +309,7 @@ fn session(service: &Arc<Service>, mut input: impl BufRead, out: Out, owner: u64
             });
             continue;
         }
-        let r = call(service, &method, &params, transport);
+        let r = call(service, &method, &params, transport, owner);
         reply(&out, &id, r);
     }
     service.stop_owned(owner);
@@ -343,7 +344,10 @@ fn call(
     method: &str,
     params: &Value,
     transport: &str,
+    owner: u64,
 ) -> Result<Value, RpcError> {
+    // Every method that names an execution answers only for the client
+    // that started it (`owner`); see docs/protocol.md.
     match method {
         "getVersion" => Ok(json!({
             "moat_version": env!("CARGO_PKG_VERSION"),
@@ -355,17 +359,52 @@ fn call(
         })),
         "getCapabilities" => Ok(capabilities()),
         "explainPolicy" => service.explain(params),
-        "getExecution" => service.with(exec_id(params)?, |r| r.result()),
-        "cancelExecution" => service.cancel(exec_id(params)?),
+        "getExecution" => service.with(exec_id(params)?, owner, |r| r.result().to_value()),
+        "cancelExecution" => service.cancel(exec_id(params)?, owner),
+        "writeExecutionInput" => {
+            let id = exec_id(params)?;
+            input_stream(params)?;
+            let data = params["data"].as_str().ok_or_else(|| {
+                RpcError::invalid_params("INVALID_REQUEST", "data must be a base64 string")
+            })?;
+            if params["encoding"].as_str().is_some_and(|e| e != "base64") {
+                return Err(RpcError::invalid_params(
+                    "INVALID_REQUEST",
+                    "encoding must be base64",
+                ));
+            }
+            let data = data.strip_prefix("base64:").unwrap_or(data);
+            // The encoded length bounds the work before decoding.
+            if data.len() > moat_runtime::subprocess::MAX_INPUT_CHUNK.div_ceil(3) * 4 + 4 {
+                let mut e = RpcError::invalid_params(
+                    "INVALID_REQUEST",
+                    format!(
+                        "a chunk is at most {} bytes: split it",
+                        moat_runtime::subprocess::MAX_INPUT_CHUNK
+                    ),
+                );
+                e.data["reason"] = json!("input_chunk_too_large");
+                return Err(e);
+            }
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .map_err(|_| RpcError::invalid_params("INVALID_REQUEST", "data must be base64"))?;
+            service.write_input(id, owner, bytes)
+        }
+        "closeExecutionInput" => {
+            let id = exec_id(params)?;
+            input_stream(params)?;
+            service.close_input(id, owner)
+        }
         "listExecutions" => {
-            let executions = service.all(|r| r.summary());
+            let executions = service.all(owner, |r| r.summary());
             Ok(json!({"count": executions.len(), "executions": executions}))
         }
         "subscribeEvents" => {
             // Every client receives the events of the executions it started;
             // subscribing names an execution it may follow (see docs/protocol.md).
             let id = exec_id(params)?;
-            let status = service.with(id, |r| r.status.clone())?;
+            let status = service.with(id, owner, |r| r.view.status.clone())?;
             Ok(
                 json!({"execution_id": id, "subscribed": true, "status": status, "types": params["types"]}),
             )
@@ -373,7 +412,7 @@ fn call(
         "getAuditEvents" => {
             let keep = type_filter(params);
             let id = exec_id(params)?;
-            let events: Vec<Value> = service.with(id, |r| {
+            let events: Vec<Value> = service.with(id, owner, |r| {
                 r.events.iter().filter(|e| keep(e)).cloned().collect()
             })?;
             Ok(json!({"execution_id": id, "count": events.len(), "events": events}))
@@ -381,7 +420,7 @@ fn call(
         "tailAudit" => {
             let keep = type_filter(params);
             let events: Vec<Value> = service
-                .all(|r| {
+                .all(owner, |r| {
                     r.events
                         .iter()
                         .filter(|e| keep(e))
@@ -394,7 +433,11 @@ fn call(
             Ok(json!({"count": events.len(), "events": events}))
         }
         "getServiceStatus" => {
-            let active = service.all(|r| !r.done).into_iter().filter(|a| *a).count();
+            let active = service
+                .all(owner, |r| !r.done)
+                .into_iter()
+                .filter(|a| *a)
+                .count();
             Ok(json!({
                 "status": "running",
                 "mode": "service",
@@ -412,7 +455,7 @@ fn call(
             let sid = params["session_id"].as_str().ok_or_else(|| {
                 RpcError::invalid_params("INVALID_REQUEST", "session_id must be a string")
             })?;
-            Ok(service.dispose_session(sid))
+            Ok(service.dispose_session(sid, owner))
         }
         other => Err(RpcError::new(
             -32601,
@@ -433,8 +476,24 @@ pub(crate) fn capabilities() -> Value {
     report
 }
 
-/// The `execute` params as a request (RunSeal's ExecutionRequest).
-fn execution_request(p: &Value) -> Result<ExecutionRequest, RpcError> {
+/// The input stream a write or close names: only `stdin` (the default).
+fn input_stream(params: &Value) -> Result<(), RpcError> {
+    match params.get("stream") {
+        None | Some(Value::Null) => Ok(()),
+        Some(v) if v == "stdin" => Ok(()),
+        Some(_) => {
+            let mut e = RpcError::invalid_params(
+                "INVALID_REQUEST",
+                "stream must be \"stdin\": moat has no control stream",
+            );
+            e.data["reason"] = json!("input_stream_unsupported");
+            Err(e)
+        }
+    }
+}
+
+/// The `execute` params (RunSeal's ExecutionRequest) as a request.
+fn execution_request(p: &Value) -> Result<ProtocolRequest, RpcError> {
     let bad = |m: &str| RpcError::invalid_params("INVALID_REQUEST", m);
     let command: Vec<String> = match &p["command"] {
         Value::Array(a) => a
@@ -446,29 +505,42 @@ fn execution_request(p: &Value) -> Result<ExecutionRequest, RpcError> {
     };
     let env = env_map(&p["env"])?;
     let stdin = match &p["stdin"] {
-        Value::Null => Vec::new(),
+        Value::Null => StdinSource::Empty,
         Value::Object(o) => match o.get("mode").and_then(Value::as_str) {
-            Some("empty") | None => Vec::new(),
+            Some("empty") | None => StdinSource::Empty,
             Some("bytes") => {
                 let data = o.get("data").and_then(Value::as_str).unwrap_or_default();
                 let data = data.strip_prefix("base64:").unwrap_or(data);
-                base64::engine::general_purpose::STANDARD
-                    .decode(data)
-                    .map_err(|_| bad("stdin.data must be base64"))?
+                StdinSource::Bytes(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(data)
+                        .map_err(|_| bad("stdin.data must be base64"))?,
+                )
             }
+            Some("stream") => StdinSource::Stream,
             Some(m) => {
-                return Err(bad(&format!(
-                    "stdin mode {m:?} is not supported: use empty or bytes"
-                )))
+                // `inherit` would hand the command the service's own stdin
+                // (on --stdio: the protocol channel itself).
+                let mut e = bad(&format!(
+                    "stdin mode {m:?} is not supported: use empty, bytes or stream"
+                ));
+                e.data["reason"] = json!("stdin_mode_unsupported");
+                return Err(e);
             }
         },
-        _ => {
-            return Err(bad(
-                "stdin must be an object {\"mode\": \"empty\"|\"bytes\", \"data\": base64}",
-            ))
-        }
+        _ => return Err(bad(
+            "stdin must be an object {\"mode\": \"empty\"|\"bytes\"|\"stream\", \"data\": base64}",
+        )),
     };
-    Ok(ExecutionRequest {
+    let metadata = match p.get("metadata") {
+        None | Some(Value::Null) => None,
+        Some(m) => Some(moat_runtime::metadata::sanitize(m).map_err(|e| {
+            let mut err = bad(&e.to_string());
+            err.data["reason"] = json!(e.code());
+            err
+        })?),
+    };
+    Ok(ProtocolRequest {
         command,
         cwd: p["cwd"].as_str().map(str::to_string),
         policy: p.get("policy").cloned(),
@@ -477,6 +549,7 @@ fn execution_request(p: &Value) -> Result<ExecutionRequest, RpcError> {
         timeout_ms: p["timeout_ms"].as_u64(),
         // The output is in the event stream; the result only counts it.
         keep_output: false,
+        metadata,
     })
 }
 

@@ -15,8 +15,8 @@ use clap::Args;
 use moat_config::{domains_within, level_within, network_within, parse_level, PolicyFlags};
 use moat_policy::net::DomainPattern;
 use moat_policy::{Level, NetworkMode, Policy};
-use moat_runtime::subprocess::{Signaller, Supervisor};
-use moat_runtime::{Denial, Event};
+use moat_runtime::subprocess::{Input, InputError, Signaller, StdinSource, Supervisor};
+use moat_runtime::{Envelope, Event, ExecutionResult, ServiceView};
 use serde_json::{json, Value};
 
 /// Output kept per stream for `moat mcp` results (the serve protocol streams it).
@@ -77,17 +77,19 @@ impl RpcError {
     }
 }
 
-/// Where an execution's events go while it runs.
-pub(crate) type EventSink = Arc<dyn Fn(&Value) + Send + Sync>;
+/// Where an execution's events go while it runs (the runtime's sink).
+pub(crate) use moat_runtime::EventSink;
 
 /// What a request asked for, checked against the ceiling.
-pub(crate) struct ExecutionRequest {
+pub(crate) struct ProtocolRequest {
     pub(crate) command: Vec<String>,
     pub(crate) cwd: Option<String>,
     pub(crate) policy: Option<Value>,
     pub(crate) env: BTreeMap<String, String>,
-    pub(crate) stdin: Vec<u8>,
+    pub(crate) stdin: StdinSource,
     pub(crate) timeout_ms: Option<u64>,
+    /// The request's metadata, checked and redacted: recorded by the child.
+    pub(crate) metadata: Option<serde_json::Map<String, Value>>,
     /// Keep the output (up to [`KEEP_OUTPUT`] per stream) for the result;
     /// otherwise it is only streamed and counted.
     pub(crate) keep_output: bool,
@@ -95,34 +97,19 @@ pub(crate) struct ExecutionRequest {
 
 /// One execution as the service knows it.
 pub(crate) struct Record {
-    pub(crate) execution_id: String,
-    pub(crate) session_id: String,
+    /// What the protocol reports about it, read from its events.
+    pub(crate) view: ServiceView,
     pub(crate) owner: u64,
-    pub(crate) policy_id: String,
-    pub(crate) policy_hash: String,
-    pub(crate) policy_epoch: String,
-    pub(crate) status: String,
-    pub(crate) termination_reason: Option<String>,
-    pub(crate) exit_code: Option<i64>,
-    pub(crate) signal: Option<i64>,
-    pub(crate) started_at: String,
-    pub(crate) finished_at: Option<String>,
-    pub(crate) duration_ms: Option<u64>,
-    pub(crate) stdout_bytes: u64,
-    pub(crate) stderr_bytes: u64,
     pub(crate) stdout: Vec<u8>,
     pub(crate) stderr: Vec<u8>,
-    pub(crate) output_truncated: bool,
     pub(crate) keep_output: bool,
-    pub(crate) denials: Vec<Denial>,
-    pub(crate) reason: Option<String>,
-    pub(crate) cancel_requested: bool,
     /// Events kept for getAuditEvents/tailAudit: all but output chunks.
     pub(crate) events: Vec<Value>,
-    /// Stops this execution (by pidfd or its stop pipe: never a reused pid).
+    /// Stops this execution (by pidfd or its control channel: never a
+    /// reused pid).
     pub(crate) supervisor: Stopper,
-    /// `template` or `oneshot`: how the sandbox was launched.
-    pub(crate) launch: &'static str,
+    /// The streamed stdin, when the request asked for one.
+    pub(crate) input: Option<Input>,
     pub(crate) done: bool,
 }
 
@@ -131,20 +118,20 @@ pub(crate) struct Record {
 pub(crate) enum Stopper {
     /// A `moat exec` child supervisor, by pidfd.
     Child(Signaller),
-    /// An execution supervised in this process: a byte on its stop pipe
-    /// starts the one-shot escalation (SIGTERM, kill all, SIGKILL).
-    InProcess(Arc<Mutex<Option<std::fs::File>>>),
+    /// An execution supervised in this process, by its control channel
+    /// (the one-shot escalation: SIGTERM, kill all, SIGKILL). None once it
+    /// is over: a long-lived service keeps records, not descriptors.
+    InProcess(Arc<Mutex<Option<moat_linux::control::ControlSender>>>),
 }
 
 impl Stopper {
     fn terminate(&self) {
         match self {
             Stopper::Child(s) => s.terminate(),
-            Stopper::InProcess(w) => {
-                use std::io::Write;
-                if let Ok(mut w) = w.lock() {
-                    if let Some(w) = w.as_mut() {
-                        let _ = w.write(b"x");
+            Stopper::InProcess(c) => {
+                if let Ok(c) = c.lock() {
+                    if let Some(c) = c.as_ref() {
+                        let _ = c.send(moat_linux::control::Request::Stop);
                     }
                 }
             }
@@ -153,27 +140,27 @@ impl Stopper {
 
     fn kill(&self) {
         match self {
-            // The supervisor's own escalation ends in SIGKILL.
             Stopper::Child(s) => s.kill(),
+            // Its supervisor's own escalation ends in SIGKILL.
             Stopper::InProcess(_) => self.terminate(),
         }
     }
 }
 
 /// Where an execution's events come from.
-enum Source {
+pub(crate) enum Source {
     Child(Supervisor),
-    /// `prepare` and the run on a thread of this process, its events on a
-    /// channel (the same events `moat exec --events` writes).
+    /// `prepare` and the run on a thread of this process, their events on
+    /// a channel (the events `moat exec --events` writes).
     InProcess {
         events: std::sync::mpsc::Receiver<Value>,
         thread: Option<std::thread::JoinHandle<()>>,
-        stop: Arc<Mutex<Option<std::fs::File>>>,
+        control: Arc<Mutex<Option<moat_linux::control::ControlSender>>>,
     },
 }
 
 impl Source {
-    fn next_event(&mut self) -> Option<(Value, moat_runtime::Envelope, Event)> {
+    fn next_event(&mut self) -> Option<(Value, Envelope, Event)> {
         match self {
             Source::Child(s) => s.next_event(),
             Source::InProcess { events, .. } => {
@@ -195,11 +182,11 @@ impl Source {
         match self {
             Source::Child(s) => s.abort(),
             Source::InProcess {
-                stop,
+                control,
                 thread,
                 events,
             } => {
-                Stopper::InProcess(stop.clone()).terminate();
+                Stopper::InProcess(control.clone()).terminate();
                 while events.recv().is_ok() {}
                 if let Some(t) = thread.take() {
                     let _ = t.join();
@@ -215,16 +202,14 @@ impl Source {
             Source::InProcess {
                 thread,
                 events,
-                stop,
+                control,
             } => {
                 drop(events);
                 if let Some(t) = thread {
                     let _ = t.join();
                 }
-                // Nothing left to stop: the pipe closes (a long-lived
-                // service keeps records, not descriptors).
-                if let Ok(mut w) = stop.lock() {
-                    w.take();
+                if let Ok(mut c) = control.lock() {
+                    c.take();
                 }
                 None
             }
@@ -234,7 +219,14 @@ impl Source {
     fn stopper(&self) -> Stopper {
         match self {
             Source::Child(s) => Stopper::Child(s.signaller()),
-            Source::InProcess { stop, .. } => Stopper::InProcess(stop.clone()),
+            Source::InProcess { control, .. } => Stopper::InProcess(control.clone()),
+        }
+    }
+
+    fn input(&self) -> Option<Input> {
+        match self {
+            Source::Child(s) => s.input(),
+            Source::InProcess { .. } => None,
         }
     }
 
@@ -249,57 +241,35 @@ impl Source {
 impl Record {
     /// The `Execution` object `execute` answers with.
     pub(crate) fn execution(&self) -> Value {
+        let v = &self.view;
         json!({
-            "execution_id": self.execution_id,
-            "session_id": self.session_id,
-            "policy_id": self.policy_id,
-            "policy_hash": self.policy_hash,
-            "policy_epoch": self.policy_epoch,
+            "execution_id": v.execution_id,
+            "session_id": v.session_id,
+            "policy_id": v.policy_id,
+            "policy_hash": v.policy_hash,
+            "policy_epoch": v.policy_epoch,
             "backend": BACKEND,
-            "status": self.status,
+            "status": v.status,
         })
     }
 
     /// The `ExecutionResult` (while running: the fields known so far).
-    pub(crate) fn result(&self) -> Value {
-        let timed_out = self.termination_reason.as_deref() == Some("timeout");
-        json!({
-            "execution_id": self.execution_id,
-            "session_id": self.session_id,
-            "status": self.status,
-            "termination_reason": self.termination_reason,
-            "error_code": if timed_out { Some("EXECUTION_TIMEOUT") } else { None },
-            "policy_id": self.policy_id,
-            "policy_hash": self.policy_hash,
-            "policy_epoch": self.policy_epoch,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "timed_out": timed_out,
-            "cancel_requested": self.cancel_requested,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "stdout_bytes": self.stdout_bytes,
-            "stderr_bytes": self.stderr_bytes,
-            "output_truncated": self.output_truncated,
-            "resource_usage": {"duration_ms": self.duration_ms, "max_rss_bytes": null, "cpu_ms": null},
-            "denials": self.denials,
-            "reason": self.reason,
-            "launch": self.launch,
-        })
+    pub(crate) fn result(&self) -> ExecutionResult {
+        ExecutionResult::service(&self.view)
     }
 
     /// The public summary `listExecutions` returns.
     pub(crate) fn summary(&self) -> Value {
         json!({
-            "execution_id": self.execution_id,
-            "session_id": self.session_id,
-            "status": self.status,
-            "policy_id": self.policy_id,
-            "policy_hash": self.policy_hash,
-            "policy_epoch": self.policy_epoch,
+            "execution_id": self.view.execution_id,
+            "session_id": self.view.session_id,
+            "status": self.view.status,
+            "policy_id": self.view.policy_id,
+            "policy_hash": self.view.policy_hash,
+            "policy_epoch": self.view.policy_epoch,
             "backend": BACKEND,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
+            "started_at": self.view.started_at,
+            "finished_at": self.view.finished_at,
         })
     }
 }
@@ -487,8 +457,17 @@ impl Service {
 
     /// `moat exec` arguments for `flags` (the child resolves them exactly as
     /// `moat exec` on a command line would).
-    fn child_args(&self, flags: &PolicyFlags, command: &[String]) -> Vec<OsString> {
+    fn child_args(
+        &self,
+        flags: &PolicyFlags,
+        command: &[String],
+        metadata: Option<&serde_json::Map<String, Value>>,
+    ) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec!["exec".into(), "--events".into(), "--quiet".into()];
+        if let Some(m) = metadata {
+            a.push("--metadata".into());
+            a.push(Value::Object(m.clone()).to_string().into());
+        }
         if self.no_audit {
             a.push("--no-audit".into());
         } else if let Some(p) = &self.audit_log {
@@ -499,6 +478,26 @@ impl Service {
         a.push("--".into());
         a.extend(command.iter().map(OsString::from));
         a
+    }
+
+    /// Starts an execution and returns its `Execution` object once its
+    /// policy is resolved and on record; then follows it on this thread
+    /// (call from a thread of its own). `reply` gets the answer before any
+    /// event reaches `sink`.
+    pub(crate) fn execute(
+        self: &Arc<Self>,
+        req: ProtocolRequest,
+        owner: u64,
+        reply: impl FnOnce(Result<Value, RpcError>),
+        sink: Option<EventSink>,
+    ) {
+        match self.start(req, owner) {
+            Err(e) => reply(Err(e)),
+            Ok((execution, sup, first)) => {
+                reply(Ok(execution));
+                self.follow(sup, first, sink);
+            }
+        }
     }
 
     /// The resolved policy of a request that runs forked from a sandbox
@@ -532,7 +531,7 @@ impl Service {
         &self,
         policy: Policy,
         timeout: Option<Duration>,
-        req: &ExecutionRequest,
+        req: &ProtocolRequest,
     ) -> std::io::Result<Source> {
         let Some(templates) = self.templates.clone() else {
             return Err(std::io::Error::other("no templates"));
@@ -544,10 +543,13 @@ impl Service {
                 let _ = t.send(v.clone());
             }
         });
-        let (stop_r, stop_w) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
+        let (control, receiver) = moat_linux::control::channel()?;
+        let stdin = match &req.stdin {
+            StdinSource::Bytes(b) => b.clone(),
+            _ => Vec::new(),
+        };
         let mut launcher =
-            moat_runtime::template::TemplateLauncher::new(templates, req.stdin.clone(), stop_r)?;
+            moat_runtime::template::TemplateLauncher::new(templates, stdin, receiver)?;
         let request = moat_runtime::ExecutionRequest {
             argv: req.command.iter().map(OsString::from).collect(),
             policy,
@@ -571,6 +573,7 @@ impl Service {
             nested: None,
             live_refusals: false,
             parent_execution_id: std::env::var("MOAT_PARENT_EXECUTION_ID").ok(),
+            metadata: req.metadata.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("moat-execution".into())
@@ -592,34 +595,14 @@ impl Service {
         Ok(Source::InProcess {
             events,
             thread: Some(thread),
-            stop: Arc::new(Mutex::new(Some(std::fs::File::from(stop_w)))),
+            control: Arc::new(Mutex::new(Some(control))),
         })
-    }
-
-    /// Starts an execution and returns its `Execution` object once its
-    /// policy is resolved and on record; then follows it on this thread
-    /// (call from a thread of its own). `reply` gets the answer before any
-    /// event reaches `sink`.
-    pub(crate) fn execute(
-        self: &Arc<Self>,
-        req: ExecutionRequest,
-        owner: u64,
-        reply: impl FnOnce(Result<Value, RpcError>),
-        sink: Option<EventSink>,
-    ) {
-        match self.start(req, owner) {
-            Err(e) => reply(Err(e)),
-            Ok((execution, sup, first)) => {
-                reply(Ok(execution));
-                self.follow(sup, first, sink);
-            }
-        }
     }
 
     #[allow(clippy::type_complexity)]
     fn start(
         self: &Arc<Self>,
-        req: ExecutionRequest,
+        req: ProtocolRequest,
         owner: u64,
     ) -> Result<(Value, Source, Value), RpcError> {
         if req.command.is_empty() {
@@ -639,7 +622,7 @@ impl Service {
         // a component swapped for a symlink after the check (by another
         // execution, in a directory it may write) would lead it elsewhere.
         let dir = flags.cwd.take().unwrap_or_else(|| self.here.clone());
-        let dir_fd = moat_linux::sys::open_path_nofollow(libc::AT_FDCWD, &dir).map_err(|e| {
+        let dir_fd = moat_linux::fd::open_path_nofollow(libc::AT_FDCWD, &dir).map_err(|e| {
             RpcError::domain(
                 "POLICY_DENIED",
                 format!(
@@ -648,14 +631,19 @@ impl Service {
                 ),
             )
         })?;
-        let mut sup = match self.template_policy(&flags, &dir_fd) {
+        let template = match &req.stdin {
+            // Streamed input goes through the child's stdin pipe.
+            StdinSource::Stream => None,
+            _ => self.template_policy(&flags, &dir_fd),
+        };
+        let mut sup = match template {
             Some((policy, timeout)) => self
                 .start_in_process(policy, timeout, &req)
                 .map_err(|e| RpcError::internal(format!("cannot start the execution: {e}")))?,
             None => Source::Child(
                 Supervisor::spawn(
                     &self.moat,
-                    self.child_args(&flags, &req.command),
+                    self.child_args(&flags, &req.command, req.metadata.as_ref()),
                     dir_fd,
                     req.stdin,
                 )
@@ -682,31 +670,24 @@ impl Service {
             }
         };
         let record = Record {
-            execution_id: envelope.execution_id.clone(),
-            session_id: envelope.session_id.clone(),
+            view: ServiceView {
+                execution_id: envelope.execution_id.clone(),
+                session_id: envelope.session_id.clone(),
+                status: "running".to_string(),
+                policy_id: str_of(&first, "policy_id"),
+                policy_hash: envelope.policy_hash.clone().unwrap_or_default(),
+                policy_epoch: envelope.policy_epoch.clone().unwrap_or_default(),
+                started_at: envelope.time.clone(),
+                launch: Some(sup.launch().to_string()),
+                ..ServiceView::default()
+            },
             owner,
-            policy_id: str_of(&first, "policy_id"),
-            policy_hash: envelope.policy_hash.clone().unwrap_or_default(),
-            policy_epoch: envelope.policy_epoch.clone().unwrap_or_default(),
-            status: "running".to_string(),
-            termination_reason: None,
-            exit_code: None,
-            signal: None,
-            started_at: envelope.time.clone(),
-            finished_at: None,
-            duration_ms: None,
-            stdout_bytes: 0,
-            stderr_bytes: 0,
             stdout: Vec::new(),
             stderr: Vec::new(),
-            output_truncated: false,
             keep_output: req.keep_output,
-            denials: Vec::new(),
-            reason: None,
-            cancel_requested: false,
             events: Vec::new(),
             supervisor: sup.stopper(),
-            launch: sup.launch(),
+            input: sup.input(),
             done: false,
         };
         let execution = record.execution();
@@ -726,17 +707,33 @@ impl Service {
     /// forwarding each event.
     fn follow(&self, mut sup: Source, first: Value, sink: Option<EventSink>) {
         let id = str_of(&first, "execution_id");
-        let mut next = Some(Event::read(&first)).map(|(e, ev)| (first, e, ev));
+        let (envelope, typed) = Event::read(&first);
+        let events = std::iter::once((first, envelope, typed))
+            .chain(std::iter::from_fn(|| sup.next_event()));
+        let finished = self.apply_events(&id, events, sink.as_ref());
+        let status = sup.wait();
+        self.end(&id, finished, status.and_then(|s| s.code()));
+    }
+
+    /// Folds an execution's events into its record, forwarding each to
+    /// `sink`; true when its last event (finished or failed) came. The
+    /// events may come from any launcher: a supervisor's stream today.
+    fn apply_events(
+        &self,
+        id: &str,
+        events: impl Iterator<Item = (Value, Envelope, Event)>,
+        sink: Option<&EventSink>,
+    ) -> bool {
         let mut finished = false;
-        while let Some((ev, envelope, typed)) = next.take().or_else(|| sup.next_event()) {
+        for (ev, envelope, typed) in events {
             let mut forwarded = ev.clone();
-            self.update(&id, |r| match typed {
+            self.update(id, |r| match typed {
                 Event::Stdout(chunk) | Event::Stderr(chunk) => {
                     let bytes = chunk.bytes();
                     let (count, keep) = if ev["type"] == "execution.stdout" {
-                        (&mut r.stdout_bytes, &mut r.stdout)
+                        (&mut r.view.stdout_bytes, &mut r.stdout)
                     } else {
-                        (&mut r.stderr_bytes, &mut r.stderr)
+                        (&mut r.view.stderr_bytes, &mut r.stderr)
                     };
                     *count += bytes.len() as u64;
                     let room = if r.keep_output {
@@ -745,35 +742,36 @@ impl Service {
                         0
                     };
                     if r.keep_output && bytes.len() > room {
-                        r.output_truncated = true;
+                        r.view.output_truncated = true;
                     }
                     keep.extend_from_slice(&bytes[..bytes.len().min(room)]);
                     forwarded["encoding"] = json!("base64");
                     forwarded["stream_offset"] = json!(chunk.offset);
                 }
                 Event::Denied(d) => {
-                    r.denials.push(d);
+                    r.view.denials.push(d);
                     r.events.push(ev.clone());
                 }
                 Event::Finished(f) => {
                     finished = true;
-                    r.exit_code = Some(i64::from(f.exit_code));
-                    r.signal = f.signal.map(i64::from);
-                    r.duration_ms = Some(f.duration_ms);
-                    r.finished_at = Some(envelope.time);
-                    r.termination_reason = Some(
+                    r.view.exit_code = Some(f.exit_code);
+                    r.view.signal = f.signal;
+                    r.view.resource_usage = Some(f.resource_usage);
+                    r.view.duration_ms = Some(f.duration_ms);
+                    r.view.finished_at = Some(envelope.time);
+                    r.view.termination_reason = Some(
                         if f.timed_out {
                             "timeout"
-                        } else if r.cancel_requested {
+                        } else if r.view.cancel_requested {
                             "canceled"
-                        } else if r.signal.is_some() {
+                        } else if r.view.signal.is_some() {
                             "signal"
                         } else {
                             "exit"
                         }
                         .to_string(),
                     );
-                    r.status = if f.timed_out || r.cancel_requested {
+                    r.view.status = if f.timed_out || r.view.cancel_requested {
                         "failed"
                     } else {
                         "finished"
@@ -783,34 +781,39 @@ impl Service {
                 }
                 Event::Failed { exit_code, reason } => {
                     finished = true;
-                    r.exit_code = exit_code.map(i64::from);
-                    r.reason = reason;
-                    r.finished_at = Some(envelope.time);
-                    r.termination_reason = Some("failed_to_start".to_string());
-                    r.status = "failed".to_string();
+                    r.view.exit_code = exit_code;
+                    r.view.reason = reason;
+                    r.view.finished_at = Some(envelope.time);
+                    r.view.termination_reason = Some("failed_to_start".to_string());
+                    r.view.status = "failed".to_string();
                     r.events.push(ev.clone());
                 }
                 _ => r.events.push(ev.clone()),
             });
-            if let Some(s) = &sink {
+            if let Some(s) = sink {
                 s(&forwarded);
             }
         }
-        let status = sup.wait();
-        self.update(&id, |r| {
+        finished
+    }
+
+    /// Marks the execution over; without its last event, its supervisor
+    /// was lost (`exit_code`: how that process ended, if it did).
+    fn end(&self, id: &str, finished: bool, exit_code: Option<i32>) {
+        self.update(id, |r| {
             if !finished {
                 // moat itself went away without its last event (killed).
-                r.status = "failed".to_string();
-                r.termination_reason = Some(
-                    if r.cancel_requested {
+                r.view.status = "failed".to_string();
+                r.view.termination_reason = Some(
+                    if r.view.cancel_requested {
                         "canceled"
                     } else {
                         "supervisor_lost"
                     }
                     .to_string(),
                 );
-                r.exit_code = status.and_then(|s| s.code()).map(i64::from);
-                r.finished_at = Some(moat_audit::now_rfc3339());
+                r.view.exit_code = exit_code;
+                r.view.finished_at = Some(moat_audit::now_rfc3339());
             }
             r.done = true;
         });
@@ -819,34 +822,63 @@ impl Service {
 
     fn update(&self, id: &str, f: impl FnOnce(&mut Record)) {
         if let Ok(mut recs) = self.records.lock() {
-            if let Some(r) = recs.iter_mut().find(|r| r.execution_id == id) {
+            if let Some(r) = recs.iter_mut().find(|r| r.view.execution_id == id) {
                 f(r);
             }
         }
     }
 
-    /// Runs `f` on the record of `id`, or answers EXECUTION_NOT_FOUND.
+    /// Runs `f` on the record of `id` if `owner` started it, or answers
+    /// EXECUTION_NOT_FOUND — the same answer for another client's execution
+    /// as for one that never existed, so ids cannot be probed.
     pub(crate) fn with<T>(
         &self,
         id: &str,
+        owner: u64,
         f: impl FnOnce(&mut Record) -> T,
     ) -> Result<T, RpcError> {
         let mut recs = self
             .records
             .lock()
             .map_err(|_| RpcError::internal("execution table poisoned"))?;
-        match recs.iter_mut().find(|r| r.execution_id == id) {
+        match recs
+            .iter_mut()
+            .find(|r| r.view.execution_id == id && r.owner == owner)
+        {
             Some(r) => Ok(f(r)),
             None => Err(not_found(id)),
         }
     }
 
-    /// Runs `f` on every record, in the order they were started.
-    pub(crate) fn all<T>(&self, f: impl FnMut(&Record) -> T) -> Vec<T> {
+    /// Runs `f` on every record `owner` started, in the order they were started.
+    pub(crate) fn all<T>(&self, owner: u64, mut f: impl FnMut(&Record) -> T) -> Vec<T> {
         self.records
             .lock()
-            .map(|r| r.iter().map(f).collect())
+            .map(|r| r.iter().filter(|r| r.owner == owner).map(&mut f).collect())
             .unwrap_or_default()
+    }
+
+    /// Queues streamed stdin for `owner`'s execution `id`.
+    pub(crate) fn write_input(
+        &self,
+        id: &str,
+        owner: u64,
+        data: Vec<u8>,
+    ) -> Result<Value, RpcError> {
+        let input = self.with(id, owner, |r| r.input.clone())?;
+        let Some(input) = input else {
+            return Err(input_error(id, InputError::Closed));
+        };
+        let n = input.write(data).map_err(|e| input_error(id, e))?;
+        Ok(json!({"execution_id": id, "stream": "stdin", "accepted_bytes": n}))
+    }
+
+    /// Ends streamed stdin for `owner`'s execution `id` (idempotent).
+    pub(crate) fn close_input(&self, id: &str, owner: u64) -> Result<Value, RpcError> {
+        if let Some(input) = self.with(id, owner, |r| r.input.clone())? {
+            input.close();
+        }
+        Ok(json!({"execution_id": id, "stream": "stdin", "closed": true}))
     }
 
     /// Blocks until the execution is over.
@@ -855,7 +887,7 @@ impl Service {
             return;
         };
         loop {
-            match recs.iter().find(|r| r.execution_id == id) {
+            match recs.iter().find(|r| r.view.execution_id == id) {
                 Some(r) if !r.done => {}
                 _ => return,
             }
@@ -868,14 +900,14 @@ impl Service {
 
     /// Asks the execution's supervisor to stop its whole process tree
     /// (moat's supervisor kills the sandbox's tree on SIGTERM).
-    pub(crate) fn cancel(&self, id: &str) -> Result<Value, RpcError> {
-        let pid = self.with(id, |r| {
+    pub(crate) fn cancel(&self, id: &str, owner: u64) -> Result<Value, RpcError> {
+        let pid = self.with(id, owner, |r| {
             // Its last event is out: nothing left to cancel.
-            if r.done || r.finished_at.is_some() {
+            if r.done || r.view.finished_at.is_some() {
                 None
             } else {
-                r.cancel_requested = true;
-                r.status = "canceling".to_string();
+                r.view.cancel_requested = true;
+                r.view.status = "canceling".to_string();
                 Some(r.supervisor.clone())
             }
         })?;
@@ -895,18 +927,18 @@ impl Service {
             .map(|r| {
                 r.iter()
                     .filter(|r| r.owner == owner && !r.done)
-                    .map(|r| (r.execution_id.clone(), r.supervisor.clone()))
+                    .map(|r| (r.view.execution_id.clone(), r.supervisor.clone()))
                     .collect()
             })
             .unwrap_or_default();
         for (id, pid) in &pids {
-            self.update(id, |r| r.cancel_requested = true);
+            self.update(id, |r| r.view.cancel_requested = true);
             pid.terminate();
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         for (id, pid) in &pids {
             while std::time::Instant::now() < deadline {
-                let done = self.with(id, |r| r.done).unwrap_or(true);
+                let done = self.with(id, owner, |r| r.done).unwrap_or(true);
                 if done {
                     break;
                 }
@@ -914,32 +946,37 @@ impl Service {
             }
             // A supervisor that did not stop in time: its init dies with it
             // (the sandbox's parent-death signal), taking the tree.
-            if !self.with(id, |r| r.done).unwrap_or(true) {
+            if !self.with(id, owner, |r| r.done).unwrap_or(true) {
                 pid.kill();
             }
         }
     }
 
     /// Releases a session's retained output and stops what is still running.
-    pub(crate) fn dispose_session(&self, session_id: &str) -> Value {
+    pub(crate) fn dispose_session(&self, session_id: &str, owner: u64) -> Value {
         let running: Vec<String> = self
             .records
             .lock()
             .map(|mut recs| {
                 let mut running = Vec::new();
-                for r in recs.iter_mut().filter(|r| r.session_id == session_id) {
+                for r in recs
+                    .iter_mut()
+                    .filter(|r| r.view.session_id == session_id && r.owner == owner)
+                {
                     r.stdout = Vec::new();
                     r.stderr = Vec::new();
                     if !r.done {
-                        running.push(r.execution_id.clone());
+                        running.push(r.view.execution_id.clone());
                     }
                 }
                 running
             })
             .unwrap_or_default();
-        let known = self.all(|r| r.session_id == session_id).contains(&true);
+        let known = self
+            .all(owner, |r| r.view.session_id == session_id)
+            .contains(&true);
         for id in &running {
-            let _ = self.cancel(id);
+            let _ = self.cancel(id, owner);
         }
         json!({"session_id": session_id, "disposed": known, "canceled": running})
     }
@@ -989,6 +1026,21 @@ fn not_found(id: &str) -> RpcError {
     );
     e.data["execution_id"] = json!(id);
     e
+}
+
+/// A refused input write: closed, too large a chunk, or the queue full.
+fn input_error(id: &str, e: InputError) -> RpcError {
+    let mut err = match e {
+        InputError::Closed => RpcError::domain("EXECUTION_INPUT_CLOSED", e.to_string()),
+        InputError::ChunkTooLarge(_) => {
+            let mut err = RpcError::invalid_params("INVALID_REQUEST", e.to_string());
+            err.data["reason"] = json!("input_chunk_too_large");
+            err
+        }
+        InputError::Backpressure => RpcError::domain("INPUT_BACKPRESSURE", e.to_string()),
+    };
+    err.data["execution_id"] = json!(id);
+    err
 }
 
 fn wider(msg: String) -> RpcError {

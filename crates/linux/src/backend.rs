@@ -35,7 +35,8 @@ pub const NOT_GIVEN: &[&str] = &[
 
 /// Host user namespaces can be created (tried in a throwaway child).
 pub fn userns_available() -> bool {
-    match crate::sys::fork_glibc() {
+    // SAFETY: the child makes only async-signal-safe calls (unshare, _exit).
+    match unsafe { crate::sys::fork_glibc() } {
         Ok(0) => {
             let ok = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).is_ok();
             crate::sys::exit_now(if ok { 0 } else { 1 });

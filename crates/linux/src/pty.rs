@@ -9,7 +9,7 @@
 //! supervisor that runs code (a SIGKILL of moat cannot be caught).
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use nix::fcntl::OFlag;
 use nix::sys::termios::{self, SetArg, Termios};
@@ -31,7 +31,7 @@ pub fn open_pair() -> io::Result<(OwnedFd, OwnedFd)> {
         nix::sys::stat::Mode::empty(),
     )
     .map_err(to_io)?;
-    Ok((sys::own_fd(master.into_raw_fd()), slave))
+    Ok((OwnedFd::from(master), slave))
 }
 
 /// Copies the window size of this process's terminal (stdout, else stdin)
@@ -87,12 +87,14 @@ impl Attach {
 
 /// In the command's process, before exec: a new session whose controlling
 /// terminal is `slave`, on each stdio fd `attach` names.
-pub fn attach_slave(slave: RawFd, attach: Attach) -> io::Result<()> {
+pub(crate) fn attach_slave(slave: RawFd, attach: Attach) -> io::Result<()> {
     nix::unistd::setsid().map_err(|e| io::Error::from_raw_os_error(e as i32))?;
     sys::set_controlling_tty(slave)?;
     for (on, t) in [(attach.stdin, 0), (attach.stdout, 1), (attach.stderr, 2)] {
         if on {
-            sys::dup2(slave, t)?;
+            // SAFETY: called in the command's process just before exec, where
+            // stdio numbers have no Rust owner.
+            unsafe { sys::dup2(slave, t) }?;
         }
     }
     Ok(())

@@ -18,7 +18,9 @@ use nix::unistd::Pid;
 use serde::Serialize;
 
 use crate::confine::{self, Enforcement};
+use crate::control::{Control, Request};
 use crate::init::{self, InitArgs, INIT_SIGNALS};
+use crate::init_msg::{self, InitMessage};
 use crate::limits::{Applied, Enforcer, LimitFacts, ResourceUsage, TerminationReason};
 use crate::plan::Plan;
 use crate::sys::{self, Forked};
@@ -323,9 +325,21 @@ pub(crate) fn clone_error(e: io::Error, plan: &Plan) -> String {
     )
 }
 
-/// Runs the command under `plan`. Errors here are moat's own failures before
-/// the command could start; they map to exit 125.
+/// Runs the command under `plan`, stopped by this process's own signals
+/// (one run per process: `moat exec`). Errors here are moat's own failures
+/// before the command could start; they map to exit 125.
 pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> RunOutcome {
+    run_with(plan, opts, observer, Control::ProcessSignals)
+}
+
+/// [`run`], with the stop, hang-up and resize requests taken from `control`
+/// (a service passes each execution its own channel).
+pub fn run_with(
+    plan: &Plan,
+    opts: &RunOptions,
+    observer: &mut dyn RunObserver,
+    control: Control<'_>,
+) -> RunOutcome {
     let start = Instant::now();
     // The Landlock backend: a per-run scratch directory (TMPDIR and HOME)
     // and the rules made from the view on the host's paths.
@@ -375,7 +389,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
     match &enforcer {
         Ok(e) => {
             out.limits = e.applied.clone();
-            if let Err(e) = launch(plan, opts, &mut out, start, observer, e) {
+            if let Err(e) = launch(plan, opts, &mut out, start, observer, e, control) {
                 out.status = RunStatus::FailedToStart;
                 out.exit_code = 125;
                 out.error = Some(e);
@@ -427,6 +441,7 @@ fn launch(
     start: Instant,
     observer: &mut dyn RunObserver,
     enforcer: &Enforcer,
+    control: Control<'_>,
 ) -> Result<(), String> {
     if opts.argv.is_empty() {
         return Err("no command given; put it after --".into());
@@ -510,7 +525,14 @@ fn launch(
             return Err(e);
         }
     }
-    let cloned = sys::clone_process(ns_flags);
+    // SAFETY: every caller runs this from a single-threaded process, so the
+    // init may run ordinary code: `moat exec`'s supervisor (the proxy's
+    // threads start after the clone, when the init hands its listeners
+    // over), the service's per-execution supervisor processes, and
+    // `capabilities::report`, which runs each level in a forked child for
+    // the sake of `moat serve`/`moat mcp`. A caller with threads must do
+    // the same (see `sys::clone_process`).
+    let cloned = unsafe { sys::clone_process(ns_flags) };
     if let (Some(cg), Ok(Forked::Parent(_))) = (&enforcer.cgroup, &cloned) {
         if let Err(e) = cg.leave() {
             // The supervisor would stay in the run's limits: better to stop.
@@ -557,10 +579,37 @@ fn launch(
         start,
         observer,
         enforcer,
-        None,
+        control,
     );
     sys::restore_sigmask(&old_mask);
     result
+}
+
+/// Which of moat's stdio fds the command gets the sandbox's own pty on:
+/// every host terminal among them in a sandboxed run (only stdin when
+/// moat captures the output), see `pty::Attach`.
+fn own_terminal(
+    plan: &Plan,
+    opts: &RunOptions,
+    output_limited: bool,
+) -> Option<crate::pty::Attach> {
+    if !plan.namespaces() || opts.stdio_from_outer_sandbox {
+        return None;
+    }
+    let tty = crate::pty::Attach::of_stdio()?;
+    let attach = if opts.output == OutputMode::Passthrough && !output_limited {
+        tty
+    } else {
+        // Output is captured (--json, --events) or counted (an output
+        // limit: every byte must pass through moat's pipes); a terminal on
+        // stdin is still replaced.
+        crate::pty::Attach {
+            stdin: tty.stdin,
+            stdout: false,
+            stderr: false,
+        }
+    };
+    (attach.stdin || attach.stdout || attach.stderr).then_some(attach)
 }
 
 /// The init the supervisor watches: its own child (the one-shot path), or
@@ -610,35 +659,8 @@ impl InitHandle {
     }
 }
 
-/// Which of moat's stdio fds the command gets the sandbox's own pty on:
-/// every host terminal among them in a sandboxed run (only stdin when
-/// moat captures the output), see `pty::Attach`.
-fn own_terminal(
-    plan: &Plan,
-    opts: &RunOptions,
-    output_limited: bool,
-) -> Option<crate::pty::Attach> {
-    if !plan.namespaces() || opts.stdio_from_outer_sandbox {
-        return None;
-    }
-    let tty = crate::pty::Attach::of_stdio()?;
-    let attach = if opts.output == OutputMode::Passthrough && !output_limited {
-        tty
-    } else {
-        // Output is captured (--json, --events) or counted (an output
-        // limit: every byte must pass through moat's pipes); a terminal on
-        // stdin is still replaced.
-        crate::pty::Attach {
-            stdin: tty.stdin,
-            stdout: false,
-            stderr: false,
-        }
-    };
-    (attach.stdin || attach.stdout || attach.stderr).then_some(attach)
-}
-
-/// Watches one run to its end. `stop`, when readable, stops the run as a
-/// harness's SIGTERM does (a service's cancel of one execution).
+/// Watches one run to its end (the one-shot supervisor's loop, also a
+/// template execution's).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn supervise(
     init: InitHandle,
@@ -651,7 +673,7 @@ pub(crate) fn supervise(
     start: Instant,
     observer: &mut dyn RunObserver,
     enforcer: &Enforcer,
-    stop: Option<std::os::fd::BorrowedFd<'_>>,
+    control: Control<'_>,
 ) -> Result<(), String> {
     let child = init.pid();
     let mut handoff = handoff;
@@ -667,10 +689,13 @@ pub(crate) fn supervise(
     // The command's own terminal, once the init has opened it.
     let mut relay: Option<crate::pty::Relay> = None;
     let plan_pty = own_terminal(plan, opts, enforcer.output.is_some());
-    if plan_pty.is_some() {
+    let own_signals = matches!(control, Control::ProcessSignals);
+    if plan_pty.is_some() && own_signals {
         // Resizes of the host terminal arrive through the signalfd.
         let _ = sys::set_sigmask(libc::SIG_BLOCK, &[libc::SIGWINCH]);
     }
+    // The init's exit, as an event of this run alone (no SIGCHLD, which
+    // would name every child of the process).
     let own_pidfd;
     let pidfd = match &init {
         InitHandle::Forked { pidfd, .. } => pidfd,
@@ -679,19 +704,30 @@ pub(crate) fn supervise(
             &own_pidfd
         }
     };
-    let mut stop_open = stop.is_some();
-    let mut mask = SigSet::empty();
-    for s in [
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-        Signal::SIGINT,
-        Signal::SIGQUIT,
-        Signal::SIGWINCH,
-    ] {
-        mask.add(s);
-    }
-    let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-        .map_err(|e| format!("signalfd: {e}"))?;
+    // This process's own signals only when it runs this one command;
+    // otherwise the caller's channel.
+    let sigfd = if own_signals {
+        let mut mask = SigSet::empty();
+        for s in [
+            Signal::SIGTERM,
+            Signal::SIGHUP,
+            Signal::SIGINT,
+            Signal::SIGQUIT,
+            Signal::SIGWINCH,
+        ] {
+            mask.add(s);
+        }
+        Some(
+            SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+                .map_err(|e| format!("signalfd: {e}"))?,
+        )
+    } else {
+        None
+    };
+    let mut channel = match control {
+        Control::Channel(c) => Some(c),
+        Control::ProcessSignals => None,
+    };
     let stdin_is_tty = nix::unistd::isatty(std::io::stdin()).unwrap_or(false);
     let mut tail = Vec::new();
     let mut started_seen = false;
@@ -723,9 +759,17 @@ pub(crate) fn supervise(
             Some(true) => timeout.min(PollTimeout::from(250u16)),
             _ => timeout,
         };
+        // Index 1: the run's requests, from the signalfd or the caller's
+        // channel (the init's pidfd again once the channel is closed, so
+        // the indices stay fixed).
+        let requests = match (&sigfd, channel) {
+            (Some(s), _) => s.as_fd(),
+            (None, Some(c)) => c.as_fd(),
+            (None, None) => pidfd.as_fd(),
+        };
         let mut fds = vec![
             PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
-            PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(requests, PollFlags::POLLIN),
         ];
         if report_open {
             fds.push(PollFd::new(report_r.as_fd(), PollFlags::POLLIN));
@@ -748,10 +792,6 @@ pub(crate) fn supervise(
         for (fd, flags) in &relay_set {
             fds.push(PollFd::new(*fd, *flags));
         }
-        let stop_index = fds.len();
-        if let (true, Some(s)) = (stop_open, stop) {
-            fds.push(PollFd::new(s, PollFlags::POLLIN));
-        }
         match poll(&mut fds, timeout) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(format!("poll: {e}")),
@@ -762,7 +802,6 @@ pub(crate) fn supervise(
                 .map(|r| !r.is_empty())
                 .unwrap_or(false)
         };
-        let stop_ready = stop_open && ready(stop_index);
         let pid_ready = ready(0);
         let sig_ready = ready(1);
         let report_ready = report_open && ready(2);
@@ -808,9 +847,8 @@ pub(crate) fn supervise(
         if report_ready {
             report_open = read_report(&report_r, &mut report_buf);
             if !started_seen
-                && report_buf
-                    .split(|b| *b == b'\n')
-                    .any(|l| l.starts_with(b"L "))
+                && init_msg::decode_all(&report_buf, false)
+                    .is_ok_and(|m| m.iter().any(|m| matches!(m, InitMessage::Confined { .. })))
             {
                 started_seen = true;
                 observer.started(command_host_pid(child));
@@ -838,16 +876,35 @@ pub(crate) fn supervise(
             stage = 2;
             deadline = Some(Instant::now() + Duration::from_secs(1));
         }
-        if stop_ready {
-            // One request is enough; the escalation takes it from here.
-            stop_open = false;
-            if stage == 0 {
-                init.signal(libc::SIGTERM);
-                stage = 1;
-                deadline = Some(Instant::now() + KILL_GRACE);
+        let mut requested = Vec::new();
+        if sig_ready {
+            if let Some(c) = channel {
+                match c.drain() {
+                    Some(r) => requested = r,
+                    // Every sender is gone: nobody can ask anything more.
+                    None => channel = None,
+                }
             }
         }
-        if sig_ready {
+        for req in requested {
+            match req {
+                Request::Stop if stage == 0 => {
+                    init.signal(libc::SIGTERM);
+                    stage = 1;
+                    deadline = Some(Instant::now() + KILL_GRACE);
+                }
+                Request::Stop => {}
+                Request::Hangup => {
+                    init.signal(libc::SIGHUP);
+                }
+                Request::Resize => {
+                    if let Some(r) = &relay {
+                        r.copy_window_size();
+                    }
+                }
+            }
+        }
+        if let (true, Some(sigfd)) = (sig_ready, &sigfd) {
             while let Ok(Some(info)) = sigfd.read_signal() {
                 let sig = info.ssi_signo as i32;
                 match sig {
@@ -1019,8 +1076,11 @@ fn command_host_pid(init: Pid) -> Option<i32> {
     text.split_whitespace().next().and_then(|s| s.parse().ok())
 }
 
+/// Whether the init has reported the command's exit (a malformed report
+/// is not one: the run then ends when the init does, and fails).
 fn has_final_status(report: &[u8]) -> bool {
-    report.split(|b| *b == b'\n').any(|l| l.starts_with(b"S "))
+    init_msg::decode_all(report, false)
+        .is_ok_and(|m| m.iter().any(|m| matches!(m, InitMessage::Exited { .. })))
 }
 
 /// Reads what is available from the report pipe; false at EOF.
@@ -1094,7 +1154,7 @@ fn not_in_view(plan: &Plan, program: &std::ffi::OsStr, look_on_host: bool) -> St
     }
 }
 
-/// Turns the init's report lines and exit status into the outcome.
+/// Turns the init's report messages and exit status into the outcome.
 fn interpret(
     report: &[u8],
     init_status: WaitStatus,
@@ -1103,19 +1163,20 @@ fn interpret(
     program: &std::ffi::OsStr,
     out: &mut RunOutcome,
 ) -> Result<(), String> {
-    let text = String::from_utf8_lossy(report);
+    // The pipe is closed (or its writers are dead) by now: a partial frame
+    // is as much a failure as garbage.
+    let messages = init_msg::decode_all(report, true).map_err(|e| {
+        format!("the sandbox's init sent a malformed report ({e}); this is a bug in moat, please report it")
+    })?;
     let mut final_status: Option<(i32, i32)> = None;
-    for line in text.lines() {
-        let (tag, rest) = line.split_at(line.len().min(2));
-        match tag.trim() {
-            "E" => return Err(rest.trim().to_string()),
-            "L" => {
-                let b = rest.trim().as_bytes();
-                out.layers.landlock = Enforcement::from_code(b.first().copied().unwrap_or(b'N'));
-                out.layers.seccomp = Enforcement::from_code(b.get(1).copied().unwrap_or(b'N'));
+    for msg in messages {
+        match msg {
+            InitMessage::SetupFailed { detail, .. } => return Err(detail.to_string()),
+            InitMessage::Confined { landlock, seccomp } => {
+                out.layers.landlock = landlock;
+                out.layers.seccomp = seccomp;
             }
-            "X" => {
-                let errno: i32 = rest.trim().parse().unwrap_or(libc::ENOENT);
+            InitMessage::ExecFailed { errno } => {
                 out.status = RunStatus::FailedToStart;
                 out.exit_code = if errno == libc::ENOENT { 127 } else { 126 };
                 let what = if errno == libc::ENOENT {
@@ -1130,20 +1191,17 @@ fn interpret(
                 out.error = Some(not_in_view(plan, program, !opts.stdio_from_outer_sandbox));
                 return Ok(());
             }
-            "S" => {
-                let mut parts = rest
-                    .split_whitespace()
-                    .map(|s| s.parse::<i64>().unwrap_or(0));
-                let code = parts.next().unwrap_or(0) as i32;
-                let signal = parts.next().unwrap_or(0) as i32;
+            InitMessage::Exited {
+                code,
+                signal,
+                max_rss_kb,
+                cpu_ms,
+            } => {
                 // What every process of the run used, reaped by the init.
-                if let (Some(rss_kb), Some(cpu_ms)) = (parts.next(), parts.next()) {
-                    out.usage.max_rss_bytes = Some(rss_kb.max(0) as u64 * 1024);
-                    out.usage.cpu_ms = Some(cpu_ms.max(0) as u64);
-                }
+                out.usage.max_rss_bytes = Some(max_rss_kb.max(0) as u64 * 1024);
+                out.usage.cpu_ms = Some(cpu_ms.max(0) as u64);
                 final_status = Some((code, signal));
             }
-            _ => {}
         }
     }
     match final_status {

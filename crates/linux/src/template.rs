@@ -15,7 +15,7 @@
 //! changes the view's stand-ins, so the key, so a new template is built.
 
 use std::ffi::CString;
-use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
@@ -23,15 +23,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use serde::{Deserialize, Serialize};
 
 use crate::confine::Enforcement;
+use crate::control::Control;
 use crate::init::{self, InitArgs, INIT_SIGNALS};
+use crate::init_msg::SetupStage;
 use crate::limits::Enforcer;
 use crate::plan::{LandlockSpec, MountOp, Plan, SeccompSpec};
 use crate::run::{self, InitHandle, OutputMode, RunObserver, RunOptions, RunOutcome, Stream};
 use crate::sys::{self, Forked};
+use crate::syscall::Kernel;
 
 /// The hidden subcommand that starts a template process (`moat __template`).
 pub const SUBCOMMAND: &str = "__template";
@@ -68,6 +71,13 @@ pub fn ineligible(plan: &Plan, opts: &RunOptions) -> Option<&'static str> {
         return Some("Landlock below ABI 6 (no abstract-socket scoping)");
     }
     None
+}
+
+/// Why this kernel cannot serve any template, or None: executions of a
+/// template share its network namespace, and only a Landlock domain per
+/// execution with abstract-socket scoping (ABI >= 6) keeps them apart.
+pub fn kernel_ineligible() -> Option<&'static str> {
+    (sys::landlock_abi() < 6).then_some("Landlock below ABI 6 (no abstract-socket scoping)")
 }
 
 /// What a template is built from; two plans with the same key lay out the
@@ -190,8 +200,8 @@ impl Template {
 
     /// Runs one execution of `plan` (whose [`key`] must be this template's)
     /// forked from the template: the same contract as [`run::run`]. `stdin`
-    /// is the command's stdin (None: /dev/null); `stop`, when readable,
-    /// stops the run as a SIGTERM to a one-shot supervisor does. Err: the
+    /// is the command's stdin (None: /dev/null); `control` carries its stop
+    /// (cancel) requests, as for [`run::run_with`]. Err: the
     /// template could not start it (nothing ran; the caller may take the
     /// one-shot path).
     pub fn run(
@@ -200,7 +210,7 @@ impl Template {
         opts: &RunOptions,
         observer: &mut dyn RunObserver,
         stdin: Option<OwnedFd>,
-        stop: Option<BorrowedFd<'_>>,
+        control: Control<'_>,
     ) -> Result<RunOutcome, String> {
         if key(plan) != self.key {
             // Never a stale view: the plan computed for this execution
@@ -296,7 +306,7 @@ impl Template {
             start,
             observer,
             &Enforcer::default(),
-            stop,
+            control,
         ) {
             out.status = run::RunStatus::FailedToStart;
             out.exit_code = 125;
@@ -417,24 +427,7 @@ fn recv_frame<T: serde::de::DeserializeOwned>(
     sock: BorrowedFd<'_>,
 ) -> std::io::Result<(T, Vec<OwnedFd>)> {
     let mut len = [0u8; 4];
-    let mut fds = Vec::new();
-    let got = {
-        let mut iov = [IoSliceMut::new(&mut len)];
-        let mut space = nix::cmsg_space!([RawFd; 4]);
-        let msg = recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_WAITALL,
-        )
-        .map_err(std::io::Error::from)?;
-        for c in msg.cmsgs().map_err(std::io::Error::from)? {
-            if let ControlMessageOwned::ScmRights(r) = c {
-                fds.extend(r.into_iter().map(sys::own_fd));
-            }
-        }
-        msg.bytes
-    };
+    let (got, fds) = sys::recv_with_fds::<4>(sock, &mut len)?;
     if got == 0 {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
@@ -459,7 +452,7 @@ fn recv_frame<T: serde::de::DeserializeOwned>(
 /// fd 3. Must be called while the process is single-threaded (first thing
 /// in main). Never returns.
 pub fn template_main() -> ! {
-    let Ok(ctl) = sys::take_inherited_fd(CTL_FD) else {
+    let Ok(ctl) = crate::process::take_inherited_fd(CTL_FD) else {
         sys::exit_now(125)
     };
     let ctl = UnixStream::from(ctl);
@@ -503,18 +496,14 @@ fn become_template(plan: &Plan, per_exec: &[bool]) -> Result<OwnedFd, String> {
     }
     // The same refusal, with the same fix, as a one-shot run's clone.
     nix::sched::unshare(flags).map_err(|e| crate::run::clone_error(e.into(), plan))?;
-    std::fs::write("/proc/self/setgroups", "deny")
-        .map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
-    std::fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid))
-        .map_err(|e| format!("write uid_map: {e}"))?;
-    std::fs::write("/proc/self/gid_map", format!("{0} {0} 1\n", plan.gid))
-        .map_err(|e| format!("write gid_map: {e}"))?;
-    sys::set_not_dumpable().map_err(|e| format!("set non-dumpable: {e}"))?;
+    crate::mounts::set_identity(&Kernel, plan)?;
     // Every execution's pid 1 is a fork of this process: its command line
     // (moat's host path) is wiped as the one-shot init's is.
-    sys::wipe_argv_block().map_err(|e| format!("clear the template's command line: {e}"))?;
-    nix::unistd::sethostname("moat").map_err(|e| format!("set hostname: {e}"))?;
-    crate::mounts::build_template_root(&plan.mounts, per_exec)
+    // SAFETY: the template process is single-threaded and reads its
+    // arguments no more (main dispatched on them before calling here).
+    unsafe { sys::wipe_argv_block() }
+        .map_err(|e| format!("clear the template's command line: {e}"))?;
+    crate::mounts::build_template_root(&Kernel, &plan.mounts, per_exec)
         .map_err(|e| format!("build the sandbox view: {e}"))
 }
 
@@ -587,7 +576,9 @@ fn fork_execution(
     let argv = run::cstrings(argv)?;
     let envp = run::cstrings(env)?;
     let flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
-    match sys::clone_with_pidfd(flags) {
+    // SAFETY: the template process is single-threaded (see
+    // `template_main`), so the child may run ordinary Rust.
+    match unsafe { sys::clone_with_pidfd(flags) } {
         Ok((Forked::Child, _)) => execution_main(plan, per_exec, scratch, program, argv, envp, fds),
         Ok((Forked::Parent(pid), Some(pidfd))) => Ok((pid, pidfd)),
         Ok((Forked::Parent(_), None)) => Err("clone gave no pidfd".into()),
@@ -617,31 +608,36 @@ fn execution_main(
         nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
             .map_err(|e| format!("set parent-death signal: {e}"))?;
         for (i, fd) in fds.iter().enumerate() {
-            sys::dup2(fd.as_raw_fd(), i as RawFd).map_err(|e| format!("set up stdio: {e}"))?;
+            // SAFETY: fds 0-3 of this child are owned by no Rust object (the
+            // template's stdio is /dev/null, its control socket at 3 is
+            // replaced on purpose); the init and the command use them only
+            // as stdio and the report pipe.
+            unsafe { sys::dup2(fd.as_raw_fd(), i as RawFd) }
+                .map_err(|e| format!("set up stdio: {e}"))?;
         }
         Ok(())
     })();
     if let Err(e) = setup {
-        init::fail(fds[3].as_raw_fd(), &e);
+        init::fail(fds[3].as_raw_fd(), SetupStage::Sandbox, 0, &e);
     }
     // fds[3] is now fd 3 (the report pipe); the scratch goes to 4.
     let report_fd: RawFd = 3;
-    if sys::dup2(scratch.as_raw_fd(), 4).is_err() {
-        init::fail(report_fd, "keep the stand-in tmpfs");
+    let fail = |e: String| -> ! { init::fail(report_fd, SetupStage::Sandbox, 0, &e) };
+    // Keep stdio, the report pipe and the stand-ins' scratch tmpfs.
+    let keep = scratch.as_raw_fd() as u32;
+    // SAFETY: the owners of these fds (the template's control socket, the
+    // received descriptors, other executions' pidfds) are never dropped in
+    // this process, which execs or exits; `scratch` is not among them.
+    let closed = unsafe { sys::close_range(4, keep.saturating_sub(1)) }
+        .and_then(|()| unsafe { sys::close_range(keep + 1, u32::MAX) });
+    if let Err(e) = closed {
+        fail(format!("close inherited fds: {e}"));
     }
-    if let Err(e) = sys::close_range(5, u32::MAX, false) {
-        init::fail(report_fd, &format!("close inherited fds: {e}"));
+    if let Err(e) = crate::mounts::finish_execution_root(&Kernel, &plan.mounts, per_exec, scratch) {
+        fail(format!("build the sandbox view: {e}"));
     }
-    let scratch = sys::own_fd(4);
-    if let Err(e) = crate::mounts::finish_execution_root(&plan.mounts, per_exec, &scratch) {
-        init::fail(report_fd, &format!("build the sandbox view: {e}"));
-    }
-    drop(scratch);
     if let Err(e) = nix::unistd::chdir(&plan.cwd) {
-        init::fail(
-            report_fd,
-            &format!("enter the workspace {}: {e}", plan.cwd.display()),
-        );
+        fail(format!("enter the workspace {}: {e}", plan.cwd.display()));
     }
     let args = InitArgs {
         plan,

@@ -6,11 +6,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::ffi::OsString;
-use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
+use moat_linux::control::{channel, Control, ControlReceiver, Request};
 use moat_linux::run::{OutputMode, RunObserver, RunOptions, Stream};
 use moat_linux::template::Templates;
 use moat_policy::{Level, NetworkMode, Policy, PolicyRequest};
@@ -90,7 +89,7 @@ fn files_processes_env_and_fds_of_one_execution_are_invisible_to_the_next() {
             )),
             &mut obs,
             None,
-            None,
+            Control::Channel(&idle()),
         )
         .unwrap();
     assert_eq!(first.exit_code, 0, "{:?}", first.error);
@@ -109,7 +108,7 @@ fn files_processes_env_and_fds_of_one_execution_are_invisible_to_the_next() {
             ),
             &mut obs,
             None,
-            None,
+            Control::Channel(&idle()),
         )
         .unwrap();
     let o = stdout(&second);
@@ -181,7 +180,7 @@ fn an_abstract_socket_of_a_running_execution_cannot_be_reached_from_the_next() {
     let templates = Templates::new(moat_bin());
     let t = templates.get(&p).unwrap();
     let name = format!("moat-tpl-abs-{}", std::process::id());
-    let (stop_r, mut stop_w) = pipe();
+    let (stop_w, stop_r) = channel().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|s| {
         let t1 = t.clone();
@@ -200,7 +199,7 @@ fn an_abstract_socket_of_a_running_execution_cannot_be_reached_from_the_next() {
                 )),
                 &mut w,
                 None,
-                Some(stop_r.as_fd()),
+                Control::Channel(&stop_r),
             )
             .unwrap()
         });
@@ -222,11 +221,11 @@ except OSError as e:
                 )),
                 &mut obs,
                 None,
-                None,
+                Control::Channel(&idle()),
             )
             .unwrap();
         let o = stdout(&second);
-        stop_w.write_all(b"x").unwrap();
+        stop_w.send(Request::Stop).unwrap();
         let first = first.join().unwrap();
         assert!(o.contains("REFUSED"), "{o} {:?}", second.error);
         assert!(!o.contains("CONNECTED"), "{o}");
@@ -241,7 +240,7 @@ fn stop_kills_a_setsid_grandchild() {
     let templates = Templates::new(moat_bin());
     let t = templates.get(&p).unwrap();
     let marker = format!("tplstop{}", std::process::id());
-    let (stop_r, mut stop_w) = pipe();
+    let (stop_w, stop_r) = channel().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|s| {
         let t1 = t.clone();
@@ -260,14 +259,14 @@ fn stop_kills_a_setsid_grandchild() {
                 )),
                 &mut w,
                 None,
-                Some(stop_r.as_fd()),
+                Control::Channel(&stop_r),
             )
             .unwrap()
         });
         rx.recv_timeout(std::time::Duration::from_secs(60))
             .expect("started");
         assert!(host_has_process_with(&marker), "the grandchild never ran");
-        stop_w.write_all(b"x").unwrap();
+        stop_w.send(Request::Stop).unwrap();
         let out = run.join().unwrap();
         assert_ne!(out.exit_code, 0);
         assert!(!out.timed_out, "the stop did not stop it; the timeout did");
@@ -286,7 +285,13 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
     let t = templates.get(&p).unwrap();
     let mut obs = moat_linux::NoObserver;
     let first = t
-        .run(&p, &opts("echo BUILT"), &mut obs, None, None)
+        .run(
+            &p,
+            &opts("echo BUILT"),
+            &mut obs,
+            None,
+            Control::Channel(&idle()),
+        )
         .unwrap();
     assert!(stdout(&first).contains("BUILT"));
     // The host changes after the template was built.
@@ -294,7 +299,13 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
     let fresh = plan(&d.ws, &d.home);
     // The old template refuses a plan that is not its own…
     assert!(t
-        .run(&fresh, &opts("cat .env"), &mut obs, None, None)
+        .run(
+            &fresh,
+            &opts("cat .env"),
+            &mut obs,
+            None,
+            Control::Channel(&idle())
+        )
         .is_err());
     // …and the pool builds a new one for it.
     let t2 = templates.get(&fresh).unwrap();
@@ -304,7 +315,7 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
             &opts("cat .env; echo CAT-RAN"),
             &mut obs,
             None,
-            None,
+            Control::Channel(&idle()),
         )
         .unwrap();
     let o = stdout(&out);
@@ -316,9 +327,9 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
     assert_eq!(templates.len(), 1, "the stale template was not retired");
 }
 
-fn pipe() -> (OwnedFd, std::fs::File) {
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
-    (r, std::fs::File::from(w))
+/// The run's end of a channel nobody sends on (no stop request).
+fn idle() -> ControlReceiver {
+    channel().unwrap().1
 }
 
 /// Not a test: `cargo test -p moat-linux --test template_driver -- --ignored
@@ -338,7 +349,9 @@ fn timing() {
     let mut xs = Vec::new();
     for _ in 0..200 {
         let s = std::time::Instant::now();
-        let out = t.run(&p, &o, &mut obs, None, None).unwrap();
+        let out = t
+            .run(&p, &o, &mut obs, None, Control::Channel(&idle()))
+            .unwrap();
         assert_eq!(out.exit_code, 0);
         xs.push(s.elapsed().as_secs_f64() * 1e3);
     }

@@ -120,18 +120,13 @@ pub fn denials(plan: &Plan, o: &RunOutcome, outer: Option<&moat_linux::view::Vie
             continue;
         };
         if let Some(reason) = explain(plan, path, d.errno, host_exists) {
-            out.push(Denial {
-                operation: d.op.into(),
-                path: Some(
-                    moat_linux::explain::absolute(&plan.cwd, path)
-                        .to_string_lossy()
-                        .into_owned(),
-                ),
-                errno: Some(d.errno.into()),
-                reason: reason.code().into(),
-                detail: reason.phrase(plan.level),
-                ..Denial::default()
-            });
+            out.push(Denial::explained(
+                d.op,
+                &moat_linux::explain::absolute(&plan.cwd, path),
+                d.errno,
+                reason,
+                plan.level,
+            ));
         }
     }
     // Paths outside the view read as missing: at workspace-contained most
@@ -154,22 +149,14 @@ pub fn denials(plan: &Plan, o: &RunOutcome, outer: Option<&moat_linux::view::Vie
                 {
                     continue;
                 }
-                let detail = if abs.starts_with("/tmp") {
-                    format!(
+                let mut denial = Denial::explained("access", &abs, "ENOENT", reason, plan.level);
+                if abs.starts_with("/tmp") {
+                    denial.detail = format!(
                         "the sandbox's /tmp is its own, the host's is not shown; add --ro {} to show it",
                         abs.display()
-                    )
-                } else {
-                    reason.phrase(plan.level)
-                };
-                out.push(Denial {
-                    operation: "access".into(),
-                    path: Some(shown),
-                    errno: Some("ENOENT".into()),
-                    reason: reason.code().into(),
-                    detail,
-                    ..Denial::default()
-                });
+                    );
+                }
+                out.push(denial);
             }
         }
     }

@@ -28,6 +28,9 @@ pub enum Event {
         network: Value,
         #[serde(default)]
         policy: Value,
+        /// The request's metadata, redacted (absent when none was given).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        metadata: Option<Map<String, Value>>,
     },
     /// The command is about to exec.
     #[serde(rename = "execution.started")]
@@ -187,6 +190,55 @@ pub struct Denial {
 }
 
 impl Denial {
+    /// A refusal `explain` attributed to the plan: its stable code, and its
+    /// phrase (the flag that would grant it) as the detail.
+    pub fn explained(
+        operation: &str,
+        path: &std::path::Path,
+        errno: &str,
+        reason: moat_linux::explain::DenyReason,
+        level: moat_policy::Level,
+    ) -> Denial {
+        Denial {
+            operation: operation.to_string(),
+            path: Some(path.to_string_lossy().into_owned()),
+            errno: Some(errno.to_string()),
+            reason: reason.code().to_string(),
+            detail: reason.phrase(level),
+            ..Denial::default()
+        }
+    }
+
+    /// The operation, `access` when none was read.
+    pub fn operation(&self) -> &str {
+        if self.operation.is_empty() {
+            "access"
+        } else {
+            &self.operation
+        }
+    }
+
+    /// What was refused: the path, the host, or a target a newer moat named.
+    pub fn target(&self) -> &str {
+        self.path
+            .as_deref()
+            .or(self.host.as_deref())
+            .or(self.more.get("target").and_then(Value::as_str))
+            .unwrap_or("?")
+    }
+
+    /// `write /etc/x (outside_writable); read-only policy; use …`: the
+    /// refusal and what would grant it, for a model reading a tool result.
+    pub fn line_for_model(&self) -> String {
+        format!(
+            "{} {} ({}); {}",
+            self.operation(),
+            self.target(),
+            self.reason,
+            self.detail
+        )
+    }
+
     /// Removes the envelope from the fields a read denial carried along.
     pub fn strip_envelope(&mut self) {
         for k in ENVELOPE_KEYS {
@@ -280,7 +332,18 @@ impl Event {
     /// keeps its own fields only.
     pub fn read(v: &Value) -> (Envelope, Event) {
         let envelope = serde_json::from_value(v.clone()).unwrap_or_default();
-        let mut event = serde_json::from_value(v.clone()).unwrap_or(Event::Other);
+        let mut event = serde_json::from_value(v.clone()).unwrap_or_else(|_| {
+            // A denial of a shape this build does not know (a field of
+            // another type): reported as moat wrote it, never dropped.
+            if v["type"] == "sandbox.denied" {
+                Event::Denied(Denial {
+                    more: v.as_object().cloned().unwrap_or_default(),
+                    ..Denial::default()
+                })
+            } else {
+                Event::Other
+            }
+        });
         if let Event::Denied(d) = &mut event {
             d.strip_envelope();
         }
@@ -340,6 +403,14 @@ mod tests {
         }
         .stamp(&ctx);
         assert!(failed.get("exit_code").is_none());
+        let odd = json!({"type": "sandbox.denied", "time": "t", "port": "not-a-number", "path": 3});
+        let Event::Denied(d) = Event::read(&odd).1 else {
+            panic!("an odd denial was dropped");
+        };
+        assert_eq!(
+            serde_json::to_value(&d).unwrap(),
+            json!({"operation": "", "reason": "", "detail": "", "port": "not-a-number", "path": 3})
+        );
         let other = json!({"type": "something.new", "host": "x"});
         assert!(matches!(Event::read(&other).1, Event::Other));
         let out = Event::Stdout(Chunk::new(3, b"hi")).stamp(&ctx);

@@ -12,6 +12,7 @@
 
 pub mod denials;
 pub mod event;
+pub mod metadata;
 pub mod nested;
 pub mod result;
 pub mod subprocess;
@@ -30,7 +31,7 @@ use serde_json::{json, Value};
 
 pub use event::{Chunk, Denial, Envelope, Event, Finished, Layers};
 pub use nested::{BrokerFactory, Handoff, NestedBroker, Outer};
-pub use result::ExecutionResult;
+pub use result::{ExecutionResult, ServiceView};
 
 /// Where a run's events go while it is live (stdout for `--events`, the
 /// service's subscribers), shared with the proxy's threads: one whole
@@ -70,6 +71,9 @@ pub struct ExecutionRequest {
     pub live_refusals: bool,
     /// The id of the outer execution, for `execution.started`.
     pub parent_execution_id: Option<String>,
+    /// The caller's metadata, already checked and redacted
+    /// ([`metadata::sanitize`]): recorded in `policy.resolved`.
+    pub metadata: Option<serde_json::Map<String, Value>>,
 }
 
 /// A run refused before anything ran (exit 125), with the policy it would
@@ -91,8 +95,8 @@ pub fn execution_id() -> String {
     format!("exec_{hex}")
 }
 
-/// The `policy.resolved` event of `policy`.
-pub fn policy_resolved(policy: &Policy) -> Event {
+/// The `policy.resolved` event of `policy`, with the request's metadata.
+pub fn policy_resolved(policy: &Policy, metadata: Option<serde_json::Map<String, Value>>) -> Event {
     Event::PolicyResolved {
         policy_id: policy.level.as_str().to_string(),
         sandbox_level: policy.level.as_str().to_string(),
@@ -101,6 +105,7 @@ pub fn policy_resolved(policy: &Policy) -> Event {
             "routes": policy.network.rules.allow.iter().map(|p| p.as_str().to_string()).collect::<Vec<_>>(),
         }),
         policy: policy.canonical_value(),
+        metadata,
     }
 }
 
@@ -356,7 +361,7 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
             }
         }
     };
-    let resolved = policy_resolved(&policy).stamp(&ctx);
+    let resolved = policy_resolved(&policy, req.metadata.clone()).stamp(&ctx);
     let mut facts = HostFacts::probe(&policy, req.env.clone());
     if policy.level.is_sandboxed() {
         // The user's tool configuration, credentials removed, where the

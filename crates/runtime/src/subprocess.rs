@@ -5,12 +5,13 @@
 //! unreaped, so a signal can only ever reach that process, never a later
 //! one that reused its pid.
 
+use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
 
 use serde_json::Value;
 
@@ -21,6 +22,117 @@ const KEEP_STDERR: usize = 64 * 1024;
 
 /// Longest event line read from a supervisor (output chunks are far smaller).
 const MAX_EVENT_LINE: u64 = 16 << 20;
+
+/// Largest chunk of streamed input one write may carry (RFC-0021's default).
+pub const MAX_INPUT_CHUNK: usize = 64 * 1024;
+/// Streamed input accepted but not yet written to the command (RFC-0021's
+/// default): past it a write is refused whole, and may be retried.
+pub const MAX_INPUT_PENDING: usize = 256 * 1024;
+
+/// Where the supervisor's (and so the command's) stdin comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StdinSource {
+    /// Nothing: end of file at once.
+    Empty,
+    /// These bytes, then end of file.
+    Bytes(Vec<u8>),
+    /// Written while it runs ([`Input::write`]) until [`Input::close`].
+    Stream,
+}
+
+/// Why streamed input was not accepted.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum InputError {
+    #[error("the execution's input is closed (closeExecutionInput was called, or it ended)")]
+    Closed,
+    #[error("a chunk of {0} bytes is larger than {MAX_INPUT_CHUNK}: split it")]
+    ChunkTooLarge(usize),
+    #[error("{MAX_INPUT_PENDING} bytes of input are still waiting for the command to read them: retry once it has")]
+    Backpressure,
+}
+
+#[derive(Default)]
+struct InputState {
+    queue: VecDeque<Vec<u8>>,
+    /// Bytes accepted and not yet written (in flight included).
+    pending: usize,
+    closed: bool,
+}
+
+/// The write side of a streamed stdin: an ordered, bounded queue that one
+/// thread drains into the supervisor's stdin pipe.
+#[derive(Clone)]
+pub struct Input(Arc<(Mutex<InputState>, Condvar)>);
+
+impl Input {
+    fn start(mut pipe: ChildStdin) -> Input {
+        let input = Input(Arc::default());
+        let shared = input.0.clone();
+        std::thread::spawn(move || {
+            let (lock, cv) = &*shared;
+            loop {
+                let chunk = {
+                    let Ok(mut st) = lock.lock() else { return };
+                    loop {
+                        if let Some(c) = st.queue.pop_front() {
+                            break c;
+                        }
+                        if st.closed {
+                            // End of file for the command: the pipe drops.
+                            return;
+                        }
+                        st = match cv.wait(st) {
+                            Ok(g) => g,
+                            Err(_) => return,
+                        };
+                    }
+                };
+                let ok = pipe.write_all(&chunk).is_ok();
+                let Ok(mut st) = lock.lock() else { return };
+                st.pending = st.pending.saturating_sub(chunk.len());
+                if !ok {
+                    // The command stopped reading (it exited): nothing
+                    // more can be delivered.
+                    st.closed = true;
+                    st.queue.clear();
+                    st.pending = 0;
+                    return;
+                }
+            }
+        });
+        input
+    }
+
+    /// Queues `data` whole, or refuses it whole.
+    pub fn write(&self, data: Vec<u8>) -> Result<usize, InputError> {
+        if data.len() > MAX_INPUT_CHUNK {
+            return Err(InputError::ChunkTooLarge(data.len()));
+        }
+        let (lock, cv) = &*self.0;
+        let mut st = lock.lock().map_err(|_| InputError::Closed)?;
+        if st.closed {
+            return Err(InputError::Closed);
+        }
+        if st.pending + data.len() > MAX_INPUT_PENDING {
+            return Err(InputError::Backpressure);
+        }
+        let n = data.len();
+        st.pending += n;
+        st.queue.push_back(data);
+        cv.notify_all();
+        Ok(n)
+    }
+
+    /// End of file after what was accepted; later writes are refused.
+    /// Closing twice is closing once.
+    pub fn close(&self) {
+        let (lock, cv) = &*self.0;
+        if let Ok(mut st) = lock.lock() {
+            st.closed = true;
+        }
+        cv.notify_all();
+    }
+}
 
 /// A handle that signals one supervisor and nothing else.
 #[derive(Clone, Debug)]
@@ -45,6 +157,7 @@ pub struct Supervisor {
     signaller: Signaller,
     events: BufReader<ChildStdout>,
     stderr: Arc<Mutex<Vec<u8>>>,
+    input: Option<Input>,
 }
 
 impl Supervisor {
@@ -56,14 +169,14 @@ impl Supervisor {
         moat: &Path,
         args: Vec<OsString>,
         dir: OwnedFd,
-        stdin: Vec<u8>,
+        stdin: StdinSource,
     ) -> std::io::Result<Supervisor> {
         let mut cmd = Command::new(moat);
-        moat_linux::sys::start_in(&mut cmd, dir);
-        moat_linux::sys::die_with_parent(&mut cmd, libc::SIGTERM);
+        moat_linux::process::start_in(&mut cmd, dir);
+        moat_linux::process::die_with_parent(&mut cmd, libc::SIGTERM);
         let mut child = cmd
             .args(args)
-            .stdin(if stdin.is_empty() {
+            .stdin(if stdin == StdinSource::Empty {
                 Stdio::null()
             } else {
                 Stdio::piped()
@@ -90,10 +203,17 @@ impl Supervisor {
                 ));
             }
         };
-        if let Some(mut input) = child.stdin.take() {
-            std::thread::spawn(move || {
-                let _ = input.write_all(&stdin);
-            });
+        let mut input = None;
+        if let Some(mut pipe) = child.stdin.take() {
+            match stdin {
+                StdinSource::Bytes(data) => {
+                    std::thread::spawn(move || {
+                        let _ = pipe.write_all(&data);
+                    });
+                }
+                StdinSource::Stream => input = Some(Input::start(pipe)),
+                StdinSource::Empty => {}
+            }
         }
         let stderr = Arc::new(Mutex::new(Vec::new()));
         if let Some(mut err) = child.stderr.take() {
@@ -121,7 +241,13 @@ impl Supervisor {
             signaller: Signaller(Arc::new(pidfd)),
             events: BufReader::new(out),
             stderr,
+            input,
         })
+    }
+
+    /// The streamed stdin (with [`StdinSource::Stream`]).
+    pub fn input(&self) -> Option<Input> {
+        self.input.clone()
     }
 
     /// A handle to signal this supervisor from elsewhere.
@@ -157,12 +283,103 @@ impl Supervisor {
 
     /// Kills the supervisor and reaps it (a run that never started).
     pub fn abort(&mut self) -> Option<ExitStatus> {
+        if let Some(i) = &self.input {
+            i.close();
+        }
         self.signaller.kill();
         self.child.wait().ok()
     }
 
     /// Waits for the supervisor to exit.
     pub fn wait(mut self) -> Option<ExitStatus> {
+        if let Some(i) = &self.input {
+            i.close();
+        }
         self.child.wait().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> OwnedFd {
+        moat_linux::fd::open_path_nofollow(libc::AT_FDCWD, Path::new("/")).unwrap()
+    }
+
+    fn sh(script: &str, stdin: StdinSource) -> Supervisor {
+        Supervisor::spawn(
+            Path::new("/bin/sh"),
+            vec!["-c".into(), script.into()],
+            root(),
+            stdin,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn events_are_read_typed_and_a_reaped_supervisor_is_never_signalled() {
+        let mut sup = sh(
+            r#"echo not-json; echo '{"type":"policy.resolved","execution_id":"exec_1","time":"t","policy_id":"read-only"}'; exec sleep 100"#,
+            StdinSource::Empty,
+        );
+        let (_, env, ev) = sup.next_event().unwrap();
+        assert_eq!(env.execution_id, "exec_1");
+        assert!(matches!(ev, Event::PolicyResolved { .. }));
+        let signaller = sup.signaller();
+        signaller.terminate();
+        let status = sup.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGTERM));
+        // The pid may be anyone's now; the pidfd still names the dead
+        // process, so this reaches nothing.
+        let gone = rustix::process::pidfd_send_signal(&*signaller.0, rustix::process::Signal::TERM);
+        assert_eq!(gone, Err(rustix::io::Errno::SRCH));
+    }
+
+    #[test]
+    fn streamed_input_arrives_in_order_and_ends_with_close() {
+        let mut sup = sh("exec cat", StdinSource::Stream);
+        let input = sup.input().unwrap();
+        let line =
+            |n: u32| format!("{{\"type\":\"execution.stdout\",\"offset\":{n},\"data\":\"\"}}\n");
+        assert_eq!(input.write(line(1).into_bytes()), Ok(line(1).len()));
+        assert_eq!(input.write(line(2).into_bytes()), Ok(line(2).len()));
+        assert_eq!(
+            input.write(vec![b'x'; MAX_INPUT_CHUNK + 1]),
+            Err(InputError::ChunkTooLarge(MAX_INPUT_CHUNK + 1))
+        );
+        input.close();
+        input.close();
+        assert_eq!(input.write(b"late\n".to_vec()), Err(InputError::Closed));
+        let offsets: Vec<u64> = std::iter::from_fn(|| sup.next_event())
+            .map(|(_, _, ev)| match ev {
+                Event::Stdout(c) => c.offset,
+                _ => u64::MAX,
+            })
+            .collect();
+        assert_eq!(offsets, [1, 2]);
+        assert!(sup.wait().unwrap().success());
+    }
+
+    #[test]
+    fn input_the_command_does_not_read_is_bounded() {
+        let sup = sh("exec sleep 100", StdinSource::Stream);
+        let input = sup.input().unwrap();
+        let mut accepted = 0;
+        let mut refused = 0;
+        // The pipe holds at most one chunk's worth (64 KiB by default);
+        // everything else waits in the queue, which stops at its bound.
+        for _ in 0..8 {
+            match input.write(vec![b'x'; MAX_INPUT_CHUNK]) {
+                Ok(n) => accepted += n,
+                Err(InputError::Backpressure) => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(refused > 0, "accepted {accepted} bytes, none refused");
+        assert!(accepted <= MAX_INPUT_PENDING + MAX_INPUT_CHUNK);
+        sup.signaller().kill();
+        let _ = sup.wait();
     }
 }

@@ -6,9 +6,10 @@
 //! ([`policy_eligible`]) takes the subprocess path instead.
 
 use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use moat_linux::control::{Control, ControlReceiver};
 use moat_linux::template::Templates;
 use moat_linux::{Plan, RunObserver, RunOptions, RunOutcome};
 use moat_policy::{Backend, NetworkMode, Policy};
@@ -34,8 +35,8 @@ pub fn policy_eligible(policy: &Policy) -> Result<(), &'static str> {
     if policy.private_home.is_some() {
         return Err("a private HOME synced per run");
     }
-    if moat_linux::sys::landlock_abi() < 6 {
-        return Err("Landlock below ABI 6");
+    if let Some(why) = moat_linux::template::kernel_ineligible() {
+        return Err(why);
     }
     Ok(())
 }
@@ -44,16 +45,16 @@ pub fn policy_eligible(policy: &Policy) -> Result<(), &'static str> {
 pub struct TemplateLauncher {
     templates: Arc<Templates>,
     stdin: Option<OwnedFd>,
-    stop: OwnedFd,
+    control: ControlReceiver,
 }
 
 impl TemplateLauncher {
-    /// `stdin`: the command's input (empty: /dev/null); `stop`: readable
-    /// when the execution is to be stopped (cancel).
+    /// `stdin`: the command's input (empty: /dev/null); `control`: the
+    /// run's end of its stop (cancel) channel.
     pub fn new(
         templates: Arc<Templates>,
         stdin: Vec<u8>,
-        stop: OwnedFd,
+        control: ControlReceiver,
     ) -> std::io::Result<TemplateLauncher> {
         let stdin = if stdin.is_empty() {
             None
@@ -68,7 +69,7 @@ impl TemplateLauncher {
         Ok(TemplateLauncher {
             templates,
             stdin,
-            stop,
+            control,
         })
     }
 }
@@ -86,7 +87,7 @@ impl Launcher for TemplateLauncher {
                 opts,
                 observer,
                 self.stdin.take(),
-                Some(self.stop.as_fd()),
+                Control::Channel(&self.control),
             )
         });
         match run {
