@@ -14,7 +14,6 @@
 //! computes) has the same [`key`]: a `.env` or `~/.aws` that appeared since
 //! changes the view's stand-ins, so the key, so a new template is built.
 
-use std::ffi::CString;
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -509,6 +508,10 @@ fn become_template(plan: &Plan, per_exec: &[bool]) -> Result<OwnedFd, String> {
 
 /// Forks an execution per request until the service goes away (then every
 /// execution is killed) or retires the template (then it waits for them).
+/// The next execution's init is forked ahead of its request ("warm"): its
+/// namespaces and fresh filesystems are laid while nothing waits, and a
+/// request only hands it the command and its descriptors. Each init serves
+/// one execution.
 fn serve(
     ctl: &UnixStream,
     plan: &Plan,
@@ -517,13 +520,17 @@ fn serve(
     program: &seccompiler::BpfProgram,
 ) -> ! {
     let mut running: Vec<OwnedFd> = Vec::new();
+    let mut warm: Option<Init> = None;
     loop {
         running.retain(|p| !exited(p.as_fd()));
+        if warm.is_none() {
+            warm = spawn_init(plan, per_exec, scratch, program).ok();
+        }
         let (request, fds) = match recv_frame::<Request>(ctl.as_fd()) {
             Ok(r) => r,
             Err(_) => {
                 // The service is gone: nothing it started may outlive it.
-                for p in &running {
+                for p in running.iter().chain(warm.as_ref().map(|w| &w.pidfd)) {
                     let _ = sys::pidfd_send_signal(p.as_fd(), libc::SIGKILL);
                 }
                 sys::exit_now(0);
@@ -539,13 +546,25 @@ fn serve(
                     )];
                     while nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE).is_err() {}
                 }
+                // The warm init dies with this process (its parent-death signal).
                 sys::exit_now(0);
             }
         };
         let reply = if fds.len() != 4 {
             Err("an execution needs stdin, stdout, stderr and a report pipe".to_string())
         } else {
-            fork_execution(plan, per_exec, scratch, program, argv, env, &fds)
+            let request = serde_json::to_vec(&Request::Exec { argv, env }).unwrap_or_default();
+            let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+            // The warm init, or (it died, or none could be made) a fresh one.
+            let handed = warm
+                .take()
+                .filter(|w| !exited(w.pidfd.as_fd()))
+                .ok_or_else(|| "no warm init".to_string())
+                .and_then(|w| w.hand_over(&request, &raw));
+            handed.or_else(|_| {
+                spawn_init(plan, per_exec, scratch, program)
+                    .and_then(|w| w.hand_over(&request, &raw))
+            })
         };
         drop(fds);
         let (body, pidfd) = match reply {
@@ -564,81 +583,117 @@ fn exited(pidfd: BorrowedFd<'_>) -> bool {
     matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
-fn fork_execution(
+/// An execution's init, forked and waiting for its command.
+struct Init {
+    pid: i32,
+    pidfd: OwnedFd,
+    sock: UnixStream,
+}
+
+impl Init {
+    /// Gives the init its command and descriptors; it is the execution now.
+    fn hand_over(self, request: &[u8], fds: &[RawFd]) -> Result<(i32, OwnedFd), String> {
+        send_frame(self.sock.as_fd(), request, fds)
+            .map_err(|e| format!("hand the execution to its init: {e}"))?;
+        Ok((self.pid, self.pidfd))
+    }
+}
+
+/// Forks an execution's init: pid 1 of its own pid namespace, in its own
+/// copy of the template's mounts (and ipc and uts namespaces).
+fn spawn_init(
     plan: &Plan,
     per_exec: &[bool],
     scratch: &OwnedFd,
     program: &seccompiler::BpfProgram,
-    argv: Vec<Vec<u8>>,
-    env: Vec<Vec<u8>>,
-    fds: &[OwnedFd],
-) -> Result<(i32, OwnedFd), String> {
-    let argv = run::cstrings(argv)?;
-    let envp = run::cstrings(env)?;
+) -> Result<Init, String> {
+    let (ours, theirs) = UnixStream::pair().map_err(|e| format!("create a socket pair: {e}"))?;
     let flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
     // SAFETY: the template process is single-threaded (see
     // `template_main`), so the child may run ordinary Rust.
     match unsafe { sys::clone_with_pidfd(flags) } {
-        Ok((Forked::Child, _)) => execution_main(plan, per_exec, scratch, program, argv, envp, fds),
-        Ok((Forked::Parent(pid), Some(pidfd))) => Ok((pid, pidfd)),
+        Ok((Forked::Child, _)) => init_main(plan, per_exec, scratch, program, &theirs),
+        Ok((Forked::Parent(pid), Some(pidfd))) => Ok(Init {
+            pid,
+            pidfd,
+            sock: ours,
+        }),
         Ok((Forked::Parent(_), None)) => Err("clone gave no pidfd".into()),
         Err(e) => Err(format!("fork an execution: {e}")),
     }
 }
 
-/// The execution's init: pid 1 of its own pid namespace, in its own copy of
-/// the template's mount namespace. Never returns.
-fn execution_main(
+/// The execution's init. Lays its fresh filesystems, then waits for its
+/// command (argv, env; stdin, stdout, stderr and the report pipe), and
+/// runs it as the one-shot init does. Never returns.
+fn init_main(
     plan: &Plan,
     per_exec: &[bool],
     scratch: &OwnedFd,
     program: &seccompiler::BpfProgram,
-    argv: Vec<CString>,
-    envp: Vec<CString>,
-    fds: &[OwnedFd],
+    sock: &UnixStream,
 ) -> ! {
-    // The report pipe at 3 and the scratch tmpfs at 4; everything else the
-    // template holds (its control socket, other executions' pidfds) closes.
-    let setup = (|| -> Result<(), String> {
-        // The template ignores SIGCHLD (the kernel reaps executions); this
-        // init reaps its own tree. The command resets every signal itself.
-        sys::default_signal(libc::SIGCHLD);
-        sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS)
-            .map_err(|e| format!("block signals: {e}"))?;
-        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-            .map_err(|e| format!("set parent-death signal: {e}"))?;
-        for (i, fd) in fds.iter().enumerate() {
-            // SAFETY: fds 0-3 of this child are owned by no Rust object (the
-            // template's stdio is /dev/null, its control socket at 3 is
-            // replaced on purpose); the init and the command use them only
-            // as stdio and the report pipe.
-            unsafe { sys::dup2(fd.as_raw_fd(), i as RawFd) }
-                .map_err(|e| format!("set up stdio: {e}"))?;
+    // The template ignores SIGCHLD (the kernel reaps executions); this init
+    // reaps its own tree. The command resets every signal itself.
+    sys::default_signal(libc::SIGCHLD);
+    if sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS).is_err()
+        || nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_err()
+    {
+        sys::exit_now(125);
+    }
+    // Keep stdio (the template's /dev/null), the socket and the scratch
+    // tmpfs: everything else the template holds (its control socket, other
+    // executions' pidfds) closes.
+    let (a, b) = {
+        let (x, y) = (sock.as_raw_fd() as u32, scratch.as_raw_fd() as u32);
+        (x.min(y), x.max(y))
+    };
+    // SAFETY: the owners of these fds are never dropped in this process,
+    // which execs or exits; `sock` and `scratch` are not among them.
+    let closed = unsafe { sys::close_range(3, a - 1) }
+        .and_then(|()| unsafe { sys::close_range(a + 1, b - 1) })
+        .and_then(|()| unsafe { sys::close_range(b + 1, u32::MAX) });
+    if closed.is_err() {
+        sys::exit_now(125);
+    }
+    // A failure here is reported once the execution's report pipe arrives.
+    let view = crate::mounts::finish_execution_root(&Kernel, &plan.mounts, per_exec, scratch)
+        .map_err(|e| format!("build the sandbox view: {e}"))
+        .and_then(|()| {
+            nix::unistd::chdir(&plan.cwd)
+                .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))
+        });
+    let (argv, env, fds) = match recv_frame::<Request>(sock.as_fd()) {
+        Ok((Request::Exec { argv, env }, fds)) if fds.len() == 4 => (argv, env, fds),
+        // The template is gone or retired this init unused.
+        _ => sys::exit_now(0),
+    };
+    for (i, fd) in fds.iter().enumerate() {
+        // SAFETY: fds 0-3 of this child are owned by no Rust object that is
+        // ever dropped (it execs or exits); a received fd numbered below
+        // `i` was duplicated to its own place already (see the loop order).
+        if unsafe { sys::dup2(fd.as_raw_fd(), i as RawFd) }.is_err() {
+            sys::exit_now(125);
         }
-        Ok(())
-    })();
-    if let Err(e) = setup {
-        init::fail(fds[3].as_raw_fd(), SetupStage::Sandbox, 0, &e);
     }
-    // fds[3] is now fd 3 (the report pipe); the scratch goes to 4.
     let report_fd: RawFd = 3;
-    let fail = |e: String| -> ! { init::fail(report_fd, SetupStage::Sandbox, 0, &e) };
-    // Keep stdio, the report pipe and the stand-ins' scratch tmpfs.
-    let keep = scratch.as_raw_fd() as u32;
-    // SAFETY: the owners of these fds (the template's control socket, the
-    // received descriptors, other executions' pidfds) are never dropped in
-    // this process, which execs or exits; `scratch` is not among them.
-    let closed = unsafe { sys::close_range(4, keep.saturating_sub(1)) }
-        .and_then(|()| unsafe { sys::close_range(keep + 1, u32::MAX) });
-    if let Err(e) = closed {
-        fail(format!("close inherited fds: {e}"));
+    // SAFETY: as above: the socket, the scratch tmpfs and the received
+    // originals are never used again in this process.
+    if let Err(e) = unsafe { sys::close_range(4, u32::MAX) } {
+        init::fail(
+            report_fd,
+            SetupStage::Sandbox,
+            0,
+            &format!("close inherited fds: {e}"),
+        );
     }
-    if let Err(e) = crate::mounts::finish_execution_root(&Kernel, &plan.mounts, per_exec, scratch) {
-        fail(format!("build the sandbox view: {e}"));
+    if let Err(e) = view {
+        init::fail(report_fd, SetupStage::Sandbox, 0, &e);
     }
-    if let Err(e) = nix::unistd::chdir(&plan.cwd) {
-        fail(format!("enter the workspace {}: {e}", plan.cwd.display()));
-    }
+    let (argv, envp) = match (run::cstrings(argv), run::cstrings(env)) {
+        (Ok(a), Ok(e)) => (a, e),
+        (Err(e), _) | (_, Err(e)) => init::fail(report_fd, SetupStage::Sandbox, 0, &e),
+    };
     let args = InitArgs {
         plan,
         report_fd,
