@@ -170,3 +170,24 @@ def test_template_and_oneshot_results_are_the_same_contract(ws):
         finally:
             s.close()
     assert results["template"] == results["oneshot"], results
+
+
+def test_template_killed_is_replaced_not_asked(ws):
+    # A template process that died (killed, out of memory) must not turn
+    # every later execution into a failure.
+    s = Server(["--policy", "workspace-contained"], cwd=ws)
+    try:
+        eid, r = run(s, ["sh", "-c", "echo BUILT"])
+        assert r["launch"] == "template" and "BUILT" in output(s, eid), r
+        kids = []
+        for task in os.listdir(f"/proc/{s.proc.pid}/task"):
+            with open(f"/proc/{s.proc.pid}/task/{task}/children") as f:
+                kids += [int(p) for p in f.read().split()]
+        assert kids, "the service started no template process"
+        for pid in kids:
+            os.kill(pid, 9)
+        eid, r = run(s, ["sh", "-c", "echo AFTER-KILL"])
+        assert r["launch"] == "template" and r["status"] == "finished", r
+        assert "AFTER-KILL" in output(s, eid), r
+    finally:
+        s.close()

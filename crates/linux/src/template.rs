@@ -113,6 +113,25 @@ pub fn key(plan: &Plan) -> String {
     .unwrap_or_default()
 }
 
+/// Why a template did not start an execution (nothing of it ran).
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// The template process was gone before it received the execution:
+    /// another template may run it.
+    #[error("the sandbox template is gone ({0})")]
+    Gone(String),
+    /// Anything else (a plan not the template's, a pipe that could not be
+    /// made, the template's own refusal).
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl From<String> for TemplateError {
+    fn from(e: String) -> TemplateError {
+        TemplateError::Refused(e)
+    }
+}
+
 /// The first message to a template process.
 #[derive(Serialize, Deserialize)]
 struct Spec {
@@ -193,13 +212,21 @@ impl Template {
         Ok(t)
     }
 
+    /// The template process has not exited.
+    fn alive(&self) -> bool {
+        let mut p = self.process.lock().unwrap_or_else(|p| p.into_inner());
+        matches!(p.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
     fn lock_ctl(&self) -> std::sync::MutexGuard<'_, UnixStream> {
         self.ctl.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs one execution of `plan` (whose [`key`] must be this template's)
     /// forked from the template: the same contract as [`run::run`]. `stdin`
-    /// is the command's stdin (None: /dev/null); `control` carries its stop
+    /// is the command's stdin (None: /dev/null), taken once the execution
+    /// has it (left for another template on [`TemplateError::Gone`]);
+    /// `control` carries its stop
     /// (cancel) requests, as for [`run::run_with`]. Err: the
     /// template could not start it (nothing ran; the caller may take the
     /// one-shot path).
@@ -208,16 +235,20 @@ impl Template {
         plan: &Plan,
         opts: &RunOptions,
         observer: &mut dyn RunObserver,
-        stdin: Option<OwnedFd>,
+        stdin: &mut Option<OwnedFd>,
         control: Control<'_>,
-    ) -> Result<RunOutcome, String> {
+    ) -> Result<RunOutcome, TemplateError> {
         if key(plan) != self.key {
             // Never a stale view: the plan computed for this execution
             // must be the one the template was built from.
-            return Err("the plan is not this template's".into());
+            return Err(TemplateError::Refused(
+                "the plan is not this template's".into(),
+            ));
         }
         if let Some(why) = ineligible(plan, opts) {
-            return Err(format!("not eligible for a template: {why}"));
+            return Err(TemplateError::Refused(format!(
+                "not eligible for a template: {why}"
+            )));
         }
         let start = Instant::now();
         let mut out = RunOutcome::refused(String::new());
@@ -242,11 +273,15 @@ impl Template {
             (Ok(a), Ok(e)) => (a, e),
             (Err(e), _) | (_, Err(e)) => return Ok(refused(e)),
         };
-        let stdin = match stdin {
-            Some(fd) => fd,
-            None => std::fs::File::open("/dev/null")
-                .map(OwnedFd::from)
-                .map_err(|e| format!("open /dev/null: {e}"))?,
+        let dev_null;
+        let stdin_fd = match stdin.as_ref() {
+            Some(fd) => fd.as_raw_fd(),
+            None => {
+                dev_null = std::fs::File::open("/dev/null")
+                    .map(OwnedFd::from)
+                    .map_err(|e| format!("open /dev/null: {e}"))?;
+                dev_null.as_raw_fd()
+            }
         };
         let wanted: &[(Stream, usize, Option<i32>)] = match opts.output {
             OutputMode::Capture { limit } => {
@@ -259,7 +294,7 @@ impl Template {
         run::capture_pipes(wanted, &mut captures, &mut stdout_w, &mut stderr_w)?;
         let (stdout_w, stderr_w) = match (stdout_w, stderr_w) {
             (Some(o), Some(e)) => (o, e),
-            _ => return Err("output pipes missing".into()),
+            _ => return Err(TemplateError::Refused("output pipes missing".into())),
         };
         let (report_r, report_w) = run::pipe().map_err(|e| format!("create a pipe: {e}"))?;
         let request = serde_json::to_vec(&Request::Exec {
@@ -273,22 +308,32 @@ impl Template {
                 ctl.as_fd(),
                 &request,
                 &[
-                    stdin.as_raw_fd(),
+                    stdin_fd,
                     stdout_w.as_raw_fd(),
                     stderr_w.as_raw_fd(),
                     report_w.as_raw_fd(),
                 ],
             )
-            .map_err(|e| format!("ask the sandbox template: {e}"))?;
+            .map_err(|e| TemplateError::Gone(e.to_string()))?;
+            // From here the execution may have its stdin: never run twice.
+            stdin.take();
             match recv_frame::<Reply>(ctl.as_fd()) {
                 Ok((Reply::Started { pid }, mut fds)) if fds.len() == 1 => (pid, fds.remove(0)),
-                Ok((Reply::Failed { error }, _)) => return Err(error),
-                Ok(_) => return Err("the sandbox template answered out of turn".into()),
-                Err(e) => return Err(format!("the sandbox template is gone: {e}")),
+                Ok((Reply::Failed { error }, _)) => return Err(TemplateError::Refused(error)),
+                Ok(_) => {
+                    return Err(TemplateError::Refused(
+                        "the sandbox template answered out of turn".into(),
+                    ))
+                }
+                Err(e) => {
+                    return Err(TemplateError::Refused(format!(
+                        "the sandbox template is gone: {e}"
+                    )))
+                }
             }
         };
         // Only the execution holds the write ends now.
-        drop((stdin, stdout_w, stderr_w, report_w));
+        drop((stdout_w, stderr_w, report_w));
         out.layers.namespaces = Enforcement::Full;
         let init = InitHandle::Forked {
             pid: nix::unistd::Pid::from_raw(pid),
@@ -371,9 +416,13 @@ impl Templates {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = map.iter().position(|(x, _)| *x == k) {
             let entry = map.remove(i);
-            let t = entry.1.clone();
-            map.push(entry);
-            return Ok(t);
+            // A template whose process died (killed, out of memory) is
+            // replaced, not asked.
+            if entry.1.alive() {
+                let t = entry.1.clone();
+                map.push(entry);
+                return Ok(t);
+            }
         }
         let t = Arc::new(Template::start(plan, &self.moat)?);
         map.retain(|(_, old)| !same_place(old, plan));
@@ -382,6 +431,13 @@ impl Templates {
             map.remove(0);
         }
         Ok(t)
+    }
+
+    /// Forgets `t` (it failed to start an execution: its process may be
+    /// gone); the next execution of its plan gets a new template.
+    pub fn discard(&self, t: &Arc<Template>) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|(_, x)| !Arc::ptr_eq(x, t));
     }
 
     /// How many templates are alive (for status reports and tests).

@@ -88,7 +88,7 @@ fn files_processes_env_and_fds_of_one_execution_are_invisible_to_the_next() {
                  exec 7>/tmp/fd7; sh -c 'sleep 1000' {marker} & echo FIRST-RAN"
             )),
             &mut obs,
-            None,
+            &mut None,
             Control::Channel(&idle()),
         )
         .unwrap();
@@ -107,7 +107,7 @@ fn files_processes_env_and_fds_of_one_execution_are_invisible_to_the_next() {
                  echo ENV; env; cat /proc/1/environ; echo; echo SECOND-RAN",
             ),
             &mut obs,
-            None,
+            &mut None,
             Control::Channel(&idle()),
         )
         .unwrap();
@@ -198,7 +198,7 @@ fn an_abstract_socket_of_a_running_execution_cannot_be_reached_from_the_next() {
                     "python3 -c \"import socket,sys,time; s=socket.socket(socket.AF_UNIX); s.bind('\\0{name1}'); s.listen(1); print('BOUND', flush=True); time.sleep(1000)\""
                 )),
                 &mut w,
-                None,
+                &mut None,
                 Control::Channel(&stop_r),
             )
             .unwrap()
@@ -220,7 +220,7 @@ except OSError as e:
 \""
                 )),
                 &mut obs,
-                None,
+                &mut None,
                 Control::Channel(&idle()),
             )
             .unwrap();
@@ -258,7 +258,7 @@ fn stop_kills_a_setsid_grandchild() {
                     "setsid sh -c 'sleep 1000' {marker1} & echo STARTED; wait"
                 )),
                 &mut w,
-                None,
+                &mut None,
                 Control::Channel(&stop_r),
             )
             .unwrap()
@@ -289,7 +289,7 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
             &p,
             &opts("echo BUILT"),
             &mut obs,
-            None,
+            &mut None,
             Control::Channel(&idle()),
         )
         .unwrap();
@@ -303,7 +303,7 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
             &fresh,
             &opts("cat .env"),
             &mut obs,
-            None,
+            &mut None,
             Control::Channel(&idle())
         )
         .is_err());
@@ -314,7 +314,7 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
             &fresh,
             &opts("cat .env; echo CAT-RAN"),
             &mut obs,
-            None,
+            &mut None,
             Control::Channel(&idle()),
         )
         .unwrap();
@@ -350,7 +350,7 @@ fn timing() {
     for _ in 0..200 {
         let s = std::time::Instant::now();
         let out = t
-            .run(&p, &o, &mut obs, None, Control::Channel(&idle()))
+            .run(&p, &o, &mut obs, &mut None, Control::Channel(&idle()))
             .unwrap();
         assert_eq!(out.exit_code, 0);
         xs.push(s.elapsed().as_secs_f64() * 1e3);

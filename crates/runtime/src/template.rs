@@ -10,7 +10,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use moat_linux::control::{Control, ControlReceiver};
-use moat_linux::template::Templates;
+use moat_linux::template::{TemplateError, Templates};
 use moat_linux::{Plan, RunObserver, RunOptions, RunOutcome};
 use moat_policy::{Backend, NetworkMode, Policy};
 
@@ -81,15 +81,38 @@ impl Launcher for TemplateLauncher {
         opts: &RunOptions,
         observer: &mut dyn RunObserver,
     ) -> RunOutcome {
-        let run = self.templates.get(plan).and_then(|t| {
-            t.run(
+        // A template found gone before it took the execution is replaced
+        // once; anything else is this execution's failure.
+        let mut run = Err(String::new());
+        for _ in 0..2 {
+            let t = match self.templates.get(plan) {
+                Ok(t) => t,
+                Err(e) => {
+                    run = Err(e);
+                    break;
+                }
+            };
+            match t.run(
                 plan,
                 opts,
                 observer,
-                self.stdin.take(),
+                &mut self.stdin,
                 Control::Channel(&self.control),
-            )
-        });
+            ) {
+                Ok(out) => {
+                    run = Ok(out);
+                    break;
+                }
+                Err(e) => {
+                    self.templates.discard(&t);
+                    let again = matches!(e, TemplateError::Gone(_));
+                    run = Err(e.to_string());
+                    if !again {
+                        break;
+                    }
+                }
+            }
+        }
         match run {
             Ok(out) => out,
             Err(e) => {
