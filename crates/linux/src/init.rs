@@ -151,11 +151,15 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailu
     )
     .map_err(|e| format!("close inherited fds: {e}"))?;
     if !plan.namespaces() {
+        let mut slave = None;
         if plan.landlock_only() {
+            // No private devpts without namespaces: the command's terminal
+            // is a fresh pty on the host's, relayed like the namespaces one.
+            slave = open_terminal(args)?;
             nix::unistd::chdir(&plan.cwd)
                 .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
         }
-        return Ok(None);
+        return Ok(slave);
     }
     // SAFETY: the init has one thread, and nothing in it reads its
     // environment (the command's is prepared before the clone).
@@ -179,11 +183,21 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailu
             .map_err(|e| format!("hand the broker socket to moat: {e}"))?;
     }
     // The pty pair lives in the view's own devpts; the supervisor gets the master.
+    let slave = open_terminal(args)?;
+    nix::unistd::chdir(&plan.cwd)
+        .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
+    Ok(slave)
+}
+
+/// Opens the command's pty (in the devpts this process sees) when it gets
+/// one, hands the master to the supervisor over the handoff socket and
+/// closes that socket (the last thing sent over it). Returns the slave.
+fn open_terminal(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
+    use std::os::fd::AsRawFd;
     let mut slave = None;
     if let (Some(hfd), Some(_)) = (args.handoff_fd, args.pty) {
-        use std::os::fd::AsRawFd;
         let (master, s) = crate::pty::open_pair()
-            .map_err(|e| format!("open a terminal in the sandbox's /dev/pts: {e}"))?;
+            .map_err(|e| format!("open a terminal for the command (/dev/ptmx): {e}"))?;
         // The size first, so the command never sees 0x0 (the supervisor's
         // copy may come after the command has started).
         crate::pty::copy_window_size_to(master.as_raw_fd());
@@ -194,8 +208,6 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailu
     if let Some(hfd) = args.handoff_fd {
         let _ = nix::unistd::close(hfd);
     }
-    nix::unistd::chdir(&plan.cwd)
-        .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
     Ok(slave)
 }
 

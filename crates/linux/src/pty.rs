@@ -1,6 +1,7 @@
 //! A terminal of the command's own. When any of moat's stdin, stdout and
 //! stderr is a terminal, the init opens a pty pair in the sandbox's private
-//! devpts; the command gets the slave as its controlling terminal (so `tty`
+//! devpts (on the Landlock backend, which has none, in the host's); the
+//! command gets the slave as its controlling terminal (so `tty`
 //! names a /dev/pts path and job control works) on each of those fds, and
 //! the supervisor relays between the host terminal (in raw mode while moat
 //! is in the foreground) and the master, copying the window size at the
@@ -17,7 +18,8 @@ use nix::sys::termios::{self, SetArg, Termios};
 use crate::sys;
 
 /// Opens a pty pair (master, slave) in the devpts of the current mount
-/// namespace: `/dev/ptmx` and `/dev/pts/N`.
+/// namespace: `/dev/ptmx` and `/dev/pts/N` (the sandbox's own, or the
+/// host's on the Landlock backend).
 pub fn open_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let to_io = |e: nix::errno::Errno| io::Error::from_raw_os_error(e as i32);
     let master = nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)
