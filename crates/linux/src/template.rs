@@ -508,6 +508,7 @@ fn recv_frame<T: serde::de::DeserializeOwned>(
 /// in main). Never returns.
 pub fn template_main() -> ! {
     let Ok(ctl) = crate::process::take_inherited_fd(CTL_FD) else {
+        eprintln!("moat: `moat {SUBCOMMAND}` is internal: `moat serve` and `moat mcp` start it with its control socket");
         sys::exit_now(125)
     };
     let ctl = UnixStream::from(ctl);
