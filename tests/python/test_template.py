@@ -157,7 +157,7 @@ def test_template_secret_created_after_the_template_was_built_is_hidden(ws):
 VOLATILE = {"execution_id", "session_id", "started_at", "finished_at", "resource_usage", "launch"}
 
 
-def test_template_and_oneshot_results_are_the_same_contract(ws):
+def test_template_and_oneshot_results_are_the_same(ws):
     results = {}
     for launch in ("template", "oneshot"):
         s = Server(["--policy", "workspace-write", "--launch", launch], cwd=ws)
