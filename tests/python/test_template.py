@@ -186,6 +186,17 @@ def test_template_killed_is_replaced_not_asked(ws):
         assert kids, "the service started no template process"
         for pid in kids:
             os.kill(pid, 9)
+
+        def dead(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+            except OSError:
+                return True
+
+        # Dead, not dying: a template killed while it takes a request fails
+        # that one execution (it may have started it; it is never re-run).
+        wait_for(lambda: all(dead(p) for p in kids), "the template to die")
         eid, r = run(s, ["sh", "-c", "echo AFTER-KILL"])
         assert r["launch"] == "template" and r["status"] == "finished", r
         assert "AFTER-KILL" in output(s, eid), r
