@@ -353,9 +353,15 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
     // both are I/O-bound and independent, and the launch path is shorter by
     // the audit's share. The results are joined before the plan, and
     // before anything runs: a run that cannot be recorded does not happen
-    // (unless the caller said --no-audit).
+    // (unless the caller said --no-audit). Unsandboxed, the probe is
+    // next to nothing: the record is made here, with no thread to start.
+    let beside = policy.level.is_sandboxed();
     let (audit, mut facts) = std::thread::scope(|scope| {
-        let recorder = audit_path.as_ref().map(|path| {
+        let inline = match &audit_path {
+            Some(path) if !beside => Some(open_and_record_start(path, &resolved)),
+            _ => None,
+        };
+        let recorder = audit_path.as_ref().filter(|_| beside).map(|path| {
             let resolved = &resolved;
             scope.spawn(move || open_and_record_start(path, resolved))
         });
@@ -371,7 +377,7 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
         }
         mark("redacted copies of the user's tool config");
         let audit = match recorder.map(|r| r.join()) {
-            None => Ok(None),
+            None => inline.transpose(),
             Some(Ok(result)) => result.map(Some),
             Some(Err(_)) => Err(StartRecord::NotRecorded(
                 "the audit thread failed".to_string(),
