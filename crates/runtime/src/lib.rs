@@ -21,7 +21,6 @@ pub mod subprocess;
 pub mod template;
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -196,6 +195,23 @@ impl Session {
             }
         }
     }
+
+    /// Records `events` and fails when they are not on record: what comes
+    /// before the launch must be, or the run does not happen.
+    fn record_required(&mut self, events: &[Value]) -> Result<(), String> {
+        for ev in events {
+            (self.sink)(ev);
+        }
+        match &self.audit {
+            Some(log) => log.append(events).map_err(|e| {
+                format!(
+                    "cannot record the run in the audit log, so it does not happen: {e}; \
+                     fix the log, pass --audit-log PATH, or --no-audit"
+                )
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 impl RunObserver for Session {
@@ -330,117 +346,85 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
         policy_epoch: policy_hash,
         moat_version: env!("CARGO_PKG_VERSION").to_string(),
     };
-    let audit_path = match &req.audit {
+    // The log is opened before anything runs: a run that cannot be recorded
+    // does not happen (unless the caller said --no-audit).
+    let audit = match &req.audit {
         AuditTarget::Off => None,
-        AuditTarget::Log(path) => match path
-            .clone()
-            .or_else(|| moat_audit::default_log_path(&req.env))
-        {
-            Some(p) => Some(p),
-            None => return Err(refused("no audit log location: set HOME or XDG_STATE_HOME, pass --audit-log PATH, or --no-audit".to_string())),
-        },
-    };
-    let proxy_upstream = match &policy.network.upstream_url {
-        Some(u) if policy.network.mode == NetworkMode::Proxy => {
-            Some(moat_proxy::parse_upstream(u).map_err(|e| refused(e.to_string()))?)
+        AuditTarget::Log(path) => {
+            let Some(path) = path
+                .clone()
+                .or_else(|| moat_audit::default_log_path(&req.env))
+            else {
+                return Err(refused("no audit log location: set HOME or XDG_STATE_HOME, pass --audit-log PATH, or --no-audit".to_string()));
+            };
+            match AuditLog::open(&path) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    return Err(refused(format!(
+                        "cannot open the audit log {}: {e}; pass --audit-log PATH or --no-audit",
+                        path.display()
+                    )))
+                }
+            }
         }
-        _ => None,
     };
+    mark("open the audit log");
     let resolved = policy_resolved(&policy, req.metadata.clone()).stamp(&ctx);
-    mark("policy hash, the start event");
-    // The log is opened and the start of the run put on record (appended
-    // and read back) on a second thread while this one probes the host:
-    // both are I/O-bound and independent, and the launch path is shorter by
-    // the audit's share. The results are joined before the plan, and
-    // before anything runs: a run that cannot be recorded does not happen
-    // (unless the caller said --no-audit). Unsandboxed, the probe is
-    // next to nothing: the record is made here, with no thread to start.
-    let beside = policy.level.is_sandboxed();
-    let (audit, mut facts) = std::thread::scope(|scope| {
-        let inline = match &audit_path {
-            Some(path) if !beside => Some(open_and_record_start(path, &resolved)),
-            _ => None,
-        };
-        let recorder = audit_path.as_ref().filter(|_| beside).map(|path| {
-            let resolved = &resolved;
-            scope.spawn(move || open_and_record_start(path, resolved))
-        });
-        let mut facts = HostFacts::probe(&policy, req.env.clone());
-        mark("probe the host");
-        if policy.level.is_sandboxed() {
-            // The user's tool configuration, credentials removed, where the
-            // tools look under the sandbox HOME.
-            facts.home_config_copies = moat_config::redacted_user_configs(&policy.home)
-                .into_iter()
-                .map(|r| (r.rel, r.contents))
-                .collect();
-        }
-        mark("redacted copies of the user's tool config");
-        let audit = match recorder.map(|r| r.join()) {
-            None => inline.transpose(),
-            Some(Ok(result)) => result.map(Some),
-            Some(Err(_)) => Err(StartRecord::NotRecorded(
-                "the audit thread failed".to_string(),
-            )),
-        };
-        (audit, facts)
-    });
-    mark("audit: log opened, start record appended and verified (beside the probe)");
-    let audit = match audit {
-        Ok(a) => a,
-        Err(StartRecord::CannotOpen(path, e)) => {
-            return Err(refused(format!(
-                "cannot open the audit log {}: {e}; pass --audit-log PATH or --no-audit",
-                path.display()
-            )))
-        }
-        Err(StartRecord::NotRecorded(e)) => {
-            (sink)(&resolved);
-            return Err(refused(format!(
-                "cannot record the run in the audit log, so it does not happen: {e}; \
-                 fix the log, pass --audit-log PATH, or --no-audit"
-            )));
-        }
-    };
-    // On record (or --no-audit): streamed first, as before the probe.
-    (sink)(&resolved);
+    mark("the start event (canonical policy)");
+    let mut facts = HostFacts::probe(&policy, req.env.clone());
+    mark("probe the host");
+    if policy.level.is_sandboxed() {
+        // The user's tool configuration, credentials removed, where the
+        // tools look under the sandbox HOME.
+        facts.home_config_copies = moat_config::redacted_user_configs(&policy.home)
+            .into_iter()
+            .map(|r| (r.rel, r.contents))
+            .collect();
+    }
+    mark("redacted copies of the user's tool config");
     if let Some(log) = &audit {
         facts.add_hidden_file(log.path());
     }
     if let Some(h) = &req.nested {
         nested::apply_handoff(h, &mut facts);
     }
-    let plan = moat_linux::build_plan(&policy, &facts)
-        .map_err(|e| e.to_string())
-        .and_then(|plan| match &req.nested {
-            Some(h) => moat_linux::view::check_nested(&h.outer, &policy, &plan.view)
-                .map(|()| plan)
-                .map_err(|e| e.to_string()),
-            None => Ok(plan),
-        });
+    let plan = moat_linux::build_plan(&policy, &facts);
     mark("plan");
     let plan = match plan {
         Ok(p) => p,
         Err(e) => {
-            // The start is on record: so is why the run did not happen.
             let failed = Event::Failed {
-                reason: Some(e.clone()),
+                reason: Some(e.to_string()),
                 exit_code: None,
             }
             .stamp(&ctx);
             let mut s = Session::new(ctx, audit, sink, &req);
-            s.record(&[failed]);
-            return Err(refused(e));
+            s.record(&[resolved, failed]);
+            return Err(refused(e.to_string()));
         }
     };
+    if let Some(h) = &req.nested {
+        if let Err(e) = moat_linux::view::check_nested(&h.outer, &policy, &plan.view) {
+            return Err(refused(e.to_string()));
+        }
+    }
     let mut session = Session::new(ctx, audit, sink, &req);
     session.outer.view = Some(plan.view.clone());
     if policy.network.mode == NetworkMode::Proxy {
         let mut config = moat_proxy::ProxyConfig::new(policy.network.rules.clone());
         config.credentials = registry_credentials(&policy);
-        config.upstream = proxy_upstream;
+        if let Some(u) = &policy.network.upstream_url {
+            match moat_proxy::parse_upstream(u) {
+                Ok(up) => config.upstream = Some(up),
+                Err(e) => return Err(refused(e.to_string())),
+            }
+        }
         session.proxy_config = Some(config);
     }
+    // The start of the run is on record (appended and read back) before
+    // anything runs: a run that cannot be recorded does not happen.
+    session.record_required(&[resolved]).map_err(refused)?;
+    mark("audit: start record appended and verified");
     let opts = RunOptions {
         argv: req.argv,
         output: req.output,
@@ -455,23 +439,6 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
         session,
         nested: req.nested,
     })
-}
-
-/// Why the start of a run is not on record.
-enum StartRecord {
-    /// The log cannot be opened (it is refused, or the I/O failed).
-    CannotOpen(PathBuf, moat_audit::AuditError),
-    /// The append or its read-back failed.
-    NotRecorded(String),
-}
-
-/// Opens the audit log at `path` and appends `resolved`, the start of the
-/// run (read back before this returns `Ok`).
-fn open_and_record_start(path: &Path, resolved: &Value) -> Result<AuditLog, StartRecord> {
-    let log = AuditLog::open(path).map_err(|e| StartRecord::CannotOpen(path.to_path_buf(), e))?;
-    log.append(std::slice::from_ref(resolved))
-        .map_err(|e| StartRecord::NotRecorded(e.to_string()))?;
-    Ok(log)
 }
 
 /// The run step: what turns a plan into a process tree and its outcome.
