@@ -261,7 +261,8 @@ impl Service {
         env: &BTreeMap<String, String>,
     ) -> Result<PolicyFlags, RpcError> {
         let mut flags = self.flags.clone();
-        flags.cwd = Some(self.resolve_cwd(cwd)?);
+        let dir = self.resolve_cwd(cwd)?;
+        flags.cwd = Some(dir.clone());
         let (level, network, allow, deny) = parse_policy_ref(policy)?;
         let ceiling = &self.ceiling;
         if let Some(l) = level {
@@ -317,7 +318,77 @@ impl Service {
             }
             flags.env.push((k.clone(), v.clone()));
         }
+        self.check_cwd_view(&flags, &dir)?;
         Ok(flags)
+    }
+
+    /// Refuses a `cwd` whose view, as the execution's workspace, reaches
+    /// further than the same execution's view at a root containing it: a
+    /// directory the root's view keeps read-only or hidden (its `.git`
+    /// hooks, `.claude`, `.vscode`, a `.env.d`, a `--ro` grant inside it, a
+    /// home path that runs code) would otherwise become a writable or
+    /// visible workspace, since moat protects those relative to the
+    /// workspace. Checked against every root that contains it (the
+    /// strictest wins); a `cwd` that is a root itself needs no check.
+    fn check_cwd_view(&self, flags: &PolicyFlags, dir: &Path) -> Result<(), RpcError> {
+        let level = flags.policy.unwrap_or(self.ceiling.level);
+        if level == Level::DangerFullAccess {
+            return Ok(());
+        }
+        let containing: Vec<&PathBuf> = self
+            .roots
+            .iter()
+            .filter(|r| dir.starts_with(r) && r.as_path() != dir)
+            .collect();
+        if containing.is_empty() {
+            return Ok(());
+        }
+        let inner = self.view_of(flags)?;
+        for root in containing {
+            let mut at_root = flags.clone();
+            at_root.cwd = Some(root.clone());
+            let outer = self.view_of(&at_root)?;
+            if let Some((path, reach)) = moat_linux::view::reaches_further(&outer, &inner) {
+                let what = if reach == 0 {
+                    "hides"
+                } else {
+                    "keeps read-only"
+                };
+                let mut e = RpcError::domain(
+                    "POLICY_DENIED",
+                    format!(
+                        "cwd {} would open {}, which the server's policy {what} at its root {}; run in the root or a plain directory inside it",
+                        dir.display(),
+                        path.display(),
+                        root.display()
+                    ),
+                );
+                e.data["reason"] = json!("cwd_in_protected_path");
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// The view an execution with `flags` gets on this host now.
+    fn view_of(&self, flags: &PolicyFlags) -> Result<moat_linux::view::View, RpcError> {
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/"));
+        let (policy, _) = crate::resolve_policy_in(flags, &self.here, &home)
+            .map_err(|e| RpcError::domain("POLICY_DENIED", format!("{e:#}")))?;
+        let env = std::env::vars_os()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.to_string_lossy().into_owned(),
+                )
+            })
+            .collect();
+        Ok(moat_linux::view::compute(
+            &policy,
+            &moat_linux::HostFacts::probe(&policy, env),
+        ))
     }
 
     /// `moat exec` arguments for `flags` (the child resolves them exactly as
