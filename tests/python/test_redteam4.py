@@ -1,14 +1,17 @@
 """Red-team pass on `moat serve` (issue 11): a request must not move the
 server's ceiling, whatever it names."""
 
+import base64
 import os
 import random
+import socket
 import subprocess
 import tempfile
 
 import pytest
 
-from rpc import Server
+from rpc import MOAT, Server, host_pids_with, wait_for
+from test_service_isolation import SocketClient
 
 
 @pytest.fixture
@@ -31,8 +34,6 @@ def run(s, params):
 
 
 def stdout_of(s, execution_id):
-    import base64
-
     return b"".join(
         base64.b64decode(m["params"]["data"])
         for m in list(s.log)
@@ -126,3 +127,65 @@ def test_a_plain_subdirectory_cwd_still_runs_positive_control(ws):
     finally:
         s.close()
     assert open(os.path.join(ws, "src", "pkg", "made")).read().strip() == mark
+
+
+def hang_up(c):
+    """Closes a client's connection for good (its reader holds a dup)."""
+    c.sock.shutdown(socket.SHUT_RDWR)
+    c.close()
+
+
+# docs/protocol.md: what one client may have running at once.
+MAX_RUNNING_PER_CLIENT = 16
+
+
+@pytest.fixture
+def socket_server(ws):
+    d = tempfile.mkdtemp(prefix="moat-rt4-sock-")
+    os.chmod(d, 0o700)
+    path = os.path.join(d, "moat.sock")
+    p = subprocess.Popen(
+        [MOAT, "serve", "--no-audit", "--policy", "workspace-write", "--socket", path],
+        cwd=ws,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(lambda: os.path.exists(path) or p.poll() is not None, "the socket")
+        assert p.poll() is None, p.stderr.read().decode(errors="replace")
+        yield path
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_one_client_cannot_flood_the_service_with_executions(ws, socket_server):
+    tok = token()
+    flood = MAX_RUNNING_PER_CLIENT + 8
+    a = SocketClient(socket_server)
+    b = SocketClient(socket_server)
+    try:
+        answers = [a.call("execute", {"command": ["sleep", "300", tok]}) for _ in range(flood)]
+        started = [r["result"]["execution_id"] for r in answers if "result" in r]
+        refused = [r["error"]["data"] for r in answers if "error" in r]
+        assert all(e["code"] == "EXECUTION_LIMIT_EXCEEDED" for e in refused), refused
+        # The side effect: no more of A's commands run than the limit.
+        wait_for(lambda: len(host_pids_with(tok)) >= len(started), "A's sleeps")
+        assert len(host_pids_with(tok)) <= MAX_RUNNING_PER_CLIENT, "one client ran past the limit"
+        # The service keeps serving another client meanwhile.
+        mark = token()
+        ex = b.ok("execute", {"command": ["sh", "-c", f"echo ok-{mark}"]})
+        wait_for(
+            lambda: any(e.get("type") == "execution.finished" for e in b.events_of(ex["execution_id"])),
+            "B's execution",
+        )
+        out = b"".join(
+            base64.b64decode(e["data"]) for e in b.events_of(ex["execution_id"]) if e["type"] == "execution.stdout"
+        )
+        assert f"ok-{mark}".encode() in out
+        # A slot comes back when one of A's executions ends.
+        a.ok("cancelExecution", {"execution_id": started[0]})
+        wait_for(lambda: "result" in a.call("execute", {"command": ["true"]}), "a freed slot")
+    finally:
+        for c in (a, b):
+            hang_up(c)
+    wait_for(lambda: not host_pids_with(tok), "A's sleeps gone with its connection")

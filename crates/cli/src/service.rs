@@ -22,6 +22,11 @@ pub(crate) const KEEP_OUTPUT: usize = crate::CAPTURE_LIMIT;
 /// Executions a server remembers: past this, the oldest finished ones are
 /// forgotten (a long-lived service must not grow with every run).
 pub(crate) const MAX_RECORDS: usize = 1000;
+/// Executions one client may have running at once: past this, `execute`
+/// is refused (`EXECUTION_LIMIT_EXCEEDED`) until one ends, so one client
+/// (a model asking for thousands of runs) cannot exhaust the host's
+/// processes and memory and stop the service serving the others.
+pub(crate) const MAX_RUNNING_PER_CLIENT: usize = 16;
 
 /// The flags every server takes: the ceiling policy, the roots a request's
 /// `cwd` must lie in, and where the executions are recorded.
@@ -157,6 +162,9 @@ pub(crate) struct Service {
     here: PathBuf,
     records: Mutex<Vec<Record>>,
     changed: Condvar,
+    /// Executions each client has started and not yet seen end (see
+    /// [`MAX_RUNNING_PER_CLIENT`]), counted from before `start`.
+    running: Mutex<BTreeMap<u64, usize>>,
 }
 
 impl Service {
@@ -203,6 +211,7 @@ impl Service {
             here,
             records: Mutex::new(Vec::new()),
             changed: Condvar::new(),
+            running: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -427,6 +436,18 @@ impl Service {
         reply: impl FnOnce(Result<Value, RpcError>),
         sink: Option<EventSink>,
     ) {
+        let Some(_slot) = self.take_slot(owner) else {
+            let mut e = RpcError::domain(
+                "EXECUTION_LIMIT_EXCEEDED",
+                format!(
+                    "this client already has {MAX_RUNNING_PER_CLIENT} executions running; wait for one to end or cancel one"
+                ),
+            );
+            e.data["reason"] = json!("too_many_running_executions");
+            e.data["limit"] = json!(MAX_RUNNING_PER_CLIENT);
+            reply(Err(e));
+            return;
+        };
         match self.start(req, owner) {
             Err(e) => reply(Err(e)),
             Ok((execution, sup, first)) => {
@@ -434,6 +455,21 @@ impl Service {
                 self.follow(sup, first, sink);
             }
         }
+    }
+
+    /// One of `owner`'s [`MAX_RUNNING_PER_CLIENT`] slots, given back when
+    /// the guard drops (the execution followed to its end, or refused).
+    fn take_slot(&self, owner: u64) -> Option<Slot<'_>> {
+        let mut running = self.running.lock().ok()?;
+        let n = running.entry(owner).or_insert(0);
+        if *n >= MAX_RUNNING_PER_CLIENT {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            running: &self.running,
+            owner,
+        })
     }
 
     #[allow(clippy::type_complexity)]
@@ -836,6 +872,25 @@ impl Service {
             "roots": self.roots,
             "view": view,
         }))
+    }
+}
+
+/// A running execution's place in its client's count.
+struct Slot<'a> {
+    running: &'a Mutex<BTreeMap<u64, usize>>,
+    owner: u64,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut running) = self.running.lock() {
+            if let Some(n) = running.get_mut(&self.owner) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    running.remove(&self.owner);
+                }
+            }
+        }
     }
 }
 
