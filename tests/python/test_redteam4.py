@@ -189,3 +189,92 @@ def test_one_client_cannot_flood_the_service_with_executions(ws, socket_server):
         for c in (a, b):
             hang_up(c)
     wait_for(lambda: not host_pids_with(tok), "A's sleeps gone with its connection")
+
+
+def test_a_sandboxed_command_cannot_use_the_service_socket(ws):
+    # The socket lives where the executions can see it (inside the
+    # workspace); a read-only execution connects to it and asks the server
+    # for a write its own policy refuses.
+    d = os.path.join(ws, "run")
+    os.mkdir(d, 0o700)
+    path = os.path.join(d, "moat.sock")
+    marker = os.path.join(ws, "written-through-the-socket")
+    p = subprocess.Popen(
+        [MOAT, "serve", "--no-audit", "--policy", "workspace-write", "--socket", path],
+        cwd=ws,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(lambda: os.path.exists(path) or p.poll() is not None, "the socket")
+        assert p.poll() is None, p.stderr.read().decode(errors="replace")
+        outer = SocketClient(path)
+        inner = (
+            "import json, socket, sys\n"
+            "print('probe-ran', flush=True)\n"
+            "c = socket.socket(socket.AF_UNIX)\n"
+            f"c.connect({path!r})\n"
+            "c.settimeout(30)\n"
+            f"req = {{'jsonrpc': '2.0', 'id': 1, 'method': 'execute', 'params': {{'command': ['touch', {marker!r}]}}}}\n"
+            "try:\n"
+            "    c.sendall((json.dumps(req) + '\\n').encode())\n"
+            "    got = c.recv(65536)\n"
+            "except OSError as e:\n"
+            "    got = repr(e).encode()\n"
+            "print('answer', got, flush=True)\n"
+            "try:\n"
+            "    c.recv(65536)\n"
+            "except OSError:\n"
+            "    pass\n"
+        )
+        ex = outer.ok("execute", {"command": ["python3", "-c", inner], "policy": "read-only"})
+        wait_for(
+            lambda: any(e.get("type") in ("execution.finished", "execution.failed") for e in outer.events_of(ex["execution_id"])),
+            "the sandboxed client",
+        )
+        out = b"".join(
+            base64.b64decode(e["data"]) for e in outer.events_of(ex["execution_id"]) if e["type"] == "execution.stdout"
+        )
+        assert b"probe-ran" in out, out
+        hang_up(outer)
+    finally:
+        p.kill()
+        p.wait()
+    assert not os.path.exists(marker), f"a sandboxed command drove the service: {out!r}"
+    assert b'"result"' not in out, out
+
+
+NARROWINGS_OF_THE_WRONG_TYPE = [
+    {"level": ["read-only"]},
+    {"sandbox_level": {"name": "read-only"}},
+    {"policy_id": 1, "level": None, "sandbox_level": "read-only", "network": 0},
+]
+
+
+@pytest.mark.parametrize("policy", NARROWINGS_OF_THE_WRONG_TYPE, ids=["list", "object", "number"])
+def test_a_narrowing_the_server_cannot_read_is_refused_not_dropped(ws, policy):
+    # A request that asks for read-only in a shape the server does not take
+    # must not run at the server's (wider) workspace-write.
+    target = os.path.join(ws, "written")
+    mark = token()
+    s = Server(["--policy", "workspace-write"], cwd=ws)
+    try:
+        r, end = run(s, {"command": ["sh", "-c", f"echo ran-{mark}; echo x > written"], "policy": policy})
+        if "error" in r:
+            assert r["error"]["data"]["code"] == "POLICY_INVALID", r
+        elif policy.get("sandbox_level") == "read-only":
+            assert f"ran-{mark}".encode() in stdout_of(s, r["result"]["execution_id"])
+    finally:
+        s.close()
+    assert not os.path.exists(target), f"policy {policy} was dropped: the run wrote the workspace"
+
+
+def test_unknown_keys_in_a_network_object_are_refused_contract(ws):
+    s = Server(["--policy", "workspace-write", "--network", "proxy", "--allow-domain", "example.com"], cwd=ws)
+    try:
+        for network in ({"mode": "proxy", "allow_domains": ["api.example.com"]}, {"mode": "proxy", "allow": []}, 5):
+            r = s.call("explainPolicy", {"policy": {"network": network}})
+            assert "error" in r and r["error"]["data"]["code"] == "POLICY_INVALID", (network, r)
+            r = s.call("execute", {"command": ["true"], "policy": {"network": network}})
+            assert "error" in r and r["error"]["data"]["code"] == "POLICY_INVALID", (network, r)
+    finally:
+        s.close()

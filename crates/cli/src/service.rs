@@ -1027,17 +1027,40 @@ fn parse_policy_ref(
             }
             let mut level = None;
             let mut network = None;
+            // A field of another shape than the one read is refused, never
+            // skipped: skipped, a narrowing the client asked for would be
+            // dropped and the run would get the server's wider policy.
             for key in ["policy_id", "level", "sandbox_level"] {
-                if let Some(s) = o.get(key).and_then(Value::as_str) {
-                    let (l, n) = name(s)?;
-                    level = Some(l);
-                    network = network.or(n);
+                match o.get(key) {
+                    None | Some(Value::Null) => {}
+                    Some(Value::String(s)) => {
+                        let (l, n) = name(s)?;
+                        level = Some(l);
+                        network = network.or(n);
+                    }
+                    Some(_) => return Err(invalid(format!("policy field {key} must be a name"))),
                 }
             }
             let net_name = match o.get("network") {
+                None | Some(Value::Null) => None,
                 Some(Value::String(s)) => Some(s.clone()),
-                Some(Value::Object(n)) => n.get("mode").and_then(Value::as_str).map(str::to_string),
-                _ => None,
+                Some(Value::Object(n)) => {
+                    if let Some(k) = n.keys().find(|k| k.as_str() != "mode") {
+                        return Err(invalid(format!(
+                            "network field {k:?} is not supported by this server; the network object may set mode (allow_domains and deny_domains go in the policy object)"
+                        )));
+                    }
+                    match n.get("mode") {
+                        None | Some(Value::Null) => None,
+                        Some(Value::String(m)) => Some(m.clone()),
+                        Some(_) => return Err(invalid("network.mode must be a name".to_string())),
+                    }
+                }
+                Some(_) => {
+                    return Err(invalid(
+                        "policy field network must be a mode name or {\"mode\": NAME}".to_string(),
+                    ))
+                }
             };
             if let Some(s) = net_name {
                 network = Some(NetworkMode::parse(&s).ok_or_else(|| {
