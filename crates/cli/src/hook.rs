@@ -109,7 +109,7 @@ fn claude_code(args: &ClaudeCodeArgs) -> ExitCode {
 /// cancels the hook — and a cancelled hook lets the call run unconfined.
 fn probe(moat: &Path, cwd: Option<&Path>) -> Result<(), String> {
     let mut c = Command::new(moat);
-    moat_linux::sys::without_terminal(&mut c);
+    moat_linux::process::without_terminal(&mut c);
     c.args(["run", "--no-audit", "--quiet", "bash", "-c", "true"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

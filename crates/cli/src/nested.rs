@@ -6,8 +6,8 @@
 //! from the host side with the caller's stdin/stdout/stderr.
 
 use std::ffi::OsString;
-use std::io::{IoSlice, IoSliceMut, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::io::{IoSlice, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use clap::Parser;
 use moat_linux::netns::BROKER_SOCKET;
 use moat_linux::view::View;
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use serde_json::{json, Value};
 
 use crate::{Cli, Command, EXIT_MOAT_FAILED};
@@ -235,24 +235,8 @@ fn handle(conn: UnixStream, outer: &Outer, children: &Mutex<Vec<u32>>, stop: &At
 
 fn receive(conn: &UnixStream) -> Result<(Value, Vec<OwnedFd>), String> {
     let mut head = [0u8; 4];
-    let mut space = nix::cmsg_space!([RawFd; 3]);
-    let mut fds = Vec::new();
-    let got = {
-        let mut iov = [IoSliceMut::new(&mut head)];
-        let msg = recvmsg::<()>(
-            conn.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
+    let (got, fds) = moat_linux::fd::recv_with_fds::<3>(conn.as_fd(), &mut head)
         .map_err(|e| format!("read the request: {e}"))?;
-        for c in msg.cmsgs().map_err(|e| e.to_string())? {
-            if let ControlMessageOwned::ScmRights(r) = c {
-                fds.extend(r.into_iter().map(moat_linux::sys::own_fd));
-            }
-        }
-        msg.bytes
-    };
     let mut reader = conn;
     if got < 4 {
         reader
@@ -316,7 +300,7 @@ fn caller_net_class(conn: &UnixStream) -> Result<Option<moat_policy::NetClass>, 
                 "cannot read the caller's seccomp filters (needs Linux >= 5.9)".to_string()
             })
     };
-    let filters = match moat_linux::sys::peer_pidfd(conn.as_fd()) {
+    let filters = match moat_linux::fd::peer_pidfd(conn.as_fd()) {
         Ok(pidfd) => {
             let pid_of = || -> Option<i32> {
                 let info =
@@ -642,7 +626,7 @@ pub fn read_handoff() -> Option<Result<Handoff, String>> {
         let fd: RawFd = n
             .parse()
             .map_err(|_| format!("bad {NESTED_FD_ENV} {n:?}"))?;
-        let fd = moat_linux::sys::take_inherited_fd(fd)
+        let fd = moat_linux::process::take_inherited_fd(fd)
             .map_err(|e| format!("the broker's handoff fd {fd}: {e}"))?;
         let mut body = Vec::new();
         std::fs::File::from(fd)

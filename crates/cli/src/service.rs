@@ -495,7 +495,7 @@ impl Service {
         // a component swapped for a symlink after the check (by another
         // execution, in a directory it may write) would lead it elsewhere.
         let dir = flags.cwd.take().unwrap_or_else(|| self.here.clone());
-        let dir_fd = moat_linux::sys::open_path_nofollow(libc::AT_FDCWD, &dir).map_err(|e| {
+        let dir_fd = moat_linux::fd::open_path_nofollow(libc::AT_FDCWD, &dir).map_err(|e| {
             RpcError::domain(
                 "POLICY_DENIED",
                 format!(

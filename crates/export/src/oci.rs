@@ -75,7 +75,7 @@ pub fn seccomp(spec: &SeccompSpec) -> Value {
     let floor: Vec<&str> = spec.floor.iter().map(|(n, _)| *n).collect();
     rules.push(json!({"names": floor, "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}));
     rules.push(json!({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS}));
-    let flags = moat_linux::sys::NEW_NAMESPACE_FLAGS;
+    let flags = moat_linux::process::NEW_NAMESPACE_FLAGS;
     for bit in (0..32).map(|b| 1u32 << b).filter(|b| flags & b != 0) {
         for (name, index) in [("clone", 0), ("unshare", 0)] {
             rules.push(json!({

@@ -248,7 +248,7 @@ fn oci_seccomp_carries_the_abi_guard() {
     assert!(rules
         .iter()
         .any(|r| r["names"] == serde_json::json!(["clone3"]) && r["errnoRet"] == 38));
-    let bits = moat_linux::sys::NEW_NAMESPACE_FLAGS.count_ones() as usize;
+    let bits = moat_linux::process::NEW_NAMESPACE_FLAGS.count_ones() as usize;
     let masked = rules
         .iter()
         .filter(|r| r["args"][0]["op"] == "SCMP_CMP_MASKED_EQ")

@@ -35,7 +35,8 @@ pub const NOT_GIVEN: &[&str] = &[
 
 /// Host user namespaces can be created (tried in a throwaway child).
 pub fn userns_available() -> bool {
-    match crate::sys::fork_glibc() {
+    // SAFETY: the child makes only async-signal-safe calls (unshare, _exit).
+    match unsafe { crate::sys::fork_glibc() } {
         Ok(0) => {
             let ok = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).is_ok();
             crate::sys::exit_now(if ok { 0 } else { 1 });
@@ -159,9 +160,13 @@ fn split(
 /// per-run scratch directory (0700, under moat's TMPDIR) holding the
 /// command's HOME and TMPDIR, and the Landlock rules from the view. Returns
 /// the plan and the scratch directory (removed by the caller after the run).
+/// `own_tty`: the command gets a pty of its own (its controlling terminal),
+/// so `/dev/tty` names that pty and is granted; otherwise it would name the
+/// host terminal moat runs under and is not.
 pub fn prepare(
     plan: &crate::plan::Plan,
     tag: &str,
+    own_tty: bool,
 ) -> Result<(crate::plan::Plan, PathBuf), String> {
     use std::os::unix::fs::DirBuilderExt;
     let safe: String = tag
@@ -183,6 +188,9 @@ pub fn prepare(
     }
     let mut p = plan.clone();
     p.landlock = landlock_spec(&plan.view, &dir, plan.landlock_abi, &list_host_dir);
+    if own_tty {
+        p.landlock.devices.push("/dev/tty".into());
+    }
     for (k, v) in p.env.iter_mut() {
         match k.as_str() {
             "HOME" => *v = dir.join("home").to_string_lossy().into_owned(),

@@ -17,7 +17,11 @@ fn probe_result(name: &str, ok: bool, detail: String) -> Value {
 
 /// Runs `f` in a forked child; Ok(()) when it exited 0, else the errno it exited with.
 fn in_child(f: impl FnOnce() -> Result<(), i32>) -> Result<(), String> {
-    match sys::fork_glibc() {
+    // SAFETY: glibc's fork runs its atfork handlers, so the allocator is
+    // usable in the child even when this process has other threads (`moat
+    // serve`, `moat mcp`); the probes take no other lock (no stdio, no
+    // environment) before they `_exit`.
+    match unsafe { sys::fork_glibc() } {
         Ok(0) => {
             let code = match f() {
                 Ok(()) => 0,
@@ -311,20 +315,65 @@ fn end_to_end(
     .map_err(|e| e.to_string())?;
     let facts = crate::probe::HostFacts::probe(&policy, env.to_vec());
     let plan = crate::plan::build(&policy, &facts).map_err(|e| e.to_string())?;
-    let out = crate::run::run(
-        &plan,
-        &crate::run::RunOptions {
-            argv: vec![OsString::from(true_bin)],
-            output: crate::run::OutputMode::Capture { limit: 4096 },
-            timeout: Some(std::time::Duration::from_secs(10)),
-            tag: "probe".into(),
-            stdio_from_outer_sandbox: false,
-        },
-        &mut crate::run::NoObserver,
-    );
-    match (out.exit_code, out.error) {
-        (0, _) => Ok(()),
-        (_, Some(e)) => Err(e),
-        (c, None) => Err(format!("`true` exited {c}")),
+    in_single_threaded_child(|| {
+        let out = crate::run::run(
+            &plan,
+            &crate::run::RunOptions {
+                argv: vec![OsString::from(true_bin)],
+                output: crate::run::OutputMode::Capture { limit: 4096 },
+                timeout: Some(std::time::Duration::from_secs(10)),
+                tag: "probe".into(),
+                stdio_from_outer_sandbox: false,
+            },
+            &mut crate::run::NoObserver,
+        );
+        match (out.exit_code, out.error) {
+            (0, _) => Ok(()),
+            (_, Some(e)) => Err(e),
+            (c, None) => Err(format!("`true` exited {c}")),
+        }
+    })
+}
+
+/// Runs `f` in a child made by glibc's fork, which has one thread, and
+/// returns its result (the message through a pipe). `run` raw-clones the
+/// sandbox's init, which is sound only from a single-threaded process, and
+/// this report is also made by `moat serve` and `moat mcp`, which have
+/// threads. The child's run is its own, too: its subreaper bit and
+/// descendant sweep never touch the caller's other children.
+fn in_single_threaded_child(f: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| format!("create a pipe: {e}"))?;
+    // SAFETY: glibc's fork runs its atfork handlers, so the allocator is
+    // usable in the child, which has this one thread; the child runs the
+    // probe and leaves with `_exit`. (A lock of std's another thread held at
+    // the fork, such as stderr's, would block it: `run` writes to stderr
+    // only when it cannot leave a cgroup, which the probe runs without.)
+    match unsafe { sys::fork_glibc() } {
+        Ok(0) => {
+            drop(r);
+            let code = match f() {
+                Ok(()) => 0,
+                Err(msg) => {
+                    sys::write_all_fd(w.as_raw_fd(), msg.as_bytes());
+                    1
+                }
+            };
+            sys::exit_now(code);
+        }
+        Ok(pid) => {
+            drop(w);
+            let mut msg = String::new();
+            let _ = std::fs::File::from(r).read_to_string(&mut msg);
+            match nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None) {
+                Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
+                Ok(_) if !msg.is_empty() => Err(msg),
+                Ok(other) => Err(format!("the probe's process ended: {other:?}")),
+                Err(e) => Err(format!("wait for the probe's process: {e}")),
+            }
+        }
+        Err(e) => Err(format!("fork the probe's process: {e}")),
     }
 }

@@ -5,7 +5,6 @@
 //! that does the same for the command's process tree on the host.
 
 use std::ffi::CString;
-use std::fs;
 use std::io;
 use std::os::fd::RawFd;
 
@@ -13,9 +12,11 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use crate::confine::{self, Enforcement};
+use crate::init_msg::{self, InitMessage, SetupStage};
 use crate::mounts;
 use crate::plan::Plan;
 use crate::sys;
+use crate::syscall::Kernel;
 
 /// Signals the init waits for; blocked from before the clone so none is lost.
 pub const INIT_SIGNALS: &[libc::c_int] = &[
@@ -46,8 +47,30 @@ pub struct InitArgs<'a> {
     pub pty: Option<crate::pty::Attach>,
 }
 
-fn report(fd: RawFd, msg: &str) {
-    sys::write_all_fd(fd, msg.as_bytes());
+/// Reports a failed step before exec, then leaves with moat's own exit code.
+fn fail(fd: RawFd, stage: SetupStage, errno: i32, detail: &str) -> ! {
+    init_msg::send(
+        fd,
+        &InitMessage::SetupFailed {
+            stage,
+            errno,
+            detail,
+        },
+    );
+    sys::exit_now(125);
+}
+
+/// A setup step that failed in the init: the message for the user and the
+/// errno behind it (0 when the step had none to give).
+struct SetupFailure {
+    errno: i32,
+    detail: String,
+}
+
+impl From<String> for SetupFailure {
+    fn from(detail: String) -> SetupFailure {
+        SetupFailure { errno: 0, detail }
+    }
 }
 
 /// Entry point of the cloned child. Never returns.
@@ -55,10 +78,7 @@ pub fn main(args: InitArgs<'_>) -> ! {
     let fd = args.report_fd;
     let slave = match setup(&args) {
         Ok(slave) => slave,
-        Err(msg) => {
-            report(fd, &format!("E {}\n", msg.replace('\n', " ")));
-            sys::exit_now(125);
-        }
+        Err(f) => fail(fd, SetupStage::Sandbox, f.errno, &f.detail),
     };
     let sandboxed = args.plan.namespaces();
     // The command: forked with glibc's fork so its thread state is right.
@@ -70,17 +90,21 @@ pub fn main(args: InitArgs<'_>) -> ! {
             drop(slave);
             pid
         }
-        Err(e) => {
-            report(fd, &format!("E fork the command: {e}\n"));
-            sys::exit_now(125);
-        }
+        Err(e) => fail(
+            fd,
+            SetupStage::Fork,
+            e.raw_os_error().unwrap_or(0),
+            &format!("fork the command: {e}"),
+        ),
     };
     supervise_tree(fd, main_pid, sandboxed)
 }
 
 /// Forks the command's process: None in the child, its pid in the init.
 fn fork_command() -> io::Result<Option<Pid>> {
-    match sys::fork_glibc()? {
+    // SAFETY: the init is a clone's child and so has one thread; glibc's
+    // fork also makes malloc usable in the child.
+    match unsafe { sys::fork_glibc() }? {
         0 => Ok(None),
         pid => Ok(Some(Pid::from_raw(pid))),
     }
@@ -88,7 +112,7 @@ fn fork_command() -> io::Result<Option<Pid>> {
 
 /// Namespace, mount and identity setup; runs with the host still reachable.
 /// Returns the slave of the command's pty, when it gets one.
-fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
+fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailure> {
     let plan = args.plan;
     let fd = args.report_fd;
     if plan.namespaces() {
@@ -101,10 +125,13 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
         nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("become subreaper: {e}"))?;
     }
     if let Some(o) = args.stdout_fd {
-        sys::dup2(o, 1).map_err(|e| format!("redirect stdout: {e}"))?;
+        // SAFETY: fd 1 of the init is owned by no Rust object; the init and
+        // the command use it only as stdout.
+        unsafe { sys::dup2(o, 1) }.map_err(|e| format!("redirect stdout: {e}"))?;
     }
     if let Some(e) = args.stderr_fd {
-        sys::dup2(e, 2).map_err(|e| format!("redirect stderr: {e}"))?;
+        // SAFETY: as for fd 1.
+        unsafe { sys::dup2(e, 2) }.map_err(|e| format!("redirect stderr: {e}"))?;
     }
     // Inherited descriptors are a way around every path rule: close them all,
     // keeping only stdio and the report pipe (close-on-exec).
@@ -116,46 +143,53 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
     )
     .map_err(|e| format!("close inherited fds: {e}"))?;
     if !plan.namespaces() {
+        let mut slave = None;
         if plan.landlock_only() {
+            // No private devpts without namespaces: the command's terminal
+            // is a fresh pty on the host's, relayed like the namespaces one.
+            slave = open_terminal(args)?;
             nix::unistd::chdir(&plan.cwd)
                 .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
         }
-        return Ok(None);
+        return Ok(slave);
     }
-    sys::wipe_environ_block().map_err(|e| format!("clear the init's environment: {e}"))?;
-    sys::wipe_argv_block().map_err(|e| format!("clear the init's command line: {e}"))?;
-    fs::write("/proc/self/setgroups", "deny")
-        .map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
-    fs::write("/proc/self/uid_map", format!("{0} {0} 1\n", plan.uid)).map_err(|e| {
-        if plan.uid == 0 && e.raw_os_error() == Some(libc::EPERM) {
-            // Linux >= 5.12: mapping root needs CAP_SETFCAP where moat runs.
-            format!("write uid_map: {e}; root may map itself into a user namespace only with CAP_SETFCAP (a container that drops it: add it, e.g. docker --cap-add SETFCAP, run moat as a non-root user, or use --backend landlock)")
-        } else {
-            format!("write uid_map: {e}")
-        }
-    })?;
-    fs::write("/proc/self/gid_map", format!("{0} {0} 1\n", plan.gid))
-        .map_err(|e| format!("write gid_map: {e}"))?;
-    // After the id maps: a non-dumpable process's /proc files belong to root.
-    sys::set_not_dumpable().map_err(|e| format!("set non-dumpable: {e}"))?;
-    nix::unistd::sethostname("moat").map_err(|e| format!("set hostname: {e}"))?;
+    // SAFETY: the init has one thread, and nothing in it reads its
+    // environment (the command's is prepared before the clone).
+    unsafe { sys::wipe_environ_block() }
+        .map_err(|e| format!("clear the init's environment: {e}"))?;
+    // SAFETY: as above, for its arguments.
+    unsafe { sys::wipe_argv_block() }.map_err(|e| format!("clear the init's command line: {e}"))?;
+    mounts::set_identity(&Kernel, plan)?;
     if let (Some(hfd), Some(_)) = (args.handoff_fd, &plan.proxy) {
         // First, so the supervisor can start serving while the view is built.
         crate::netns::create_and_send_listeners(hfd)?;
     }
-    let broker = mounts::build_root(&plan.mounts, plan.broker)
-        .map_err(|e| format!("build the sandbox view: {e}"))?;
+    let broker =
+        mounts::build_root(&Kernel, &plan.mounts, plan.broker).map_err(|e| SetupFailure {
+            errno: e.source.raw_os_error().unwrap_or(0),
+            detail: format!("build the sandbox view: {e}"),
+        })?;
     if let (Some(hfd), Some(listener)) = (args.handoff_fd, broker) {
         use std::os::fd::AsRawFd;
         crate::netns::send_fds(hfd, b'B', &[listener.as_raw_fd()])
             .map_err(|e| format!("hand the broker socket to moat: {e}"))?;
     }
     // The pty pair lives in the view's own devpts; the supervisor gets the master.
+    let slave = open_terminal(args)?;
+    nix::unistd::chdir(&plan.cwd)
+        .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
+    Ok(slave)
+}
+
+/// Opens the command's pty (in the devpts this process sees) when it gets
+/// one, hands the master to the supervisor over the handoff socket and
+/// closes that socket (the last thing sent over it). Returns the slave.
+fn open_terminal(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
+    use std::os::fd::AsRawFd;
     let mut slave = None;
     if let (Some(hfd), Some(_)) = (args.handoff_fd, args.pty) {
-        use std::os::fd::AsRawFd;
         let (master, s) = crate::pty::open_pair()
-            .map_err(|e| format!("open a terminal in the sandbox's /dev/pts: {e}"))?;
+            .map_err(|e| format!("open a terminal for the command (/dev/ptmx): {e}"))?;
         // The size first, so the command never sees 0x0 (the supervisor's
         // copy may come after the command has started).
         crate::pty::copy_window_size_to(master.as_raw_fd());
@@ -166,23 +200,25 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, String> {
     if let Some(hfd) = args.handoff_fd {
         let _ = nix::unistd::close(hfd);
     }
-    nix::unistd::chdir(&plan.cwd)
-        .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
     Ok(slave)
 }
 
-/// Closes every fd >= 3 except `keep`.
+/// Closes every fd >= 3 except `keep`. The fds inherited from the
+/// supervisor have owners in the init's copy of its memory, but the init
+/// never drops them: it leaves by `_exit` or exec.
 fn close_all_but(keep: &[RawFd]) -> io::Result<()> {
     let mut keep: Vec<u32> = keep.iter().map(|f| *f as u32).collect();
     keep.sort_unstable();
     let mut first = 3u32;
     for k in keep {
         if k >= first {
-            sys::close_range(first, k.saturating_sub(1), false)?;
+            // SAFETY: see above; the owners are never dropped or used.
+            unsafe { sys::close_range(first, k.saturating_sub(1)) }?;
             first = k + 1;
         }
     }
-    sys::close_range(first, u32::MAX, false)
+    // SAFETY: as above.
+    unsafe { sys::close_range(first, u32::MAX) }
 }
 
 /// The command's own process: confine, then exec. Never returns.
@@ -190,8 +226,7 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
     let fd = args.report_fd;
     sys::reset_signals();
     if let Err(e) = crate::limits::apply_rlimits(args.rlimits) {
-        report(fd, &format!("E {e}\n"));
-        sys::exit_now(125);
+        fail(fd, SetupStage::Limits, 0, &e.to_string());
     }
     if let Some(s) = slave {
         use std::os::fd::AsRawFd;
@@ -201,8 +236,12 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
             stderr: false,
         });
         if let Err(e) = crate::pty::attach_slave(s.as_raw_fd(), attach) {
-            report(fd, &format!("E attach the command's terminal: {e}\n"));
-            sys::exit_now(125);
+            fail(
+                fd,
+                SetupStage::Terminal,
+                e.raw_os_error().unwrap_or(0),
+                &format!("attach the command's terminal: {e}"),
+            );
         }
     }
     let mut layers = [Enforcement::None; 2];
@@ -216,18 +255,16 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
             Ok(())
         })();
         if let Err(e) = r {
-            report(fd, &format!("E {e}\n"));
-            sys::exit_now(125);
+            fail(fd, SetupStage::Confine, 0, &e.to_string());
         }
     }
-    let _ = sys::close_range(3, u32::MAX, true);
-    report(
+    let _ = sys::cloexec_from(3);
+    init_msg::send(
         fd,
-        &format!(
-            "L {}{}\n",
-            layers[0].code() as char,
-            layers[1].code() as char
-        ),
+        &InitMessage::Confined {
+            landlock: layers[0],
+            seccomp: layers[1],
+        },
     );
     exec_search(args)
 }
@@ -240,7 +277,12 @@ fn exec_search(args: &InitArgs<'_>) -> ! {
     let mut envp: Vec<*const libc::c_char> = args.envp.iter().map(|a| a.as_ptr()).collect();
     envp.push(std::ptr::null());
     let Some(prog) = args.argv.first() else {
-        report(fd, "X 2\n");
+        init_msg::send(
+            fd,
+            &InitMessage::ExecFailed {
+                errno: libc::ENOENT,
+            },
+        );
         sys::exit_now(127);
     };
     let prog_bytes = prog.as_bytes();
@@ -266,7 +308,9 @@ fn exec_search(args: &InitArgs<'_>) -> ! {
     let mut saw_eacces = false;
     let mut last = libc::ENOENT;
     for c in &candidates {
-        let e = sys::execve(c, &argv, &envp)
+        // SAFETY: argv and envp are NULL-terminated arrays of pointers into
+        // `args.argv`/`args.envp`, which outlive the call.
+        let e = unsafe { sys::execve(c, &argv, &envp) }
             .raw_os_error()
             .unwrap_or(libc::ENOENT);
         match e {
@@ -285,7 +329,7 @@ fn exec_search(args: &InitArgs<'_>) -> ! {
     } else {
         libc::ENOENT
     };
-    report(fd, &format!("X {errno}\n"));
+    init_msg::send(fd, &InitMessage::ExecFailed { errno });
     sys::exit_now(if errno == libc::ENOENT { 127 } else { 126 });
 }
 
@@ -337,7 +381,15 @@ fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
             // Every process of the run has been reaped by now: the children
             // usage covers them all (largest RSS, summed CPU time).
             let (rss_kb, cpu_ms) = children_usage();
-            report(fd, &format!("S {code} {signal} {rss_kb} {cpu_ms}\n"));
+            init_msg::send(
+                fd,
+                &InitMessage::Exited {
+                    code,
+                    signal,
+                    max_rss_kb: rss_kb,
+                    cpu_ms,
+                },
+            );
             sys::exit_now(0);
         }
     }

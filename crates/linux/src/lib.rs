@@ -3,7 +3,8 @@
 //! supervisor that stays in the host namespaces.
 //!
 //! # Security notes
-//! - All `unsafe` is in [`sys`]; every block says why it is sound.
+//! - All `unsafe` operations are in `sys` (crate-private); every block says
+//!   why it is sound. Other crates use the safe [`process`] and [`fd`].
 //! - A layer the plan needs that cannot be set up is an error before exec:
 //!   the command never runs with less than the policy promised.
 //!
@@ -15,17 +16,24 @@
 pub mod backend;
 pub mod capabilities;
 pub mod confine;
+pub mod control;
 pub mod explain;
+pub mod fd;
 mod init;
+pub mod init_msg;
 pub mod limits;
 pub mod mounts;
 pub mod netns;
 pub mod plan;
 pub mod probe;
+pub mod process;
 pub mod pty;
 pub mod run;
+#[cfg(test)]
+mod seam_tests;
 pub mod sweep;
-pub mod sys;
+pub(crate) mod sys;
+mod syscall;
 pub mod termfilter;
 pub mod tree;
 pub mod view;
@@ -34,5 +42,6 @@ pub use confine::Enforcement;
 pub use plan::{build as build_plan, Plan, PlanError};
 pub use probe::HostFacts;
 pub use run::{
-    run, Layers, NoObserver, OutputMode, RunObserver, RunOptions, RunOutcome, RunStatus, Stream,
+    run, run_with, Layers, NoObserver, OutputMode, RunObserver, RunOptions, RunOutcome, RunStatus,
+    Stream,
 };

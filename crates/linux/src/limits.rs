@@ -4,6 +4,11 @@
 //! down after it.
 //!
 //! Mechanisms, strongest first:
+//! - a per-run cgroup v2 leaf in the subtree delegated to moat (a systemd
+//!   user scope with `Delegate=yes`, a container's own cgroup namespace),
+//!   when that subtree offers the `memory`/`pids` controllers and moat may
+//!   write it: `memory.max` + `memory.swap.max = 0`, `pids.max`. See
+//!   [`V2Facts`] for the protocol (cgroup v2's no-internal-processes rule).
 //! - a per-run cgroup v1 (`memory`, `pids`) under moat's own cgroup, when the
 //!   host mounts those controllers as v1 and moat may create a child there
 //!   (root on this kind of host). Memory counts the whole run (RSS + page
@@ -17,8 +22,6 @@
 //!   `RLIMIT_FSIZE`, `RLIMIT_NOFILE` (all per process).
 //! - the tmpfs `size=` of the sandbox's private /tmp, HOME and /dev/shm.
 //! - moat's supervisor for the output (it counts the bytes it relays).
-//!
-//! A delegated cgroup v2 subtree is not used yet (it is reported as missing).
 
 use std::fs;
 use std::io;
@@ -33,6 +36,8 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mechanism {
+    /// A per-run leaf in a delegated cgroup v2 subtree (memory or pids).
+    CgroupV2,
     /// A per-run cgroup v1 controller (memory or pids).
     CgroupV1,
     /// A per-process rlimit, set before exec (lowered only).
@@ -103,6 +108,10 @@ pub struct ResourceUsage {
 /// What this host offers for limits, probed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LimitFacts {
+    /// The delegated cgroup v2 subtree moat may use, if any.
+    pub cgroup_v2: Option<V2Facts>,
+    /// Why no cgroup v2 subtree is usable (empty when one is).
+    pub cgroup_v2_missing: String,
     /// moat's own cgroup directory of the v1 `memory` controller, if moat may create a child there.
     pub cgroup_v1_memory: Option<PathBuf>,
     /// The same for the v1 `pids` controller.
@@ -135,13 +144,40 @@ impl LimitFacts {
         };
         let memory = find("memory");
         let pids = find("pids");
+        let (cgroup_v2, cgroup_v2_missing) =
+            match V2Facts::probe(&mountinfo, &cgroups, &HostFs, std::process::id()) {
+                Ok(f) => (Some(f), String::new()),
+                Err(why) => (None, why),
+            };
         LimitFacts {
+            cgroup_v2,
+            cgroup_v2_missing,
             cgroup_v1_memory: memory,
             cgroup_v1_pids: pids,
             cgroup_missing: missing.join("; "),
             uid: nix::unistd::getuid().as_raw(),
             nproc_per_userns: kernel_at_least(5, 14),
         }
+    }
+
+    /// The delegated v2 subtree, when it can give `controller`; else why not.
+    pub fn v2_for(&self, controller: &str) -> Result<&V2Facts, String> {
+        let Some(f) = &self.cgroup_v2 else {
+            return Err(self.cgroup_v2_missing.clone());
+        };
+        f.usable_for(controller).map(|()| f)
+    }
+
+    /// Why no per-run cgroup gives `controller` here: the v2 reason, then
+    /// the v1 ones (for messages).
+    fn no_cgroup(&self, controller: &str) -> String {
+        let v2 = self.v2_for(controller).err().unwrap_or_default();
+        [v2.as_str(), self.cgroup_missing.as_str()]
+            .iter()
+            .filter(|s| !s.is_empty())
+            .copied()
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
 
@@ -193,6 +229,390 @@ fn v1_dir(mountinfo: &str, cgroups: &str, controller: &str) -> Option<PathBuf> {
     })
 }
 
+/// What a user does to give moat a delegated cgroup v2 subtree of its own.
+pub const V2_FIX: &str = "start moat in a cgroup of its own delegated to you, e.g. `systemd-run --user --scope -p Delegate=yes moat …` (the user manager must itself have memory and pids: see `cat /sys/fs/cgroup/user.slice/user-$(id -u).slice/user@$(id -u).service/cgroup.controllers`)";
+
+/// The leaf moat moves itself into so that its own cgroup may enable
+/// controllers for the runs' leaves (cgroup v2's no-internal-processes rule).
+pub const SUPERVISOR_LEAF: &str = "moat-supervisor";
+
+/// File operations on a cgroup filesystem: the host's, or a simulated one in
+/// tests (so the protocol can be checked where no delegated v2 subtree with
+/// controllers exists, as on this project's hybrid test machine).
+pub trait CgroupFs: std::fmt::Debug + Send + Sync {
+    fn read(&self, p: &Path) -> io::Result<String>;
+    /// One write of `data` to an existing file (cgroupfs creates none).
+    fn write(&self, p: &Path, data: &str) -> io::Result<()>;
+    fn mkdir(&self, p: &Path) -> io::Result<()>;
+    fn rmdir(&self, p: &Path) -> io::Result<()>;
+    fn exists(&self, p: &Path) -> bool;
+    /// This process may write `p` (access(2), W_OK).
+    fn writable(&self, p: &Path) -> bool;
+    /// The host's cgroupfs (stale leaves are swept there only).
+    fn is_host(&self) -> bool {
+        false
+    }
+}
+
+/// The host's cgroup filesystem.
+#[derive(Debug)]
+pub struct HostFs;
+
+impl CgroupFs for HostFs {
+    fn read(&self, p: &Path) -> io::Result<String> {
+        fs::read_to_string(p)
+    }
+    fn write(&self, p: &Path, data: &str) -> io::Result<()> {
+        use std::io::Write;
+        fs::OpenOptions::new()
+            .write(true)
+            .open(p)?
+            .write_all(data.as_bytes())
+    }
+    fn mkdir(&self, p: &Path) -> io::Result<()> {
+        fs::create_dir(p)
+    }
+    fn rmdir(&self, p: &Path) -> io::Result<()> {
+        fs::remove_dir(p)
+    }
+    fn exists(&self, p: &Path) -> bool {
+        p.symlink_metadata().is_ok()
+    }
+    fn writable(&self, p: &Path) -> bool {
+        nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok()
+    }
+    fn is_host(&self) -> bool {
+        true
+    }
+}
+
+/// The cgroup v2 subtree moat may use, probed.
+///
+/// The protocol (cgroup v2 lets a cgroup enable controllers for its children
+/// only while it holds no process itself, the root excepted):
+/// 1. moat's own cgroup is the `0::` line of /proc/self/cgroup under the
+///    cgroup2 mount (`/sys/fs/cgroup` on a v2 host, `/sys/fs/cgroup/unified`
+///    on a hybrid one). That is the *base*, unless moat already sits in
+///    `BASE/moat-supervisor` (an earlier run of this process, or of the moat
+///    that started it), whose parent is then the base.
+/// 2. The base must offer the controllers (`cgroup.controllers`) and be
+///    delegated to moat: the directory, `cgroup.procs` and
+///    `cgroup.subtree_control` writable.
+/// 3. If the base does not enable them for its children yet
+///    (`cgroup.subtree_control`), moat moves itself into
+///    `BASE/moat-supervisor` and enables them: possible only when moat is
+///    the only process in the base, else refused naming the fix. moat stays
+///    in that leaf for the rest of its life (going back would mean disabling
+///    the controllers under any concurrent run); systemd removes the scope,
+///    leaf included, when moat exits.
+/// 4. Each run gets a leaf `BASE/moat-<execution id>`, its limits set before
+///    anything enters it; the supervisor steps in for the clone and back into
+///    its own leaf; after the run the leaf is killed (`cgroup.kill`),
+///    removed, and checked gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct V2Facts {
+    /// Where the runs' leaves are made.
+    pub base: PathBuf,
+    /// Where moat is now.
+    pub own: PathBuf,
+    /// The base's `cgroup.controllers`.
+    pub controllers: Vec<String>,
+    /// The base's `cgroup.subtree_control`.
+    pub enabled: Vec<String>,
+    /// Processes other than moat in the base (they block step 3).
+    pub others_inside: usize,
+}
+
+/// The mount point of the cgroup2 hierarchy (a mount of its root).
+fn v2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        if post.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        let mut f = pre.split_whitespace();
+        let root = f.nth(3)?;
+        let point = f.next()?;
+        (root == "/").then(|| PathBuf::from(point))
+    })
+}
+
+fn words(text: &str) -> Vec<String> {
+    text.split_whitespace().map(str::to_string).collect()
+}
+
+impl V2Facts {
+    /// Finds moat's v2 subtree from `mountinfo` and `cgroups` (the texts of
+    /// /proc/self/mountinfo and /proc/self/cgroup) and reads it through
+    /// `cgfs`; `pid` is moat's own. Err: why none is usable.
+    pub fn probe(
+        mountinfo: &str,
+        cgroups: &str,
+        cgfs: &dyn CgroupFs,
+        pid: u32,
+    ) -> Result<V2Facts, String> {
+        let mount = v2_mount(mountinfo).ok_or("no cgroup2 filesystem is mounted")?;
+        let path = cgroups
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .ok_or("moat is in no cgroup v2 (no `0::` line in /proc/self/cgroup)")?
+            .trim();
+        if path.split('/').any(|c| c == "..") {
+            return Err(format!(
+                "moat's cgroup v2 ({path}) is outside the hierarchy mounted at {}",
+                mount.display()
+            ));
+        }
+        let rel = path.trim_start_matches('/');
+        let own = if rel.is_empty() {
+            mount.clone()
+        } else {
+            mount.join(rel)
+        };
+        let base = match (own.file_name(), own.parent()) {
+            (Some(n), Some(parent)) if n == SUPERVISOR_LEAF && own != mount => parent.to_path_buf(),
+            _ => own.clone(),
+        };
+        let read = |f: &str| {
+            cgfs.read(&base.join(f))
+                .map_err(|e| format!("read {}: {e}", base.join(f).display()))
+        };
+        let controllers = words(&read("cgroup.controllers")?);
+        let enabled = words(&read("cgroup.subtree_control")?);
+        let others_inside = read("cgroup.procs")?
+            .split_whitespace()
+            .filter(|p| *p != pid.to_string())
+            .count();
+        let delegated = ["", "cgroup.procs", "cgroup.subtree_control"]
+            .iter()
+            .all(|f| cgfs.writable(&base.join(f)));
+        if !delegated {
+            return Err(format!(
+                "moat's cgroup v2 {} is not delegated to it (not writable); {V2_FIX}",
+                base.display()
+            ));
+        }
+        Ok(V2Facts {
+            base,
+            own,
+            controllers,
+            enabled,
+            others_inside,
+        })
+    }
+
+    /// Whether this subtree can give a run's leaf `controller`; else why not.
+    pub fn usable_for(&self, controller: &str) -> Result<(), String> {
+        if !self.controllers.iter().any(|c| c == controller) {
+            let hybrid = if self.base.starts_with("/sys/fs/cgroup/unified") {
+                "; on this hybrid host it is bound to cgroup v1"
+            } else {
+                ""
+            };
+            return Err(format!(
+                "moat's cgroup v2 {} does not offer the {controller} controller (cgroup.controllers: {:?}{hybrid}); {V2_FIX}",
+                self.base.display(),
+                self.controllers.join(" ")
+            ));
+        }
+        // moat itself moves out first; anything else in the base blocks it.
+        if !self.enabled.iter().any(|c| c == controller) && self.others_inside > 0 {
+            return Err(format!(
+                "{} other process(es) share moat's cgroup v2 {}, and cgroup v2 enables {controller} for a child only in a cgroup without processes of its own; {V2_FIX}",
+                self.others_inside,
+                self.base.display()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The controller that enforces `limit` (memory or pids).
+fn controller_of(limit: &str) -> &'static str {
+    if limit == "memory" {
+        "memory"
+    } else {
+        "pids"
+    }
+}
+
+/// One run's leaf in the delegated cgroup v2 subtree.
+#[derive(Debug)]
+struct V2Run {
+    cgfs: std::sync::Arc<dyn CgroupFs>,
+    leaf: PathBuf,
+    /// Where the supervisor goes back to after the clone.
+    home: PathBuf,
+    pid: u32,
+}
+
+impl V2Run {
+    /// Steps 3 and 4 of [`V2Facts`]: enables the controllers if needed (moat
+    /// into its supervisor leaf first), makes the run's leaf `name` and sets
+    /// `knobs` (limit, value) in it.
+    fn create(
+        cgfs: std::sync::Arc<dyn CgroupFs>,
+        f: &V2Facts,
+        name: &str,
+        knobs: &[(&'static str, u64)],
+        pid: u32,
+    ) -> Result<V2Run, String> {
+        let needed: Vec<&str> = knobs.iter().map(|(l, _)| controller_of(l)).collect();
+        for c in &needed {
+            f.usable_for(c)?;
+        }
+        let mut home = f.own.clone();
+        let missing: Vec<&str> = needed
+            .iter()
+            .filter(|c| !f.enabled.iter().any(|e| e == *c))
+            .copied()
+            .collect();
+        if !missing.is_empty() {
+            if f.own == f.base {
+                let sup = f.base.join(SUPERVISOR_LEAF);
+                match cgfs.mkdir(&sup) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(format!("create {}: {e}; {V2_FIX}", sup.display())),
+                }
+                cgfs.write(&sup.join("cgroup.procs"), &pid.to_string())
+                    .map_err(|e| format!("move moat into {}: {e}; {V2_FIX}", sup.display()))?;
+                home = sup;
+            }
+            let line = missing
+                .iter()
+                .map(|c| format!("+{c}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let knob = f.base.join("cgroup.subtree_control");
+            cgfs.write(&knob, &line).map_err(|e| {
+                format!(
+                    "enable {line} in {} for the run's cgroup: {e}; {V2_FIX}",
+                    knob.display()
+                )
+            })?;
+        }
+        let leaf = f.base.join(name);
+        cgfs.mkdir(&leaf).map_err(|e| {
+            format!(
+                "create the run's cgroup {}: {e}; pass --limits best-effort to run without it",
+                leaf.display()
+            )
+        })?;
+        let run = V2Run {
+            cgfs,
+            leaf,
+            home,
+            pid,
+        };
+        if let Err(e) = run.set(&needed, knobs) {
+            let _ = run.cgfs.rmdir(&run.leaf);
+            return Err(e);
+        }
+        Ok(run)
+    }
+
+    fn set(&self, needed: &[&str], knobs: &[(&'static str, u64)]) -> Result<(), String> {
+        let have = words(&self.read("cgroup.controllers").unwrap_or_default());
+        if let Some(c) = needed.iter().find(|c| !have.iter().any(|h| h == *c)) {
+            return Err(format!(
+                "the run's cgroup {} did not get the {c} controller; {V2_FIX}",
+                self.leaf.display()
+            ));
+        }
+        let write = |knob: &str, v: u64| {
+            self.cgfs
+                .write(&self.leaf.join(knob), &v.to_string())
+                .map_err(|e| format!("set {knob} in the run's cgroup: {e}"))
+        };
+        for (limit, value) in knobs {
+            if *limit == "memory" {
+                write("memory.max", *value)?;
+                // No swapping out past the limit (v1's memsw did the same).
+                if self.cgfs.exists(&self.leaf.join("memory.swap.max")) {
+                    write("memory.swap.max", 0)?;
+                }
+            } else {
+                write("pids.max", *value)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn read(&self, file: &str) -> Option<String> {
+        self.cgfs.read(&self.leaf.join(file)).ok()
+    }
+
+    fn enter(&self) -> Result<(), String> {
+        self.cgfs
+            .write(&self.leaf.join("cgroup.procs"), &self.pid.to_string())
+            .map_err(|e| format!("enter the run's cgroup {}: {e}", self.leaf.display()))
+    }
+
+    fn leave(&self) -> Result<(), String> {
+        self.cgfs
+            .write(&self.home.join("cgroup.procs"), &self.pid.to_string())
+            .map_err(|e| format!("leave the run's cgroup for {}: {e}", self.home.display()))
+    }
+
+    fn oom_killed(&self) -> bool {
+        self.read("memory.events")
+            .and_then(|t| field(&t, "oom_kill"))
+            .is_some_and(|n| n > 0)
+    }
+
+    fn pids_reached(&self) -> bool {
+        self.read("pids.events")
+            .and_then(|t| field(&t, "max"))
+            .is_some_and(|n| n > 0)
+    }
+
+    fn memory_peak(&self) -> Option<u64> {
+        self.read("memory.peak").and_then(|t| t.trim().parse().ok())
+    }
+
+    /// Kills what is left in the leaf, removes it (retrying until
+    /// `deadline` while the kernel finishes exiting tasks) and checks it is
+    /// gone.
+    fn remove(&self, deadline: Instant) -> Result<(), String> {
+        let kill = self.leaf.join("cgroup.kill");
+        loop {
+            if self.cgfs.exists(&kill) {
+                let _ = self.cgfs.write(&kill, "1");
+            } else {
+                for pid in self
+                    .read("cgroup.procs")
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<libc::pid_t>().ok())
+                {
+                    let _ = crate::sys::kill(pid, libc::SIGKILL);
+                }
+            }
+            match self.cgfs.rmdir(&self.leaf) {
+                Ok(()) => break,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "remove the run's cgroup {}: {e}",
+                        self.leaf.display()
+                    ))
+                }
+            }
+        }
+        if self.cgfs.exists(&self.leaf) {
+            return Err(format!(
+                "the run's cgroup {} is still there after its removal",
+                self.leaf.display()
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Why a limit cannot be enforced on this host.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("--{flag} cannot be enforced here: {why}. Run where that is available, drop --{flag}, or pass --limits best-effort to run without it (the result then says it was not enforced)")]
@@ -201,11 +621,12 @@ pub struct LimitError {
     pub why: String,
 }
 
-/// The per-run cgroup (one directory per v1 controller).
+/// The per-run cgroup: one directory per v1 controller, and/or one v2 leaf.
 #[derive(Debug)]
 pub struct RunCgroup {
     /// (controller, the run's directory, moat's own directory).
     dirs: Vec<(&'static str, PathBuf, PathBuf)>,
+    v2: Option<V2Run>,
 }
 
 /// Everything the supervisor needs to enforce and read back the limits.
@@ -267,28 +688,39 @@ pub fn choose(
     put(
         "memory",
         limits.memory,
-        Ok(match facts.cgroup_v1_memory {
-            Some(_) => (
+        Ok(if facts.v2_for("memory").is_ok() {
+            (
+                Mechanism::CgroupV2,
+                "the whole run's memory, no swap (cgroup v2 memory.max, memory.swap.max 0; the kernel's OOM killer ends the largest process)".into(),
+            )
+        } else if facts.cgroup_v1_memory.is_some() {
+            (
                 Mechanism::CgroupV1,
                 "the whole run's memory (cgroup v1 memory controller; the kernel's OOM killer ends the largest process)".into(),
-            ),
-            None => (
+            )
+        } else {
+            (
                 Mechanism::RlimitAs,
-                format!("virtual memory (address space) per process, RLIMIT_AS: no per-run cgroup here ({})", facts.cgroup_missing),
-            ),
+                format!("virtual memory (address space) per process, RLIMIT_AS: no per-run cgroup here ({})", facts.no_cgroup("memory")),
+            )
         }),
     )?;
-    let pids = if facts.cgroup_v1_pids.is_some() {
+    let pids = if facts.v2_for("pids").is_ok() {
+        Ok((
+            Mechanism::CgroupV2,
+            "every process and thread of the run (cgroup v2 pids.max)".into(),
+        ))
+    } else if facts.cgroup_v1_pids.is_some() {
         Ok((
             Mechanism::CgroupV1,
             "every process and thread of the run (cgroup v1 pids controller)".into(),
         ))
     } else if !sandboxed {
-        Err(format!("this run has no user namespace of its own (danger-full-access, or the Landlock backend), so RLIMIT_NPROC would count every process of the user, and no per-run cgroup is usable ({})", facts.cgroup_missing))
+        Err(format!("this run has no user namespace of its own (danger-full-access, or the Landlock backend), so RLIMIT_NPROC would count every process of the user, and no per-run cgroup is usable ({})", facts.no_cgroup("pids")))
     } else if facts.uid == 0 {
         Err(format!(
             "host root is exempt from RLIMIT_NPROC, and no per-run cgroup is usable ({})",
-            facts.cgroup_missing
+            facts.no_cgroup("pids")
         ))
     } else if !facts.nproc_per_userns {
         Err("this kernel (< 5.14) charges RLIMIT_NPROC to the user across the host, not to the run's user namespace".into())
@@ -358,19 +790,75 @@ pub fn prepare(
     facts: &LimitFacts,
     tag: &str,
 ) -> Result<Enforcer, String> {
+    prepare_with(
+        limits,
+        sandboxed,
+        facts,
+        tag,
+        std::sync::Arc::new(HostFs),
+        std::process::id(),
+    )
+}
+
+/// [`prepare`] on the cgroup filesystem `cgfs` (the host's, or a simulated
+/// one in tests) for the supervisor whose pid is `pid`. Only the cgroup v2
+/// steps go through `cgfs`.
+pub fn prepare_with(
+    limits: &Limits,
+    sandboxed: bool,
+    facts: &LimitFacts,
+    tag: &str,
+    cgfs: std::sync::Arc<dyn CgroupFs>,
+    pid: u32,
+) -> Result<Enforcer, String> {
     let applied = choose(limits, sandboxed, facts).map_err(|e| e.to_string())?;
     let mut e = Enforcer {
         output: limits.output,
         ..Default::default()
     };
-    let mut cg = RunCgroup { dirs: Vec::new() };
+    let mut cg = RunCgroup {
+        dirs: Vec::new(),
+        v2: None,
+    };
     let name = format!("moat-{}", sanitize(tag));
-    for a in &applied {
+    // The v2 leaf first: one leaf for every v2 controller of the run.
+    let v2_knobs: Vec<(&'static str, u64)> = applied
+        .iter()
+        .filter(|a| a.mechanism == Some(Mechanism::CgroupV2))
+        .map(|a| (a.limit, a.value))
+        .collect();
+    if let (false, Some(f)) = (v2_knobs.is_empty(), &facts.cgroup_v2) {
+        if cgfs.is_host() {
+            sweep_stale(&f.base);
+        }
+        cg.v2 = Some(V2Run::create(cgfs, f, &name, &v2_knobs, pid)?);
+    }
+    // A cgroup made before a later step failed is not left behind.
+    if let Err(err) = rlimits_and_v1(&applied, facts, &name, &mut e, &mut cg) {
+        let _ = cg.remove();
+        return Err(err);
+    }
+    if !cg.dirs.is_empty() || cg.v2.is_some() {
+        e.cgroup = Some(cg);
+    }
+    e.applied = applied;
+    Ok(e)
+}
+
+/// The rlimits and the cgroup v1 directories of `applied`.
+fn rlimits_and_v1(
+    applied: &[Applied],
+    facts: &LimitFacts,
+    name: &str,
+    e: &mut Enforcer,
+    cg: &mut RunCgroup,
+) -> Result<(), String> {
+    for a in applied {
         let lowered = |v: u64| (v, v);
         match (a.limit, a.mechanism) {
             ("memory", Some(Mechanism::CgroupV1)) => {
                 if let Some(own) = &facts.cgroup_v1_memory {
-                    let dir = cg.create("memory", own, &name)?;
+                    let dir = cg.create("memory", own, name)?;
                     write_knob(&dir, "memory.limit_in_bytes", a.value)?;
                     // With swap accounting, memory+swap gets the same limit
                     // (no swapping out past it).
@@ -385,7 +873,7 @@ pub fn prepare(
             }
             ("pids", Some(Mechanism::CgroupV1)) => {
                 if let Some(own) = &facts.cgroup_v1_pids {
-                    let dir = cg.create("pids", own, &name)?;
+                    let dir = cg.create("pids", own, name)?;
                     write_knob(&dir, "pids.max", a.value)?;
                 }
             }
@@ -410,11 +898,7 @@ pub fn prepare(
             _ => {}
         }
     }
-    if !cg.dirs.is_empty() {
-        e.cgroup = Some(cg);
-    }
-    e.applied = applied;
-    Ok(e)
+    Ok(())
 }
 
 fn sanitize(tag: &str) -> String {
@@ -481,6 +965,9 @@ impl RunCgroup {
     /// Moves the calling process (the supervisor) into the run's cgroups, so
     /// the init cloned next starts inside them with nothing to race.
     pub fn enter(&self) -> Result<(), String> {
+        if let Some(v2) = &self.v2 {
+            v2.enter()?;
+        }
         let me = std::process::id().to_string();
         for (c, dir, _) in &self.dirs {
             fs::write(dir.join("cgroup.procs"), &me)
@@ -496,7 +983,10 @@ impl RunCgroup {
             fs::write(own.join("cgroup.procs"), &me)
                 .map_err(|e| format!("leave the run's {c} cgroup: {e}"))?;
         }
-        Ok(())
+        match &self.v2 {
+            Some(v2) => v2.leave(),
+            None => Ok(()),
+        }
     }
 
     fn knob(&self, controller: &str, file: &str) -> Option<String> {
@@ -506,22 +996,28 @@ impl RunCgroup {
 
     /// The kernel's OOM killer ended a process of the run.
     pub fn oom_killed(&self) -> bool {
-        self.knob("memory", "memory.oom_control")
-            .and_then(|t| field(&t, "oom_kill"))
-            .is_some_and(|n| n > 0)
+        self.v2.as_ref().is_some_and(|v| v.oom_killed())
+            || self
+                .knob("memory", "memory.oom_control")
+                .and_then(|t| field(&t, "oom_kill"))
+                .is_some_and(|n| n > 0)
     }
 
     /// A fork was refused because the run reached its pids limit.
     pub fn pids_reached(&self) -> bool {
-        self.knob("pids", "pids.events")
-            .and_then(|t| field(&t, "max"))
-            .is_some_and(|n| n > 0)
+        self.v2.as_ref().is_some_and(|v| v.pids_reached())
+            || self
+                .knob("pids", "pids.events")
+                .and_then(|t| field(&t, "max"))
+                .is_some_and(|n| n > 0)
     }
 
     /// The run's peak memory (whole cgroup).
     pub fn memory_peak(&self) -> Option<u64> {
-        self.knob("memory", "memory.max_usage_in_bytes")
-            .and_then(|t| t.trim().parse().ok())
+        self.v2.as_ref().and_then(|v| v.memory_peak()).or_else(|| {
+            self.knob("memory", "memory.max_usage_in_bytes")
+                .and_then(|t| t.trim().parse().ok())
+        })
     }
 
     /// Kills whatever is still in the run's cgroups (nothing, normally: the
@@ -530,6 +1026,11 @@ impl RunCgroup {
     pub fn remove(&self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut errors = Vec::new();
+        if let Some(v2) = &self.v2 {
+            if let Err(e) = v2.remove(deadline) {
+                errors.push(e);
+            }
+        }
         for (c, dir, _) in &self.dirs {
             loop {
                 for pid in fs::read_to_string(dir.join("cgroup.procs"))
@@ -613,7 +1114,15 @@ pub fn capabilities(facts: &LimitFacts) -> serde_json::Value {
     serde_json::json!({
         "cgroup_v1_memory": facts.cgroup_v1_memory,
         "cgroup_v1_pids": facts.cgroup_v1_pids,
-        "cgroup_v2_delegated": {"used": false, "detail": "moat does not use a delegated cgroup v2 subtree yet"},
+        "cgroup_v2_delegated": match &facts.cgroup_v2 {
+            Some(f) => serde_json::json!({
+                "dir": f.base,
+                "controllers": f.controllers,
+                "memory": f.usable_for("memory").err().unwrap_or_else(|| "usable".into()),
+                "pids": f.usable_for("pids").err().unwrap_or_else(|| "usable".into()),
+            }),
+            None => serde_json::json!({"dir": null, "detail": facts.cgroup_v2_missing}),
+        },
         "sandboxed": per(true),
         "danger_full_access": per(false),
     })
@@ -646,6 +1155,8 @@ mod tests {
 
     fn facts(cgroups: bool, uid: u32) -> LimitFacts {
         LimitFacts {
+            cgroup_v2: None,
+            cgroup_v2_missing: "no v2".into(),
             cgroup_v1_memory: cgroups.then(|| "/m".into()),
             cgroup_v1_pids: cgroups.then(|| "/p".into()),
             cgroup_missing: "none".into(),
@@ -706,5 +1217,486 @@ mod tests {
         );
         assert_eq!(field("max 0\n", "max"), Some(0));
         assert_eq!(field("", "max"), None);
+    }
+
+    // ------------------------------------------------ cgroup v2 delegation
+
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    /// One simulated cgroup.
+    #[derive(Debug, Default)]
+    struct Node {
+        controllers: Vec<String>,
+        subtree: Vec<String>,
+        procs: Vec<u32>,
+        files: BTreeMap<String, String>,
+    }
+
+    /// An in-memory cgroup2 filesystem with the kernel's rules that matter
+    /// to the protocol: a new cgroup gets the controllers its parent
+    /// enables, and their knob files; a non-root cgroup with processes
+    /// cannot enable controllers for children, nor take processes once it
+    /// does; a cgroup with processes or children cannot be removed; writes
+    /// go to existing files only. Every mkdir/write/rmdir is logged.
+    #[derive(Debug)]
+    struct SimFs {
+        root: PathBuf,
+        nodes: Mutex<BTreeMap<PathBuf, Node>>,
+        log: Mutex<Vec<String>>,
+        readonly: Mutex<Vec<PathBuf>>,
+    }
+
+    fn errno(e: i32) -> io::Error {
+        io::Error::from_raw_os_error(e)
+    }
+
+    impl SimFs {
+        fn new(root: &str) -> Arc<SimFs> {
+            let fs = SimFs {
+                root: root.into(),
+                nodes: Mutex::new(BTreeMap::new()),
+                log: Mutex::new(Vec::new()),
+                readonly: Mutex::new(Vec::new()),
+            };
+            fs.nodes.lock().unwrap().insert(
+                root.into(),
+                Node {
+                    controllers: words("memory pids cpu"),
+                    subtree: words("memory pids"),
+                    ..Default::default()
+                },
+            );
+            Arc::new(fs)
+        }
+
+        /// A cgroup `rel` under the root with `controllers`, `enabled` and `procs`.
+        fn add(&self, rel: &str, controllers: &str, enabled: &str, procs: &[u32]) -> PathBuf {
+            let p = self.root.join(rel);
+            let mut n = Node {
+                controllers: words(controllers),
+                subtree: words(enabled),
+                procs: procs.to_vec(),
+                ..Default::default()
+            };
+            Self::knobs(&mut n);
+            self.nodes.lock().unwrap().insert(p.clone(), n);
+            p
+        }
+
+        fn knobs(n: &mut Node) {
+            n.files.insert("cgroup.kill".into(), String::new());
+            if n.controllers.iter().any(|c| c == "memory") {
+                for (k, v) in [
+                    ("memory.max", "max"),
+                    ("memory.swap.max", "max"),
+                    ("memory.events", "oom 0\noom_kill 0\n"),
+                    ("memory.peak", "0"),
+                ] {
+                    n.files.insert(k.into(), v.into());
+                }
+            }
+            if n.controllers.iter().any(|c| c == "pids") {
+                n.files.insert("pids.max".into(), "max".into());
+                n.files.insert("pids.events".into(), "max 0\n".into());
+            }
+        }
+
+        fn rel(&self, p: &Path) -> String {
+            p.strip_prefix(&self.root)
+                .unwrap_or(p)
+                .display()
+                .to_string()
+        }
+
+        fn logged(&self) -> Vec<String> {
+            std::mem::take(&mut *self.log.lock().unwrap())
+        }
+
+        fn set_file(&self, dir: &Path, file: &str, text: &str) {
+            let mut nodes = self.nodes.lock().unwrap();
+            nodes
+                .get_mut(dir)
+                .unwrap()
+                .files
+                .insert(file.into(), text.into());
+        }
+
+        fn where_is(&self, pid: u32) -> Option<PathBuf> {
+            let nodes = self.nodes.lock().unwrap();
+            nodes
+                .iter()
+                .find(|(_, n)| n.procs.contains(&pid))
+                .map(|(p, _)| p.clone())
+        }
+
+        fn split(p: &Path) -> (PathBuf, String) {
+            let dir = p.parent().unwrap_or(p).to_path_buf();
+            let file = p
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (dir, file)
+        }
+    }
+
+    impl CgroupFs for SimFs {
+        fn read(&self, p: &Path) -> io::Result<String> {
+            let (dir, file) = Self::split(p);
+            let nodes = self.nodes.lock().unwrap();
+            let n = nodes.get(&dir).ok_or_else(|| errno(libc::ENOENT))?;
+            Ok(match file.as_str() {
+                "cgroup.controllers" => n.controllers.join(" ") + "\n",
+                "cgroup.subtree_control" => n.subtree.join(" ") + "\n",
+                "cgroup.procs" => n.procs.iter().map(|p| format!("{p}\n")).collect(),
+                f => n.files.get(f).cloned().ok_or_else(|| errno(libc::ENOENT))?,
+            })
+        }
+
+        fn write(&self, p: &Path, data: &str) -> io::Result<()> {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("write {} {data}", self.rel(p)));
+            if self.readonly.lock().unwrap().iter().any(|r| p == r) {
+                return Err(errno(libc::EACCES));
+            }
+            let (dir, file) = Self::split(p);
+            let is_root = dir == self.root;
+            let mut nodes = self.nodes.lock().unwrap();
+            if !nodes.contains_key(&dir) {
+                return Err(errno(libc::ENOENT));
+            }
+            match file.as_str() {
+                "cgroup.procs" => {
+                    let pid: u32 = data.trim().parse().map_err(|_| errno(libc::EINVAL))?;
+                    if !is_root && !nodes[&dir].subtree.is_empty() {
+                        return Err(errno(libc::EBUSY));
+                    }
+                    for n in nodes.values_mut() {
+                        n.procs.retain(|x| *x != pid);
+                    }
+                    nodes.get_mut(&dir).unwrap().procs.push(pid);
+                }
+                "cgroup.subtree_control" => {
+                    let n = nodes.get_mut(&dir).unwrap();
+                    for tok in data.split_whitespace() {
+                        let (on, c) = tok.split_at(1);
+                        if on == "+" {
+                            if !n.controllers.iter().any(|x| x == c) {
+                                return Err(errno(libc::ENOENT));
+                            }
+                            if !is_root && !n.procs.is_empty() {
+                                return Err(errno(libc::EBUSY));
+                            }
+                            if !n.subtree.iter().any(|x| x == c) {
+                                n.subtree.push(c.into());
+                            }
+                        } else {
+                            n.subtree.retain(|x| x != c);
+                        }
+                    }
+                }
+                "cgroup.kill" => nodes.get_mut(&dir).unwrap().procs.clear(),
+                f => {
+                    let n = nodes.get_mut(&dir).unwrap();
+                    match n.files.get_mut(f) {
+                        Some(v) => *v = data.into(),
+                        None => return Err(errno(libc::ENOENT)),
+                    }
+                }
+            }
+            Ok(())
+        }
+
+        fn mkdir(&self, p: &Path) -> io::Result<()> {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("mkdir {}", self.rel(p)));
+            let mut nodes = self.nodes.lock().unwrap();
+            if nodes.contains_key(p) {
+                return Err(errno(libc::EEXIST));
+            }
+            let parent = nodes
+                .get(p.parent().unwrap_or(p))
+                .ok_or_else(|| errno(libc::ENOENT))?;
+            let mut n = Node {
+                controllers: parent.subtree.clone(),
+                ..Default::default()
+            };
+            Self::knobs(&mut n);
+            nodes.insert(p.to_path_buf(), n);
+            Ok(())
+        }
+
+        fn rmdir(&self, p: &Path) -> io::Result<()> {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("rmdir {}", self.rel(p)));
+            let mut nodes = self.nodes.lock().unwrap();
+            let n = nodes.get(p).ok_or_else(|| errno(libc::ENOENT))?;
+            let children = nodes.keys().any(|k| k.parent() == Some(p));
+            if !n.procs.is_empty() || children {
+                return Err(errno(libc::EBUSY));
+            }
+            nodes.remove(p);
+            Ok(())
+        }
+
+        fn exists(&self, p: &Path) -> bool {
+            let nodes = self.nodes.lock().unwrap();
+            let (dir, file) = Self::split(p);
+            nodes.contains_key(p) || nodes.get(&dir).is_some_and(|n| n.files.contains_key(&file))
+        }
+
+        fn writable(&self, p: &Path) -> bool {
+            !self
+                .readonly
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|r| p.starts_with(r))
+        }
+    }
+
+    const SIM_MOUNTINFO: &str = "40 30 0:36 / /sim/cg rw,relatime - cgroup2 cgroup2 rw\n";
+    const MOAT: u32 = 4242;
+
+    fn v2_facts(sim: &SimFs, cgroup_line: &str, uid: u32) -> LimitFacts {
+        let (cgroup_v2, cgroup_v2_missing) =
+            match V2Facts::probe(SIM_MOUNTINFO, cgroup_line, sim, MOAT) {
+                Ok(f) => (Some(f), String::new()),
+                Err(e) => (None, e),
+            };
+        LimitFacts {
+            cgroup_v2,
+            cgroup_v2_missing,
+            cgroup_missing: "no cgroup v1 memory controller is mounted".into(),
+            uid,
+            nproc_per_userns: true,
+            ..Default::default()
+        }
+    }
+
+    fn mem_and_pids() -> Limits {
+        Limits {
+            memory: Some(256 << 20),
+            pids: Some(64),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn v2_probe_reads_a_real_directory_tree_like_cgroupfs() {
+        // The host file reads against a directory tree shaped like cgroupfs.
+        let root = std::env::temp_dir().join(format!("moat-cgtest-{}", std::process::id()));
+        let scope = root.join("user.slice/run.scope");
+        fs::create_dir_all(scope.join(SUPERVISOR_LEAF)).unwrap();
+        fs::write(scope.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        fs::write(scope.join("cgroup.subtree_control"), "\n").unwrap();
+        fs::write(scope.join("cgroup.procs"), format!("{MOAT}\n")).unwrap();
+        let mountinfo = format!(
+            "40 30 0:36 / {} rw,relatime - cgroup2 cgroup2 rw\n",
+            root.display()
+        );
+        let f = V2Facts::probe(&mountinfo, "0::/user.slice/run.scope\n", &HostFs, MOAT);
+        let again = V2Facts::probe(
+            &mountinfo,
+            "0::/user.slice/run.scope/moat-supervisor\n",
+            &HostFs,
+            MOAT,
+        );
+        let _ = fs::remove_dir_all(&root);
+        let f = f.unwrap();
+        assert_eq!(f.base, scope);
+        assert_eq!(f.own, scope);
+        assert_eq!(f.controllers, words("cpu memory pids"));
+        assert!(f.enabled.is_empty());
+        assert_eq!(f.others_inside, 0);
+        assert!(f.usable_for("memory").is_ok() && f.usable_for("pids").is_ok());
+        // Already in its supervisor leaf: the base is the scope.
+        let again = again.unwrap();
+        assert_eq!(again.base, scope);
+        assert_eq!(again.own, scope.join(SUPERVISOR_LEAF));
+    }
+
+    #[test]
+    fn v2_protocol_moves_moat_out_then_enables_then_fills_a_leaf_and_removes_it() {
+        let sim = SimFs::new("/sim/cg");
+        let scope = sim.add("app.scope", "memory pids", "", &[MOAT]);
+        let facts = v2_facts(&sim, "0::/app.scope\n", 1000);
+        let e = prepare_with(&mem_and_pids(), true, &facts, "exec_1", sim.clone(), MOAT).unwrap();
+        assert_eq!(mech(&e.applied, "memory"), Some(Mechanism::CgroupV2));
+        assert_eq!(mech(&e.applied, "pids"), Some(Mechanism::CgroupV2));
+        // Order matters: moat leaves the scope before the scope enables the
+        // controllers (the no-internal-processes rule), and the limits are
+        // in the leaf before anything enters it.
+        assert_eq!(
+            sim.logged(),
+            [
+                "mkdir app.scope/moat-supervisor",
+                "write app.scope/moat-supervisor/cgroup.procs 4242",
+                "write app.scope/cgroup.subtree_control +memory +pids",
+                "mkdir app.scope/moat-exec-1",
+                "write app.scope/moat-exec-1/memory.max 268435456",
+                "write app.scope/moat-exec-1/memory.swap.max 0",
+                "write app.scope/moat-exec-1/pids.max 64",
+            ]
+        );
+        let cg = e.cgroup.as_ref().unwrap();
+        let leaf = scope.join("moat-exec-1");
+        cg.enter().unwrap();
+        assert_eq!(sim.where_is(MOAT), Some(leaf.clone()));
+        cg.leave().unwrap();
+        assert_eq!(sim.where_is(MOAT), Some(scope.join(SUPERVISOR_LEAF)));
+        // What ended the run is read from the leaf's event counters.
+        assert!(!cg.oom_killed() && !cg.pids_reached());
+        sim.set_file(&leaf, "memory.events", "oom 1\noom_kill 1\n");
+        sim.set_file(&leaf, "pids.events", "max 3\n");
+        sim.set_file(&leaf, "memory.peak", "268000000\n");
+        assert!(cg.oom_killed() && cg.pids_reached());
+        assert_eq!(cg.memory_peak(), Some(268_000_000));
+        // A process left in the leaf is killed; the leaf is removed and gone.
+        sim.nodes.lock().unwrap().get_mut(&leaf).unwrap().procs = vec![77];
+        sim.logged();
+        cg.remove().unwrap();
+        assert_eq!(
+            sim.logged(),
+            [
+                "write app.scope/moat-exec-1/cgroup.kill 1",
+                "rmdir app.scope/moat-exec-1",
+            ]
+        );
+        assert!(!sim.exists(&leaf));
+        // The next run of the same moat: already in its leaf, controllers on.
+        let facts = v2_facts(&sim, "0::/app.scope/moat-supervisor\n", 1000);
+        let e = prepare_with(&mem_and_pids(), true, &facts, "exec_2", sim.clone(), MOAT).unwrap();
+        assert_eq!(
+            sim.logged(),
+            [
+                "mkdir app.scope/moat-exec-2",
+                "write app.scope/moat-exec-2/memory.max 268435456",
+                "write app.scope/moat-exec-2/memory.swap.max 0",
+                "write app.scope/moat-exec-2/pids.max 64",
+            ]
+        );
+        e.cgroup.unwrap().remove().unwrap();
+    }
+
+    #[test]
+    fn v2_in_a_root_that_already_enables_the_controllers_needs_no_move() {
+        let sim = SimFs::new("/sim/cg");
+        sim.nodes
+            .lock()
+            .unwrap()
+            .get_mut(Path::new("/sim/cg"))
+            .unwrap()
+            .procs = vec![1, MOAT];
+        let facts = v2_facts(&sim, "0::/\n", 0);
+        let l = Limits {
+            pids: Some(64),
+            ..Default::default()
+        };
+        let e = prepare_with(&l, true, &facts, "x", sim.clone(), MOAT).unwrap();
+        assert_eq!(sim.logged(), ["mkdir moat-x", "write moat-x/pids.max 64"]);
+        let cg = e.cgroup.unwrap();
+        cg.enter().unwrap();
+        cg.leave().unwrap();
+        assert_eq!(sim.where_is(MOAT), Some(PathBuf::from("/sim/cg")));
+        cg.remove().unwrap();
+    }
+
+    #[test]
+    fn v2_refusals_name_the_missing_piece_and_the_fix() {
+        let fix = "systemd-run --user --scope -p Delegate=yes moat";
+        // A missing controller: memory falls back to RLIMIT_AS and says why;
+        // pids as root (exempt from RLIMIT_NPROC) is refused.
+        let sim = SimFs::new("/sim/cg");
+        sim.add("s.scope", "pids", "", &[MOAT]);
+        let f = v2_facts(&sim, "0::/s.scope\n", 0);
+        let a = choose(&mem_and_pids(), true, &f).unwrap();
+        assert_eq!(mech(&a, "memory"), Some(Mechanism::RlimitAs));
+        assert_eq!(mech(&a, "pids"), Some(Mechanism::CgroupV2));
+        let d = &a.iter().find(|x| x.limit == "memory").unwrap().detail;
+        assert!(
+            d.contains("does not offer the memory controller") && d.contains(fix),
+            "{d}"
+        );
+        // Other processes share moat's cgroup: nothing can be enabled.
+        let sim = SimFs::new("/sim/cg");
+        sim.add("shell.scope", "memory pids", "", &[MOAT, 99]);
+        let f = v2_facts(&sim, "0::/shell.scope\n", 0);
+        let l = Limits {
+            pids: Some(64),
+            ..Default::default()
+        };
+        let err = choose(&l, true, &f).unwrap_err().to_string();
+        assert!(
+            err.contains("1 other process(es)") && err.contains(fix),
+            "{err}"
+        );
+        // The same when moat already sits in its leaf but the controllers
+        // were turned off and someone else joined the base.
+        let sim2 = SimFs::new("/sim/cg");
+        sim2.add("shell.scope", "memory pids", "", &[99]);
+        sim2.add("shell.scope/moat-supervisor", "", "", &[MOAT]);
+        let f2 = v2_facts(&sim2, "0::/shell.scope/moat-supervisor\n", 0);
+        assert!(choose(&l, true, &f2).is_err());
+        // …and prepare itself refuses before touching anything.
+        let facts_forced = LimitFacts {
+            cgroup_v2: f.cgroup_v2.clone(),
+            ..f.clone()
+        };
+        assert!(prepare_with(&l, true, &facts_forced, "y", sim.clone(), MOAT).is_err());
+        assert!(sim.logged().is_empty());
+        // Not delegated (not writable): no v2 at all, said so.
+        let sim = SimFs::new("/sim/cg");
+        let scope = sim.add("root.scope", "memory pids", "", &[MOAT]);
+        sim.readonly.lock().unwrap().push(scope);
+        let f = v2_facts(&sim, "0::/root.scope\n", 1000);
+        assert!(f.cgroup_v2.is_none());
+        assert!(
+            f.cgroup_v2_missing.contains("not delegated") && f.cgroup_v2_missing.contains(fix),
+            "{}",
+            f.cgroup_v2_missing
+        );
+        // A hybrid host's v2 hierarchy (this project's test machine).
+        let hybrid = V2Facts {
+            base: "/sys/fs/cgroup/unified".into(),
+            own: "/sys/fs/cgroup/unified".into(),
+            controllers: words("hugetlb"),
+            enabled: Vec::new(),
+            others_inside: 3,
+        };
+        let why = hybrid.usable_for("memory").unwrap_err();
+        assert!(
+            why.contains("bound to cgroup v1") && why.contains(fix),
+            "{why}"
+        );
+        // No cgroup2 mount, no 0:: line.
+        assert!(V2Facts::probe("", "0::/\n", &*sim, MOAT).is_err());
+        assert!(V2Facts::probe(SIM_MOUNTINFO, "4:memory:/\n", &*sim, MOAT).is_err());
+        assert!(V2Facts::probe(SIM_MOUNTINFO, "0::/../x\n", &*sim, MOAT).is_err());
+    }
+
+    #[test]
+    fn v2_leaf_is_removed_when_a_limit_cannot_be_set() {
+        let sim = SimFs::new("/sim/cg");
+        let scope = sim.add("app.scope", "memory pids", "memory pids", &[]);
+        sim.add("app.scope/moat-supervisor", "memory pids", "", &[MOAT]);
+        sim.readonly
+            .lock()
+            .unwrap()
+            .push(scope.join("moat-z/pids.max"));
+        let facts = v2_facts(&sim, "0::/app.scope/moat-supervisor\n", 1000);
+        let err = prepare_with(&mem_and_pids(), true, &facts, "z", sim.clone(), MOAT).unwrap_err();
+        assert!(err.contains("pids.max"), "{err}");
+        assert_eq!(
+            sim.logged().last().map(String::as_str),
+            Some("rmdir app.scope/moat-z")
+        );
+        assert!(!sim.exists(&scope.join("moat-z")));
     }
 }

@@ -1,18 +1,18 @@
-//! Replays a plan's mount steps inside the new user+mount namespace: builds a
-//! tmpfs root, pivots into it, lays the view out, detaches the old root.
-//! Runs in the sandbox's init before anything untrusted exists.
+//! Replays a plan's identity and mount steps inside the new user+mount
+//! namespace: maps the ids, builds a tmpfs root, pivots into it, lays the
+//! view out, detaches the old root. Runs in the sandbox's init before
+//! anything untrusted exists. Every call goes through the [`Syscall`] seam,
+//! so the sequence a plan produces is golden-tested (`seam_tests.rs`).
 
-use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{symlink, DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::MsFlags;
 
-use crate::plan::MountOp;
+use crate::plan::{MountOp, Plan};
 use crate::probe::Kind;
-use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
+use crate::sys::{MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
+use crate::syscall::Syscall;
 
 /// Where the host's root is reachable while the view is built.
 const OLD_ROOT: &str = "/.moat-oldroot";
@@ -40,79 +40,101 @@ fn err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Moun
 /// The step named when a fresh procfs is refused: what it means and the fix.
 const PROC_REFUSED: &str = "mount a fresh procfs (refused: the /proc moat runs under has masked or read-only parts, as a container's default /proc does; run the container with an unmasked /proc, e.g. Docker --security-opt systempaths=unconfined, Kubernetes securityContext.procMount: Unmasked, or use --backend landlock) at";
 
-fn nix_err(e: nix::errno::Errno) -> io::Error {
-    io::Error::from_raw_os_error(e as i32)
+/// The new user namespace's identity: the caller's uid and gid mapped to
+/// themselves, setgroups denied, the process made non-dumpable, the
+/// hostname `moat`. Errors are the messages the user sees.
+pub(crate) fn set_identity<S: Syscall>(sys: &S, plan: &Plan) -> Result<(), String> {
+    sys.write_file(Path::new("/proc/self/setgroups"), b"deny")
+        .map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
+    sys.write_file(
+        Path::new("/proc/self/uid_map"),
+        format!("{0} {0} 1\n", plan.uid).as_bytes(),
+    )
+    .map_err(|e| {
+        if plan.uid == 0 && e.raw_os_error() == Some(libc::EPERM) {
+            // Linux >= 5.12: mapping root needs CAP_SETFCAP where moat runs.
+            format!("write uid_map: {e}; root may map itself into a user namespace only with CAP_SETFCAP (a container that drops it: add it, e.g. docker --cap-add SETFCAP, run moat as a non-root user, or use --backend landlock)")
+        } else {
+            format!("write uid_map: {e}")
+        }
+    })?;
+    sys.write_file(
+        Path::new("/proc/self/gid_map"),
+        format!("{0} {0} 1\n", plan.gid).as_bytes(),
+    )
+    .map_err(|e| format!("write gid_map: {e}"))?;
+    // After the id maps: a non-dumpable process's /proc files belong to root.
+    sys.set_not_dumpable()
+        .map_err(|e| format!("set non-dumpable: {e}"))?;
+    sys.sethostname("moat")
+        .map_err(|e| format!("set hostname: {e}"))
 }
 
 /// Builds the whole view and leaves the process inside it, at `/`. With
 /// `broker`, also binds the nested-run socket at [`crate::netns::BROKER_SOCKET`]
 /// (before the root becomes read-only) and returns its listener.
-pub fn build_root(
+pub(crate) fn build_root<S: Syscall>(
+    sys: &S,
     ops: &[MountOp],
     broker: bool,
-) -> Result<Option<std::os::unix::net::UnixListener>, MountError> {
+) -> Result<Option<S::Listener>, MountError> {
     // Our mount events must never propagate to the host (and host events
     // should not trickle into the sandbox mid-run).
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
+    sys.mount(
+        None,
+        Path::new("/"),
+        None,
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
+        None,
     )
-    .map_err(nix_err)
     .map_err(err("make mounts private", Path::new("/")))?;
     let staging = Path::new(STAGING);
-    mount(
+    sys.mount(
         Some("tmpfs"),
         staging,
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some("mode=0755,size=16m"),
     )
-    .map_err(nix_err)
     .map_err(err("mount root tmpfs", staging))?;
     let old = staging.join(OLD_ROOT.trim_start_matches('/'));
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&old)
-        .map_err(err("mkdir", &old))?;
-    nix::unistd::pivot_root(staging, &old)
-        .map_err(nix_err)
+    sys.mkdir(&old, 0o700).map_err(err("mkdir", &old))?;
+    sys.pivot_root(staging, &old)
         .map_err(err("pivot_root", staging))?;
-    nix::unistd::chdir("/")
-        .map_err(nix_err)
+    sys.chdir(Path::new("/"))
         .map_err(err("chdir", Path::new("/")))?;
 
     // Empty stand-ins come from a tmpfs that is mounted nowhere.
-    let scratch = sys::detached_tmpfs(c"0555")
+    let scratch = sys
+        .detached_tmpfs(c"0555")
         .map_err(err("create scratch tmpfs", Path::new("(detached)")))?;
     let empty_dir = Path::new("d");
     let empty_file = Path::new("f");
-    make_scratch(&scratch).map_err(err("fill scratch tmpfs", Path::new("(detached)")))?;
-    sys::make_superblock_readonly(&scratch)
+    sys.mkdir_at(&scratch, empty_dir, 0o555)
+        .and_then(|()| sys.create_at(&scratch, empty_file, 0o444))
+        .map_err(err("fill scratch tmpfs", Path::new("(detached)")))?;
+    sys.make_superblock_readonly(&scratch)
         .map_err(err("make scratch tmpfs read-only", Path::new("(detached)")))?;
 
     for op in ops {
-        apply_op(op, &scratch, empty_dir, empty_file)?;
+        apply_op(sys, op, &scratch, empty_dir, empty_file)?;
     }
 
     let listener = if broker {
         let p = Path::new(crate::netns::BROKER_SOCKET);
         if let Some(parent) = p.parent() {
-            mkdir_p(parent)?;
+            mkdir_p(sys, parent)?;
         }
-        Some(std::os::unix::net::UnixListener::bind(p).map_err(err("bind the broker socket", p))?)
+        Some(sys.bind_unix(p).map_err(err("bind the broker socket", p))?)
     } else {
         None
     };
     let old = Path::new(OLD_ROOT);
-    umount2(old, MntFlags::MNT_DETACH)
-        .map_err(nix_err)
+    sys.umount_detach(old)
         .map_err(err("detach old root", old))?;
-    fs::remove_dir(old).map_err(err("rmdir", old))?;
+    sys.rmdir(old).map_err(err("rmdir", old))?;
     // Nothing may be created at the top level of the view.
-    sys::mount_setattr_path(
+    sys.set_path_attrs(
         Path::new("/"),
         MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
     )
@@ -120,49 +142,31 @@ pub fn build_root(
     Ok(listener)
 }
 
-fn make_scratch(scratch: &OwnedFd) -> io::Result<()> {
-    nix::sys::stat::mkdirat(
-        scratch,
-        "d",
-        nix::sys::stat::Mode::from_bits_truncate(0o555),
-    )
-    .map_err(nix_err)?;
-    let fd = nix::fcntl::openat(
-        scratch,
-        "f",
-        nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::from_bits_truncate(0o444),
-    )
-    .map_err(nix_err)?;
-    drop(fd);
-    Ok(())
-}
-
 fn host_path(p: &Path) -> PathBuf {
     Path::new(OLD_ROOT).join(p.strip_prefix("/").unwrap_or(p))
 }
 
-fn apply_op(
+fn apply_op<S: Syscall>(
+    sys: &S,
     op: &MountOp,
-    scratch: &OwnedFd,
+    scratch: &S::Handle,
     empty_dir: &Path,
     empty_file: &Path,
 ) -> Result<(), MountError> {
     match op {
         MountOp::Tmpfs { target, mode, size } => {
-            ensure_mountpoint(target, Kind::Dir)?;
+            ensure_mountpoint(sys, target, Kind::Dir)?;
             let opts = match size {
                 Some(bytes) => format!("mode={mode:o},size={bytes}"),
                 None => format!("mode={mode:o}"),
             };
-            mount(
+            sys.mount(
                 Some("tmpfs"),
                 target,
                 Some("tmpfs"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
                 Some(opts.as_str()),
             )
-            .map_err(nix_err)
             .map_err(err("mount tmpfs", target))?;
         }
         MountOp::Bind {
@@ -173,16 +177,18 @@ fn apply_op(
             readonly,
             device,
         } => {
-            ensure_mountpoint(target, *kind)?;
+            ensure_mountpoint(sys, target, *kind)?;
             // Resolved again here without following any symlink: the plan's
             // sources are canonical, so a symlink now means a component was
             // swapped since the probe (by a concurrent run, or a nested
             // request racing its own check) — refuse instead of binding
             // wherever it points.
-            let handle = sys::open_path_nofollow(libc::AT_FDCWD, &host_path(source))
+            let handle = sys
+                .open_path_nofollow(&host_path(source))
                 .map_err(err("open bind source", source))?;
-            let tree =
-                sys::open_tree_clone_fd(&handle, *recursive).map_err(err("clone mount", source))?;
+            let tree = sys
+                .clone_tree_of(&handle, *recursive)
+                .map_err(err("clone mount", source))?;
             let mut attrs = MOUNT_ATTR_NOSUID;
             if *device {
                 attrs |= MOUNT_ATTR_NOEXEC;
@@ -192,70 +198,67 @@ fn apply_op(
             if *readonly {
                 attrs |= MOUNT_ATTR_RDONLY;
             }
-            sys::mount_setattr_fd(&tree, attrs, *recursive)
+            sys.set_tree_attrs(&tree, attrs, *recursive)
                 .map_err(err("set mount attributes", source))?;
-            sys::move_mount_to(&tree, target).map_err(err("bind", target))?;
+            sys.move_mount(&tree, target).map_err(err("bind", target))?;
         }
         MountOp::File { target, contents } => {
             if let Some(parent) = target.parent() {
-                mkdir_p(parent)?;
+                mkdir_p(sys, parent)?;
             }
-            fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o444)
-                .open(target)
-                .and_then(|mut f| std::io::Write::write_all(&mut f, contents.as_bytes()))
+            sys.create_file(target, 0o444, contents.as_bytes())
                 .map_err(err("write", target))?;
         }
         MountOp::Symlink { target, points_to } => {
             if let Some(parent) = target.parent() {
-                mkdir_p(parent)?;
+                mkdir_p(sys, parent)?;
             }
-            symlink(points_to, target).map_err(err("symlink", target))?;
+            sys.symlink(points_to, target)
+                .map_err(err("symlink", target))?;
         }
         MountOp::Proc { target } => {
-            ensure_mountpoint(target, Kind::Dir)?;
-            mount(
+            ensure_mountpoint(sys, target, Kind::Dir)?;
+            sys.mount(
                 Some("proc"),
                 target,
                 Some("proc"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                None::<&str>,
+                None,
             )
             .map_err(|e| {
                 // The kernel refuses a new procfs when every procfs moat
                 // could see has parts covered (a container's masked /proc).
-                let step = if e == nix::errno::Errno::EPERM {
+                let step = if e.raw_os_error() == Some(libc::EPERM) {
                     PROC_REFUSED
                 } else {
                     "mount proc"
                 };
-                err(step, target)(nix_err(e))
+                err(step, target)(e)
             })?;
         }
         MountOp::Devpts { target } => {
-            ensure_mountpoint(target, Kind::Dir)?;
-            mount(
+            ensure_mountpoint(sys, target, Kind::Dir)?;
+            sys.mount(
                 Some("devpts"),
                 target,
                 Some("devpts"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
                 Some("newinstance,ptmxmode=0666,mode=620"),
             )
-            .map_err(nix_err)
             .map_err(err("mount devpts", target))?;
         }
         MountOp::ReadOnlyAgain { target } => {
-            let tree =
-                sys::open_tree_clone(None, target, true).map_err(err("clone mount", target))?;
-            sys::mount_setattr_fd(
+            let tree = sys
+                .clone_tree_at(None, target, true)
+                .map_err(err("clone mount", target))?;
+            sys.set_tree_attrs(
                 &tree,
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
                 true,
             )
             .map_err(err("set mount attributes", target))?;
-            sys::move_mount_to(&tree, target).map_err(err("remount read-only", target))?;
+            sys.move_mount(&tree, target)
+                .map_err(err("remount read-only", target))?;
         }
         MountOp::StandIn { target, kind } => {
             // The target exists in the view (the plan only hides what it shows).
@@ -264,15 +267,17 @@ fn apply_op(
             } else {
                 empty_file
             };
-            let tree = sys::open_tree_clone(Some(scratch.as_raw_fd()), src, false)
+            let tree = sys
+                .clone_tree_at(Some(scratch), src, false)
                 .map_err(err("clone stand-in", target))?;
-            sys::mount_setattr_fd(
+            sys.set_tree_attrs(
                 &tree,
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
                 false,
             )
             .map_err(err("set mount attributes", target))?;
-            sys::move_mount_to(&tree, target).map_err(err("mount stand-in", target))?;
+            sys.move_mount(&tree, target)
+                .map_err(err("mount stand-in", target))?;
         }
     }
     Ok(())
@@ -280,24 +285,19 @@ fn apply_op(
 
 /// Makes sure `target` exists as a mount point of the right kind, creating it
 /// (and its parents) in moat's own tmpfs layers when the view lacks it.
-fn ensure_mountpoint(target: &Path, kind: Kind) -> Result<(), MountError> {
+fn ensure_mountpoint<S: Syscall>(sys: &S, target: &Path, kind: Kind) -> Result<(), MountError> {
     // Create first and treat "exists" as success: most targets already exist
     // in the host binds, and a failed create costs no more than a stat.
     let create = |t: &Path| match kind {
-        Kind::Dir => fs::DirBuilder::new().mode(0o755).create(t),
-        _ => fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(t)
-            .map(drop),
+        Kind::Dir => sys.mkdir(t, 0o755),
+        _ => sys.create_file(t, 0o644, b""),
     };
     match create(target) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             if let Some(parent) = target.parent() {
-                mkdir_p(parent)?;
+                mkdir_p(sys, parent)?;
             }
             create(target).map_err(err("create mount point", target))
         }
@@ -309,10 +309,6 @@ fn ensure_mountpoint(target: &Path, kind: Kind) -> Result<(), MountError> {
     }
 }
 
-fn mkdir_p(dir: &Path) -> Result<(), MountError> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(dir)
-        .map_err(err("mkdir", dir))
+fn mkdir_p<S: Syscall>(sys: &S, dir: &Path) -> Result<(), MountError> {
+    sys.mkdir_all(dir, 0o755).map_err(err("mkdir", dir))
 }

@@ -5,12 +5,12 @@
 //! host's network namespace, serves them: no relay process, no extra binary,
 //! no route out of the namespace except through those two sockets.
 
-use std::io::{IoSlice, IoSliceMut};
+use std::io::IoSlice;
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use crate::sys;
 
@@ -20,7 +20,7 @@ pub const SOCKS_PROXY_ADDR: &str = "127.0.0.1:1080";
 
 /// In the init, inside the new network namespace: loopback up, listeners
 /// bound, both sent to the supervisor over `fd`.
-pub fn create_and_send_listeners(fd: RawFd) -> Result<(), String> {
+pub(crate) fn create_and_send_listeners(fd: RawFd) -> Result<(), String> {
     sys::bring_loopback_up()
         .map_err(|e| format!("bring up loopback in the sandbox's network namespace: {e}"))?;
     let bind = |a: &str| -> Result<TcpListener, String> {
@@ -35,7 +35,7 @@ pub fn create_and_send_listeners(fd: RawFd) -> Result<(), String> {
 }
 
 /// Sends `fds` tagged with one byte over the handoff socket.
-pub fn send_fds(sock: RawFd, tag: u8, fds: &[RawFd]) -> nix::Result<()> {
+pub(crate) fn send_fds(sock: RawFd, tag: u8, fds: &[RawFd]) -> nix::Result<()> {
     let cmsg = [ControlMessage::ScmRights(fds)];
     let tag = [tag];
     let iov = [IoSlice::new(&tag)];
@@ -55,22 +55,8 @@ pub enum Handoff {
 /// Receives one handoff message; None at EOF or on a malformed message.
 pub fn receive(sock: &UnixStream) -> Option<Handoff> {
     let mut byte = [0u8; 1];
-    let mut iov = [IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!([RawFd; 2]);
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .ok()?;
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    for c in msg.cmsgs().ok()? {
-        if let ControlMessageOwned::ScmRights(r) = c {
-            fds.extend(r.into_iter().map(owned));
-        }
-    }
-    if msg.bytes == 0 {
+    let (bytes, fds) = sys::recv_with_fds::<2>(sock.as_fd(), &mut byte).ok()?;
+    if bytes == 0 {
         return None;
     }
     let mut fds = fds.into_iter();
@@ -86,10 +72,6 @@ pub fn receive(sock: &UnixStream) -> Option<Handoff> {
 
 /// Where nested `moat exec` calls find the outer supervisor, inside the view.
 pub const BROKER_SOCKET: &str = "/moat/broker.sock";
-
-fn owned(fd: RawFd) -> OwnedFd {
-    sys::own_fd(fd)
-}
 
 /// Environment that routes every proxy-aware client through the endpoints.
 /// `moat_bin` is moat's own binary inside the view (ssh's ProxyCommand).

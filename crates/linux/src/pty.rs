@@ -1,6 +1,7 @@
 //! A terminal of the command's own. When any of moat's stdin, stdout and
 //! stderr is a terminal, the init opens a pty pair in the sandbox's private
-//! devpts; the command gets the slave as its controlling terminal (so `tty`
+//! devpts (on the Landlock backend, which has none, in the host's); the
+//! command gets the slave as its controlling terminal (so `tty`
 //! names a /dev/pts path and job control works) on each of those fds, and
 //! the supervisor relays between the host terminal (in raw mode while moat
 //! is in the foreground) and the master, copying the window size at the
@@ -9,7 +10,7 @@
 //! supervisor that runs code (a SIGKILL of moat cannot be caught).
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use nix::fcntl::OFlag;
 use nix::sys::termios::{self, SetArg, Termios};
@@ -17,7 +18,8 @@ use nix::sys::termios::{self, SetArg, Termios};
 use crate::sys;
 
 /// Opens a pty pair (master, slave) in the devpts of the current mount
-/// namespace: `/dev/ptmx` and `/dev/pts/N`.
+/// namespace: `/dev/ptmx` and `/dev/pts/N` (the sandbox's own, or the
+/// host's on the Landlock backend).
 pub fn open_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let to_io = |e: nix::errno::Errno| io::Error::from_raw_os_error(e as i32);
     let master = nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)
@@ -31,7 +33,7 @@ pub fn open_pair() -> io::Result<(OwnedFd, OwnedFd)> {
         nix::sys::stat::Mode::empty(),
     )
     .map_err(to_io)?;
-    Ok((sys::own_fd(master.into_raw_fd()), slave))
+    Ok((OwnedFd::from(master), slave))
 }
 
 /// Copies the window size of this process's terminal (stdout, else stdin)
@@ -87,12 +89,14 @@ impl Attach {
 
 /// In the command's process, before exec: a new session whose controlling
 /// terminal is `slave`, on each stdio fd `attach` names.
-pub fn attach_slave(slave: RawFd, attach: Attach) -> io::Result<()> {
+pub(crate) fn attach_slave(slave: RawFd, attach: Attach) -> io::Result<()> {
     nix::unistd::setsid().map_err(|e| io::Error::from_raw_os_error(e as i32))?;
     sys::set_controlling_tty(slave)?;
     for (on, t) in [(attach.stdin, 0), (attach.stdout, 1), (attach.stderr, 2)] {
         if on {
-            sys::dup2(slave, t)?;
+            // SAFETY: called in the command's process just before exec, where
+            // stdio numbers have no Rust owner.
+            unsafe { sys::dup2(slave, t) }?;
         }
     }
     Ok(())

@@ -18,7 +18,9 @@ use nix::unistd::Pid;
 use serde::Serialize;
 
 use crate::confine::{self, Enforcement};
+use crate::control::{Control, Request};
 use crate::init::{self, InitArgs, INIT_SIGNALS};
+use crate::init_msg::{self, InitMessage};
 use crate::limits::{Applied, Enforcer, LimitFacts, ResourceUsage, TerminationReason};
 use crate::plan::Plan;
 use crate::sys::{self, Forked};
@@ -290,16 +292,29 @@ fn clone_error(e: io::Error, plan: &Plan) -> String {
     )
 }
 
-/// Runs the command under `plan`. Errors here are moat's own failures before
-/// the command could start; they map to exit 125.
+/// Runs the command under `plan`, stopped by this process's own signals
+/// (one run per process: `moat exec`). Errors here are moat's own failures
+/// before the command could start; they map to exit 125.
 pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> RunOutcome {
+    run_with(plan, opts, observer, Control::ProcessSignals)
+}
+
+/// [`run`], with the stop, hang-up and resize requests taken from `control`
+/// (a service passes each execution its own channel).
+pub fn run_with(
+    plan: &Plan,
+    opts: &RunOptions,
+    observer: &mut dyn RunObserver,
+    control: Control<'_>,
+) -> RunOutcome {
     let start = Instant::now();
     // The Landlock backend: a per-run scratch directory (TMPDIR and HOME)
     // and the rules made from the view on the host's paths.
     let landlock_plan;
     let mut scratch = None;
     let plan = if plan.landlock_only() {
-        match crate::backend::prepare(plan, &opts.tag) {
+        let own_tty = own_terminal(plan, opts, plan.limits.output.is_some()).is_some();
+        match crate::backend::prepare(plan, &opts.tag, own_tty) {
             Ok((p, dir)) => {
                 scratch = Some(dir);
                 landlock_plan = p;
@@ -342,7 +357,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, observer: &mut dyn RunObserver) -> Ru
     match &enforcer {
         Ok(e) => {
             out.limits = e.applied.clone();
-            if let Err(e) = launch(plan, opts, &mut out, start, observer, e) {
+            if let Err(e) = launch(plan, opts, &mut out, start, observer, e, control) {
                 out.status = RunStatus::FailedToStart;
                 out.exit_code = 125;
                 out.error = Some(e);
@@ -394,19 +409,10 @@ fn launch(
     start: Instant,
     observer: &mut dyn RunObserver,
     enforcer: &Enforcer,
+    control: Control<'_>,
 ) -> Result<(), String> {
     if opts.argv.is_empty() {
         return Err("no command given; put it after --".into());
-    }
-    // Without its own pty (the Landlock backend has none to give) the
-    // command gets a terminal on stdin as it is, open for writing too: what
-    // it writes there would pass the output limit uncounted.
-    if enforcer.output.is_some()
-        && plan.sandboxed
-        && !plan.namespaces()
-        && nix::unistd::isatty(std::io::stdin()).unwrap_or(false)
-    {
-        return Err("--output-limit cannot be enforced with a terminal on stdin under the Landlock backend (the command could write to the terminal directly, uncounted); give it another stdin (< /dev/null) or use --backend namespaces".into());
     }
     let argv = cstrings(opts.argv.iter().map(|a| a.as_bytes().to_vec()))?;
     let envp = cstrings(
@@ -461,8 +467,9 @@ fn launch(
         }
     }
     // The init hands sockets it creates inside the sandbox (the proxy's
-    // listeners, the broker's) back over this pair.
-    let (handoff_rx, handoff_tx) = if plan.namespaces() {
+    // listeners, the broker's) and the command's pty master back over this
+    // pair.
+    let (handoff_rx, handoff_tx) = if plan.namespaces() || pty.is_some() {
         let (a, b) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| format!("create a socket pair: {e}"))?;
         (Some(a), Some(b))
@@ -494,7 +501,14 @@ fn launch(
             return Err(e);
         }
     }
-    let cloned = sys::clone_process(ns_flags);
+    // SAFETY: every caller runs this from a single-threaded process, so the
+    // init may run ordinary code: `moat exec`'s supervisor (the proxy's
+    // threads start after the clone, when the init hands its listeners
+    // over), the service's per-execution supervisor processes, and
+    // `capabilities::report`, which runs each level in a forked child for
+    // the sake of `moat serve`/`moat mcp`. A caller with threads must do
+    // the same (see `sys::clone_process`).
+    let cloned = unsafe { sys::clone_process(ns_flags) };
     if let (Some(cg), Ok(Forked::Parent(_))) = (&enforcer.cgroup, &cloned) {
         if let Err(e) = cg.leave() {
             // The supervisor would stay in the run's limits: better to stop.
@@ -531,7 +545,7 @@ fn launch(
         out.layers.namespaces = Enforcement::Full;
     }
     let result = supervise(
-        child, plan, opts, out, captures, report_r, handoff_rx, start, observer, enforcer,
+        child, plan, opts, out, captures, report_r, handoff_rx, start, observer, enforcer, control,
     );
     sys::restore_sigmask(&old_mask);
     result
@@ -545,7 +559,9 @@ fn own_terminal(
     opts: &RunOptions,
     output_limited: bool,
 ) -> Option<crate::pty::Attach> {
-    if !plan.namespaces() || opts.stdio_from_outer_sandbox {
+    // Both sandboxed backends: a pty needs no namespaces (the Landlock
+    // backend's is on the host's devpts).
+    if !(plan.namespaces() || plan.landlock_only()) || opts.stdio_from_outer_sandbox {
         return None;
     }
     let tty = crate::pty::Attach::of_stdio()?;
@@ -576,6 +592,7 @@ fn supervise(
     start: Instant,
     observer: &mut dyn RunObserver,
     enforcer: &Enforcer,
+    control: Control<'_>,
 ) -> Result<(), String> {
     let mut handoff = handoff;
     let mut budget = Budget {
@@ -590,23 +607,38 @@ fn supervise(
     // The command's own terminal, once the init has opened it.
     let mut relay: Option<crate::pty::Relay> = None;
     let plan_pty = own_terminal(plan, opts, enforcer.output.is_some());
-    if plan_pty.is_some() {
+    let own_signals = matches!(control, Control::ProcessSignals);
+    if plan_pty.is_some() && own_signals {
         // Resizes of the host terminal arrive through the signalfd.
         let _ = sys::set_sigmask(libc::SIG_BLOCK, &[libc::SIGWINCH]);
     }
+    // The init's exit, as an event of this run alone (no SIGCHLD, which
+    // would name every child of the process).
     let pidfd = sys::pidfd_open(child.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
-    let mut mask = SigSet::empty();
-    for s in [
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-        Signal::SIGINT,
-        Signal::SIGQUIT,
-        Signal::SIGWINCH,
-    ] {
-        mask.add(s);
-    }
-    let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-        .map_err(|e| format!("signalfd: {e}"))?;
+    // This process's own signals only when it runs this one command;
+    // otherwise the caller's channel.
+    let sigfd = if own_signals {
+        let mut mask = SigSet::empty();
+        for s in [
+            Signal::SIGTERM,
+            Signal::SIGHUP,
+            Signal::SIGINT,
+            Signal::SIGQUIT,
+            Signal::SIGWINCH,
+        ] {
+            mask.add(s);
+        }
+        Some(
+            SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+                .map_err(|e| format!("signalfd: {e}"))?,
+        )
+    } else {
+        None
+    };
+    let mut channel = match control {
+        Control::Channel(c) => Some(c),
+        Control::ProcessSignals => None,
+    };
     let stdin_is_tty = nix::unistd::isatty(std::io::stdin()).unwrap_or(false);
     let mut tail = Vec::new();
     let mut started_seen = false;
@@ -638,9 +670,17 @@ fn supervise(
             Some(true) => timeout.min(PollTimeout::from(250u16)),
             _ => timeout,
         };
+        // Index 1: the run's requests, from the signalfd or the caller's
+        // channel (the init's pidfd again once the channel is closed, so
+        // the indices stay fixed).
+        let requests = match (&sigfd, channel) {
+            (Some(s), _) => s.as_fd(),
+            (None, Some(c)) => c.as_fd(),
+            (None, None) => pidfd.as_fd(),
+        };
         let mut fds = vec![
             PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
-            PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(requests, PollFlags::POLLIN),
         ];
         if report_open {
             fds.push(PollFd::new(report_r.as_fd(), PollFlags::POLLIN));
@@ -718,9 +758,8 @@ fn supervise(
         if report_ready {
             report_open = read_report(&report_r, &mut report_buf);
             if !started_seen
-                && report_buf
-                    .split(|b| *b == b'\n')
-                    .any(|l| l.starts_with(b"L "))
+                && init_msg::decode_all(&report_buf, false)
+                    .is_ok_and(|m| m.iter().any(|m| matches!(m, InitMessage::Confined { .. })))
             {
                 started_seen = true;
                 observer.started(command_host_pid(child));
@@ -748,7 +787,35 @@ fn supervise(
             stage = 2;
             deadline = Some(Instant::now() + Duration::from_secs(1));
         }
+        let mut requested = Vec::new();
         if sig_ready {
+            if let Some(c) = channel {
+                match c.drain() {
+                    Some(r) => requested = r,
+                    // Every sender is gone: nobody can ask anything more.
+                    None => channel = None,
+                }
+            }
+        }
+        for req in requested {
+            match req {
+                Request::Stop if stage == 0 => {
+                    let _ = sys::kill(child.as_raw(), libc::SIGTERM);
+                    stage = 1;
+                    deadline = Some(Instant::now() + KILL_GRACE);
+                }
+                Request::Stop => {}
+                Request::Hangup => {
+                    let _ = sys::kill(child.as_raw(), libc::SIGHUP);
+                }
+                Request::Resize => {
+                    if let Some(r) = &relay {
+                        r.copy_window_size();
+                    }
+                }
+            }
+        }
+        if let (true, Some(sigfd)) = (sig_ready, &sigfd) {
             while let Ok(Some(info)) = sigfd.read_signal() {
                 let sig = info.ssi_signo as i32;
                 match sig {
@@ -876,12 +943,15 @@ fn termination_reason(
     use nix::sys::resource::Resource;
     let soft = |r: Resource| rlimits.iter().find(|(x, _, _)| *x == r).map(|(_, s, _)| *s);
     // RLIMIT_CPU is in whole seconds per process; the usage sums every
-    // process of the run, so less than the limit means it was not reached
-    // (a tick of slack for the accounting's granularity).
+    // process of the run. The kernel fires SIGXCPU on the scheduler's exact
+    // runtime, while the rusage read back is tick-sampled and, on a loaded
+    // host, was seen 15-20% short of the limit that had fired: half the
+    // limit tells a run that spun against it from a self-sent SIGXCPU
+    // (which used next to nothing) without blaming load.
     let cpu_reached = soft(Resource::RLIMIT_CPU).is_some_and(|secs| {
         out.usage
             .cpu_ms
-            .is_none_or(|used| used + 100 >= secs.saturating_mul(1000))
+            .is_none_or(|used| used.saturating_mul(2) >= secs.saturating_mul(1000))
     });
     if out.status == RunStatus::FailedToStart {
         return None;
@@ -924,8 +994,11 @@ fn command_host_pid(init: Pid) -> Option<i32> {
     text.split_whitespace().next().and_then(|s| s.parse().ok())
 }
 
+/// Whether the init has reported the command's exit (a malformed report
+/// is not one: the run then ends when the init does, and fails).
 fn has_final_status(report: &[u8]) -> bool {
-    report.split(|b| *b == b'\n').any(|l| l.starts_with(b"S "))
+    init_msg::decode_all(report, false)
+        .is_ok_and(|m| m.iter().any(|m| matches!(m, InitMessage::Exited { .. })))
 }
 
 /// Reads what is available from the report pipe; false at EOF.
@@ -999,7 +1072,7 @@ fn not_in_view(plan: &Plan, program: &std::ffi::OsStr, look_on_host: bool) -> St
     }
 }
 
-/// Turns the init's report lines and exit status into the outcome.
+/// Turns the init's report messages and exit status into the outcome.
 fn interpret(
     report: &[u8],
     init_status: WaitStatus,
@@ -1008,19 +1081,20 @@ fn interpret(
     program: &std::ffi::OsStr,
     out: &mut RunOutcome,
 ) -> Result<(), String> {
-    let text = String::from_utf8_lossy(report);
+    // The pipe is closed (or its writers are dead) by now: a partial frame
+    // is as much a failure as garbage.
+    let messages = init_msg::decode_all(report, true).map_err(|e| {
+        format!("the sandbox's init sent a malformed report ({e}); this is a bug in moat, please report it")
+    })?;
     let mut final_status: Option<(i32, i32)> = None;
-    for line in text.lines() {
-        let (tag, rest) = line.split_at(line.len().min(2));
-        match tag.trim() {
-            "E" => return Err(rest.trim().to_string()),
-            "L" => {
-                let b = rest.trim().as_bytes();
-                out.layers.landlock = Enforcement::from_code(b.first().copied().unwrap_or(b'N'));
-                out.layers.seccomp = Enforcement::from_code(b.get(1).copied().unwrap_or(b'N'));
+    for msg in messages {
+        match msg {
+            InitMessage::SetupFailed { detail, .. } => return Err(detail.to_string()),
+            InitMessage::Confined { landlock, seccomp } => {
+                out.layers.landlock = landlock;
+                out.layers.seccomp = seccomp;
             }
-            "X" => {
-                let errno: i32 = rest.trim().parse().unwrap_or(libc::ENOENT);
+            InitMessage::ExecFailed { errno } => {
                 out.status = RunStatus::FailedToStart;
                 out.exit_code = if errno == libc::ENOENT { 127 } else { 126 };
                 let what = if errno == libc::ENOENT {
@@ -1035,20 +1109,17 @@ fn interpret(
                 out.error = Some(not_in_view(plan, program, !opts.stdio_from_outer_sandbox));
                 return Ok(());
             }
-            "S" => {
-                let mut parts = rest
-                    .split_whitespace()
-                    .map(|s| s.parse::<i64>().unwrap_or(0));
-                let code = parts.next().unwrap_or(0) as i32;
-                let signal = parts.next().unwrap_or(0) as i32;
+            InitMessage::Exited {
+                code,
+                signal,
+                max_rss_kb,
+                cpu_ms,
+            } => {
                 // What every process of the run used, reaped by the init.
-                if let (Some(rss_kb), Some(cpu_ms)) = (parts.next(), parts.next()) {
-                    out.usage.max_rss_bytes = Some(rss_kb.max(0) as u64 * 1024);
-                    out.usage.cpu_ms = Some(cpu_ms.max(0) as u64);
-                }
+                out.usage.max_rss_bytes = Some(max_rss_kb.max(0) as u64 * 1024);
+                out.usage.cpu_ms = Some(cpu_ms.max(0) as u64);
                 final_status = Some((code, signal));
             }
-            _ => {}
         }
     }
     match final_status {

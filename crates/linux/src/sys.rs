@@ -1,6 +1,13 @@
 //! Every raw syscall moat makes that std, nix and the landlock/seccompiler
-//! crates do not wrap. ALL `unsafe` of the Linux backend lives here, each
-//! block with the reason it is sound.
+//! crates do not wrap. ALL `unsafe` operations of the Linux backend live
+//! here, each block with the reason it is sound.
+//!
+//! The module is `pub(crate)`: other crates reach the few safe entry points
+//! they need through [`crate::process`] and [`crate::fd`]. A function here
+//! whose soundness depends on its caller (the process is single-threaded, a
+//! raw fd is not owned elsewhere, pointers are valid) is an `unsafe fn`,
+//! with the precondition under `# Safety`; its callers state in a
+//! `// SAFETY:` comment why it holds.
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -30,9 +37,13 @@ pub enum Forked {
 /// fork(2) with namespace flags: `clone(flags | SIGCHLD)` with no new stack,
 /// so the child continues on a copy of our stack exactly like fork.
 ///
-/// The caller must be single-threaded (moat's supervisor is), so the child
-/// may allocate and run ordinary Rust until it execs.
-pub fn clone_process(ns_flags: libc::c_int) -> io::Result<Forked> {
+/// # Safety
+/// The calling process must be single-threaded (moat's one-shot supervisor
+/// is: the proxy's threads start only after the clone), so the child may
+/// allocate and run ordinary Rust until it execs. In a multi-threaded
+/// process the child may only make async-signal-safe calls: another
+/// thread may have held the allocator's lock at the clone.
+pub unsafe fn clone_process(ns_flags: libc::c_int) -> io::Result<Forked> {
     let flags = (ns_flags | libc::SIGCHLD) as libc::c_ulong;
     // SAFETY: raw clone without CLONE_VM and with a NULL stack behaves like
     // fork(2): the child gets a private copy of the address space. No pointer
@@ -42,11 +53,6 @@ pub fn clone_process(ns_flags: libc::c_int) -> io::Result<Forked> {
         0 => Ok(Forked::Child),
         pid => Ok(Forked::Parent(pid as libc::pid_t)),
     }
-}
-
-/// Plain fork(2), for the danger-full-access reaper and probes.
-pub fn fork_process() -> io::Result<Forked> {
-    clone_process(0)
 }
 
 pub const OPEN_TREE_CLONE: libc::c_uint = 1;
@@ -304,18 +310,34 @@ pub fn make_superblock_readonly(mount_fd: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
-/// close_range(first, last, flags).
-pub fn close_range(first: u32, last: u32, cloexec: bool) -> io::Result<()> {
-    let flags: libc::c_uint = if cloexec {
-        libc::CLOSE_RANGE_CLOEXEC
-    } else {
-        0
-    };
+/// close_range(first, last, 0): closes every fd in the range.
+///
+/// # Safety
+/// No live `OwnedFd`, `File` or other owner in this process may hold an fd
+/// in the range (it would later close or use a number that is reused):
+/// call it only in a forked child about to exec, where the owners are
+/// never dropped.
+pub unsafe fn close_range(first: u32, last: u32) -> io::Result<()> {
     if first > last {
         return Ok(());
     }
-    // SAFETY: integer-only syscall; closing fds we do not use is the point.
-    check(unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) })?;
+    // SAFETY: integer-only syscall; the fds' owners are the caller's contract.
+    check(unsafe { libc::syscall(libc::SYS_close_range, first, last, 0 as libc::c_uint) })?;
+    Ok(())
+}
+
+/// close_range(first, ~0, CLOSE_RANGE_CLOEXEC): every fd from `first` on
+/// closes at the next exec (none is closed now, so no owner is affected).
+pub fn cloexec_from(first: u32) -> io::Result<()> {
+    // SAFETY: integer-only syscall that only sets the close-on-exec flag.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    })?;
     Ok(())
 }
 
@@ -424,23 +446,35 @@ pub fn set_not_dumpable() -> io::Result<()> {
 /// Overwrites this process's original environment block (what
 /// /proc/self/environ shows) with zeros. The supervisor's environment is
 /// copied into every forked child; the init must not carry it.
-pub fn wipe_environ_block() -> io::Result<()> {
+///
+/// # Safety
+/// The process is single-threaded, and nothing reads the environment
+/// through libc (`getenv`, `std::env`) while the block is overwritten.
+pub unsafe fn wipe_environ_block() -> io::Result<()> {
     // Fields 50/51 of proc(5)'s stat: env_start, env_end.
-    wipe_stat_block(50, 51, "env_start/env_end")
+    // SAFETY: the caller's contract is this function's.
+    unsafe { wipe_stat_block(50, 51, "env_start/env_end") }
 }
 
 /// Overwrites this process's original argument block (what
 /// /proc/self/cmdline shows) with zeros: the init is a fork of the
 /// supervisor, whose command line (`--env K=V`, an upstream proxy URL…) the
 /// sandboxed command must not read from /proc/1/cmdline.
-pub fn wipe_argv_block() -> io::Result<()> {
+///
+/// # Safety
+/// As [`wipe_environ_block`], for `std::env::args`.
+pub unsafe fn wipe_argv_block() -> io::Result<()> {
     // Fields 48/49: arg_start, arg_end.
-    wipe_stat_block(48, 49, "arg_start/arg_end")
+    // SAFETY: the caller's contract is this function's.
+    unsafe { wipe_stat_block(48, 49, "arg_start/arg_end") }
 }
 
 /// Zeroes the memory between the addresses in /proc/self/stat fields
 /// `start_field` and `end_field` (numbered from 1 as in proc(5)).
-fn wipe_stat_block(start_field: usize, end_field: usize, what: &str) -> io::Result<()> {
+///
+/// # Safety
+/// As [`wipe_environ_block`].
+unsafe fn wipe_stat_block(start_field: usize, end_field: usize, what: &str) -> io::Result<()> {
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     let after = stat.rfind(')').map(|i| &stat[i + 2..]).unwrap_or("");
     let fields: Vec<&str> = after.split_whitespace().collect();
@@ -466,10 +500,17 @@ fn wipe_stat_block(start_field: usize, end_field: usize, what: &str) -> io::Resu
 /// flag set — so a syscall that exists refuses the call (EBADF, EFAULT,
 /// EINVAL…) rather than doing something. Only for syscalls above the
 /// floor's review, in a test.
-pub fn kernel_knows_syscall(nr: i64) -> io::Result<bool> {
+///
+/// # Safety
+/// `nr` must be a syscall that, with every argument -1, fails or does no
+/// harm (true of syscalls whose first argument is an fd or a pointer; not
+/// of e.g. `exit` or `munmap`): the call is really made.
+#[cfg(test)]
+pub unsafe fn kernel_knows_syscall(nr: i64) -> io::Result<bool> {
     let all = -1i64;
     // SAFETY: integer arguments only; every pointer argument is the invalid
-    // address -1, which the kernel checks and refuses with EFAULT.
+    // address -1, which the kernel checks and refuses with EFAULT; which
+    // syscall is called is the caller's contract.
     let ret = unsafe { libc::syscall(nr, all, all, all, all, all, all) };
     if ret >= 0 {
         return Ok(true);
@@ -536,15 +577,12 @@ pub fn reset_signals() {
     }
 }
 
-/// Ignore `sig` in this process (used for SIGPIPE/SIGTTOU in the supervisor).
-pub fn ignore_signal(sig: libc::c_int) {
-    // SAFETY: installing SIG_IGN has no memory-safety implications.
-    unsafe { libc::signal(sig, libc::SIG_IGN) };
-}
-
-/// execve that returns only on failure. Arrays are NULL-terminated pointer
-/// lists into `CString`s prepared by the caller before fork.
-pub fn execve(
+/// execve that returns only on failure.
+///
+/// # Safety
+/// `argv` and `envp` are NULL-terminated arrays of pointers to C strings
+/// that stay alive for the call (prepared by the caller before the fork).
+pub unsafe fn execve(
     path: &CStr,
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
@@ -578,7 +616,11 @@ pub fn write_all_fd(fd: RawFd, mut buf: &[u8]) {
 }
 
 /// dup2 wrapper for forked children.
-pub fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
+///
+/// # Safety
+/// `to` (closed and replaced) is not owned by a live `OwnedFd`/`File` that
+/// would later use or close it: a stdio number in a child about to exec.
+pub unsafe fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
     // SAFETY: integer-only syscall.
     if unsafe { libc::dup2(from, to) } < 0 {
         return Err(io::Error::last_os_error());
@@ -651,9 +693,13 @@ pub fn install_syscall_abi_guard() -> io::Result<()> {
 
 /// glibc's fork(): unlike a raw clone it also fixes up libc's per-thread
 /// state in the child. Returns 0 in the child and the pid in the parent.
-pub fn fork_glibc() -> io::Result<libc::pid_t> {
-    // SAFETY: the calling process is single-threaded (moat's init), so the
-    // child may keep running ordinary code until it execs.
+///
+/// # Safety
+/// As [`clone_process`]: the caller is single-threaded, or the child makes
+/// only async-signal-safe calls before it execs or `_exit`s.
+pub unsafe fn fork_glibc() -> io::Result<libc::pid_t> {
+    // SAFETY: fork itself has no memory-safety preconditions; what the
+    // child may do afterwards is this function's caller's contract.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(io::Error::last_os_error());
@@ -667,11 +713,35 @@ pub fn restore_sigmask(old: &libc::sigset_t) {
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
 }
 
-/// Takes ownership of a raw fd received from the kernel (SCM_RIGHTS).
-pub fn own_fd(fd: RawFd) -> OwnedFd {
-    // SAFETY: the fd was just installed in our table by recvmsg and nothing
-    // else refers to it.
-    unsafe { OwnedFd::from_raw_fd(fd) }
+/// Receives one message with up to `MAX_FDS` descriptors (SCM_RIGHTS,
+/// close-on-exec) from a unix socket: the bytes read into `buf` (0 at end
+/// of stream) and the descriptors, owned.
+pub fn recv_with_fds<const MAX_FDS: usize>(
+    sock: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| io::Error::from_raw_os_error(e as i32))?;
+    let mut fds = Vec::new();
+    for c in msg
+        .cmsgs()
+        .map_err(|e| io::Error::from_raw_os_error(e as i32))?
+    {
+        if let ControlMessageOwned::ScmRights(r) = c {
+            // SAFETY: recvmsg just installed each fd in our table for this
+            // call alone; nothing else refers to it.
+            fds.extend(r.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    Ok((msg.bytes, fds))
 }
 
 /// Sets IFF_UP on `lo` in the current network namespace.
@@ -793,7 +863,11 @@ pub fn set_controlling_tty(fd: RawFd) -> io::Result<()> {
 
 /// Takes ownership of fd `fd`, which the parent process left open for us and
 /// named (a nested run's pipe from the broker). Fails if it is not open.
-pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
+///
+/// # Safety
+/// Nothing else in this process owns or will take `fd` (see
+/// [`crate::process::take_inherited_fd`], which guards that).
+pub unsafe fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
     if fd < 3 {
         return Err(io::Error::from_raw_os_error(libc::EBADF));
     }

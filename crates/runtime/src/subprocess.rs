@@ -172,8 +172,8 @@ impl Supervisor {
         stdin: StdinSource,
     ) -> std::io::Result<Supervisor> {
         let mut cmd = Command::new(moat);
-        moat_linux::sys::start_in(&mut cmd, dir);
-        moat_linux::sys::die_with_parent(&mut cmd, libc::SIGTERM);
+        moat_linux::process::start_in(&mut cmd, dir);
+        moat_linux::process::die_with_parent(&mut cmd, libc::SIGTERM);
         let mut child = cmd
             .args(args)
             .stdin(if stdin == StdinSource::Empty {
@@ -304,7 +304,7 @@ mod tests {
     use super::*;
 
     fn root() -> OwnedFd {
-        moat_linux::sys::open_path_nofollow(libc::AT_FDCWD, Path::new("/")).unwrap()
+        moat_linux::fd::open_path_nofollow(libc::AT_FDCWD, Path::new("/")).unwrap()
     }
 
     fn sh(script: &str, stdin: StdinSource) -> Supervisor {

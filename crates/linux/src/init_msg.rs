@@ -1,0 +1,433 @@
+//! The init's report pipe: what the sandbox's init (and the command's
+//! process, between fork and exec) tells the supervisor, as one typed
+//! [`InitMessage`] per length-prefixed frame.
+//!
+//! A frame is `[body length: u16 LE][tag: u8][body]`, at most
+//! [`MAX_FRAME`] bytes (PIPE_BUF, so each frame is one atomic pipe write
+//! even when the init and the command's process both write). The writer
+//! encodes into a stack buffer: nothing is allocated on the init's side
+//! after the clone. The reader borrows text fields from its buffer. A frame
+//! that is malformed, of an unknown tag, or cut short at end of file is an
+//! error the supervisor reports (exit 125), never skipped.
+
+use crate::confine::Enforcement;
+
+/// Largest frame, header included: PIPE_BUF, so a frame is written atomically.
+pub const MAX_FRAME: usize = 4096;
+/// Length prefix and tag.
+const HEADER: usize = 3;
+
+const TAG_SETUP_FAILED: u8 = 1;
+const TAG_CONFINED: u8 = 2;
+const TAG_EXEC_FAILED: u8 = 3;
+const TAG_EXITED: u8 = 4;
+
+/// Where, in the init's work, a setup step failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetupStage {
+    /// Namespaces, identity, the view, the handoffs (in the init).
+    Sandbox,
+    /// Forking the command's process.
+    Fork,
+    /// Resource limits in the command's process.
+    Limits,
+    /// Attaching the command's terminal.
+    Terminal,
+    /// Capabilities, Landlock, seccomp in the command's process.
+    Confine,
+}
+
+impl SetupStage {
+    const ALL: [SetupStage; 5] = [
+        SetupStage::Sandbox,
+        SetupStage::Fork,
+        SetupStage::Limits,
+        SetupStage::Terminal,
+        SetupStage::Confine,
+    ];
+    fn code(self) -> u8 {
+        match self {
+            SetupStage::Sandbox => 1,
+            SetupStage::Fork => 2,
+            SetupStage::Limits => 3,
+            SetupStage::Terminal => 4,
+            SetupStage::Confine => 5,
+        }
+    }
+    fn from_code(c: u8) -> Option<SetupStage> {
+        SetupStage::ALL.into_iter().find(|s| s.code() == c)
+    }
+}
+
+/// One report from the init to the supervisor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InitMessage<'a> {
+    /// A step before exec failed; the command never ran (moat's failure,
+    /// exit 125). `detail` is the message for the user, naming the step,
+    /// the path and the fix; `errno` is 0 when the failure had none.
+    SetupFailed {
+        stage: SetupStage,
+        errno: i32,
+        detail: &'a str,
+    },
+    /// The command's process is confined and about to exec; the layers as
+    /// the kernel enforced them.
+    Confined {
+        landlock: Enforcement,
+        seccomp: Enforcement,
+    },
+    /// Every exec candidate failed; `errno` is the one that decides the exit
+    /// code (ENOENT: 127, anything else: 126).
+    ExecFailed { errno: i32 },
+    /// The command exited (`code` as a shell reports it, `signal` 0 unless
+    /// it was killed) and every process of the run has been reaped, with
+    /// what they used.
+    Exited {
+        code: i32,
+        signal: i32,
+        max_rss_kb: i64,
+        cpu_ms: i64,
+    },
+}
+
+/// Why bytes on the report pipe are not a valid message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("a frame announces {0} bytes, more than a frame may hold")]
+    TooLong(usize),
+    #[error("unknown message tag {0}")]
+    UnknownTag(u8),
+    #[error("message tag {tag} with a body of {len} bytes")]
+    BadLength { tag: u8, len: usize },
+    #[error("message tag {tag}: invalid field value {value}")]
+    BadField { tag: u8, value: u8 },
+    #[error("message text is not UTF-8")]
+    BadText,
+    #[error("the pipe ended inside a frame ({0} bytes left over)")]
+    Truncated(usize),
+}
+
+fn enforcement_from(tag: u8, c: u8) -> Result<Enforcement, DecodeError> {
+    match c {
+        b'F' => Ok(Enforcement::Full),
+        b'P' => Ok(Enforcement::Partial),
+        b'N' => Ok(Enforcement::None),
+        value => Err(DecodeError::BadField { tag, value }),
+    }
+}
+
+/// The longest prefix of `s` that fits in `max` bytes, cut at a char boundary.
+fn fit(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+impl<'a> InitMessage<'a> {
+    /// Writes the message as one frame into `buf`; returns its length. A
+    /// `detail` longer than a frame holds is cut (at a char boundary).
+    pub fn encode(&self, buf: &mut [u8; MAX_FRAME]) -> usize {
+        let mut body = [0u8; MAX_FRAME];
+        let (tag, len) = match *self {
+            InitMessage::SetupFailed {
+                stage,
+                errno,
+                detail,
+            } => {
+                let text = fit(detail, MAX_FRAME - HEADER - 7);
+                body[0] = stage.code();
+                body[1..5].copy_from_slice(&errno.to_le_bytes());
+                body[5..7].copy_from_slice(&(text.len() as u16).to_le_bytes());
+                body[7..7 + text.len()].copy_from_slice(text.as_bytes());
+                (TAG_SETUP_FAILED, 7 + text.len())
+            }
+            InitMessage::Confined { landlock, seccomp } => {
+                body[0] = landlock.code();
+                body[1] = seccomp.code();
+                (TAG_CONFINED, 2)
+            }
+            InitMessage::ExecFailed { errno } => {
+                body[..4].copy_from_slice(&errno.to_le_bytes());
+                (TAG_EXEC_FAILED, 4)
+            }
+            InitMessage::Exited {
+                code,
+                signal,
+                max_rss_kb,
+                cpu_ms,
+            } => {
+                body[..4].copy_from_slice(&code.to_le_bytes());
+                body[4..8].copy_from_slice(&signal.to_le_bytes());
+                body[8..16].copy_from_slice(&max_rss_kb.to_le_bytes());
+                body[16..24].copy_from_slice(&cpu_ms.to_le_bytes());
+                (TAG_EXITED, 24)
+            }
+        };
+        buf[..2].copy_from_slice(&(len as u16).to_le_bytes());
+        buf[2] = tag;
+        buf[HEADER..HEADER + len].copy_from_slice(&body[..len]);
+        HEADER + len
+    }
+
+    /// Decodes the first frame of `buf`: the message and the bytes it took,
+    /// or `None` when the frame is not complete yet.
+    pub fn decode(buf: &'a [u8]) -> Result<Option<(InitMessage<'a>, usize)>, DecodeError> {
+        let Some(head) = buf.get(..HEADER) else {
+            return Ok(None);
+        };
+        let len = u16::from_le_bytes([head[0], head[1]]) as usize;
+        let tag = head[2];
+        if len > MAX_FRAME - HEADER {
+            return Err(DecodeError::TooLong(len));
+        }
+        let Some(body) = buf.get(HEADER..HEADER + len) else {
+            return Ok(None);
+        };
+        let bad_len = DecodeError::BadLength { tag, len };
+        let i32_at = |i: usize| -> Result<i32, DecodeError> {
+            let b = body.get(i..i + 4).ok_or(bad_len)?;
+            Ok(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        let i64_at = |i: usize| -> Result<i64, DecodeError> {
+            let b = body.get(i..i + 8).ok_or(bad_len)?;
+            let mut a = [0u8; 8];
+            a.copy_from_slice(b);
+            Ok(i64::from_le_bytes(a))
+        };
+        let msg = match tag {
+            TAG_SETUP_FAILED => {
+                let stage_code = *body.first().ok_or(bad_len)?;
+                let stage = SetupStage::from_code(stage_code).ok_or(DecodeError::BadField {
+                    tag,
+                    value: stage_code,
+                })?;
+                let errno = i32_at(1)?;
+                let n = body.get(5..7).ok_or(bad_len)?;
+                let n = u16::from_le_bytes([n[0], n[1]]) as usize;
+                if body.len() != 7 + n {
+                    return Err(bad_len);
+                }
+                let detail = std::str::from_utf8(&body[7..]).map_err(|_| DecodeError::BadText)?;
+                InitMessage::SetupFailed {
+                    stage,
+                    errno,
+                    detail,
+                }
+            }
+            TAG_CONFINED => {
+                if len != 2 {
+                    return Err(bad_len);
+                }
+                InitMessage::Confined {
+                    landlock: enforcement_from(tag, body[0])?,
+                    seccomp: enforcement_from(tag, body[1])?,
+                }
+            }
+            TAG_EXEC_FAILED => {
+                if len != 4 {
+                    return Err(bad_len);
+                }
+                InitMessage::ExecFailed { errno: i32_at(0)? }
+            }
+            TAG_EXITED => {
+                if len != 24 {
+                    return Err(bad_len);
+                }
+                InitMessage::Exited {
+                    code: i32_at(0)?,
+                    signal: i32_at(4)?,
+                    max_rss_kb: i64_at(8)?,
+                    cpu_ms: i64_at(16)?,
+                }
+            }
+            other => return Err(DecodeError::UnknownTag(other)),
+        };
+        Ok(Some((msg, HEADER + len)))
+    }
+}
+
+/// Every complete message in `buf`, in order. With `at_eof` (the pipe is
+/// closed, nothing more will come), a partial frame left over is an error;
+/// without it, the partial frame is left for the next read.
+pub fn decode_all(buf: &[u8], at_eof: bool) -> Result<Vec<InitMessage<'_>>, DecodeError> {
+    let mut out = Vec::new();
+    let mut rest = buf;
+    while !rest.is_empty() {
+        match InitMessage::decode(rest)? {
+            Some((msg, used)) => {
+                out.push(msg);
+                rest = &rest[used..];
+            }
+            None if at_eof => return Err(DecodeError::Truncated(rest.len())),
+            None => break,
+        }
+    }
+    Ok(out)
+}
+
+/// Writes `msg` to the report pipe as one frame (from the init or the
+/// command's process: no allocation).
+pub(crate) fn send(fd: std::os::fd::RawFd, msg: &InitMessage<'_>) {
+    let mut frame = [0u8; MAX_FRAME];
+    let n = msg.encode(&mut frame);
+    crate::sys::write_all_fd(fd, &frame[..n]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples() -> Vec<InitMessage<'static>> {
+        vec![
+            InitMessage::SetupFailed {
+                stage: SetupStage::Sandbox,
+                errno: libc::EPERM,
+                detail: "build the sandbox view: mount proc /proc: Operation not permitted",
+            },
+            InitMessage::SetupFailed {
+                stage: SetupStage::Confine,
+                errno: 0,
+                detail: "",
+            },
+            InitMessage::Confined {
+                landlock: Enforcement::Full,
+                seccomp: Enforcement::Partial,
+            },
+            InitMessage::Confined {
+                landlock: Enforcement::None,
+                seccomp: Enforcement::None,
+            },
+            InitMessage::ExecFailed {
+                errno: libc::ENOENT,
+            },
+            InitMessage::Exited {
+                code: 137,
+                signal: 9,
+                max_rss_kb: 123_456,
+                cpu_ms: i64::MAX,
+            },
+            InitMessage::Exited {
+                code: -1,
+                signal: 0,
+                max_rss_kb: -5,
+                cpu_ms: 0,
+            },
+        ]
+    }
+
+    fn encoded(msg: &InitMessage<'_>) -> Vec<u8> {
+        let mut f = [0u8; MAX_FRAME];
+        let n = msg.encode(&mut f);
+        f[..n].to_vec()
+    }
+
+    #[test]
+    fn every_message_round_trips_alone_and_in_a_stream() {
+        let mut stream = Vec::new();
+        for m in samples() {
+            let bytes = encoded(&m);
+            assert_eq!(
+                InitMessage::decode(&bytes).unwrap(),
+                Some((m, bytes.len())),
+                "{m:?}"
+            );
+            stream.extend_from_slice(&bytes);
+        }
+        assert_eq!(decode_all(&stream, true).unwrap(), samples());
+    }
+
+    #[test]
+    fn a_long_detail_is_cut_at_a_char_boundary_within_one_frame() {
+        let long = "é".repeat(MAX_FRAME);
+        let m = InitMessage::SetupFailed {
+            stage: SetupStage::Fork,
+            errno: 12,
+            detail: &long,
+        };
+        let bytes = encoded(&m);
+        assert!(bytes.len() <= MAX_FRAME);
+        match InitMessage::decode(&bytes).unwrap() {
+            Some((
+                InitMessage::SetupFailed {
+                    stage,
+                    errno,
+                    detail,
+                },
+                n,
+            )) => {
+                assert_eq!((stage, errno, n), (SetupStage::Fork, 12, bytes.len()));
+                assert!(long.starts_with(detail) && detail.len() > MAX_FRAME - 16);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_truncation_waits_for_more_and_fails_at_eof() {
+        for m in samples() {
+            let bytes = encoded(&m);
+            for cut in 1..bytes.len() {
+                let part = &bytes[..cut];
+                assert_eq!(InitMessage::decode(part).unwrap(), None, "{m:?} cut {cut}");
+                assert_eq!(decode_all(part, false).unwrap(), vec![]);
+                assert_eq!(decode_all(part, true), Err(DecodeError::Truncated(cut)));
+            }
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error_never_skipped() {
+        // The old text protocol's lines are not frames.
+        assert!(decode_all(b"S 0 0 10 10\n", true).is_err());
+        // Unknown tag.
+        assert_eq!(
+            InitMessage::decode(&[0, 0, 99]),
+            Err(DecodeError::UnknownTag(99))
+        );
+        // A length no frame may have.
+        assert_eq!(
+            InitMessage::decode(&[0xff, 0xff, TAG_EXITED]),
+            Err(DecodeError::TooLong(0xffff))
+        );
+        // A known tag with the wrong body length (too short and too long).
+        assert!(matches!(
+            InitMessage::decode(&[1, 0, TAG_CONFINED, b'F']),
+            Err(DecodeError::BadLength { .. })
+        ));
+        assert!(matches!(
+            InitMessage::decode(&[5, 0, TAG_EXEC_FAILED, 0, 0, 0, 0, 0]),
+            Err(DecodeError::BadLength { .. })
+        ));
+        // A text length that disagrees with the frame's.
+        assert!(matches!(
+            InitMessage::decode(&[8, 0, TAG_SETUP_FAILED, 1, 0, 0, 0, 0, 2, 0, b'x']),
+            Err(DecodeError::BadLength { .. })
+        ));
+        // Field values outside their range.
+        assert_eq!(
+            InitMessage::decode(&[2, 0, TAG_CONFINED, b'F', b'?']),
+            Err(DecodeError::BadField {
+                tag: TAG_CONFINED,
+                value: b'?'
+            })
+        );
+        assert!(matches!(
+            InitMessage::decode(&[7, 0, TAG_SETUP_FAILED, 42, 0, 0, 0, 0, 0, 0]),
+            Err(DecodeError::BadField { value: 42, .. })
+        ));
+        // Text that is not UTF-8.
+        assert_eq!(
+            InitMessage::decode(&[8, 0, TAG_SETUP_FAILED, 1, 0, 0, 0, 0, 1, 0, 0xff]),
+            Err(DecodeError::BadText)
+        );
+        // A good frame followed by garbage: the garbage fails the stream.
+        let mut s = encoded(&InitMessage::ExecFailed { errno: 2 });
+        s.extend_from_slice(&[0, 0, 0]);
+        assert_eq!(decode_all(&s, true), Err(DecodeError::UnknownTag(0)));
+    }
+}

@@ -1,0 +1,191 @@
+//! Golden tests of applying a plan through the [`Syscall`] seam: for a few
+//! representative plans (fixed host facts), the identity and view the init
+//! would build are replayed against the recording fake, and the call
+//! sequence is compared with `tests/golden/apply-*.txt`. `MOAT_UPDATE_GOLDEN=1`
+//! rewrites the files; review the diff before committing: every line is a
+//! kernel call the sandbox's init makes.
+
+use std::path::{Path, PathBuf};
+
+use moat_policy::{Level, NetworkMode, Policy, PolicyRequest};
+
+use crate::mounts;
+use crate::plan::{MountOp, Plan};
+use crate::probe::{HostFacts, Kind, RootEntry};
+use crate::syscall::Recorder;
+
+fn host() -> HostFacts {
+    let root = |name: &str, kind: Kind, link: Option<&str>| RootEntry {
+        name: name.into(),
+        kind,
+        link: link.map(PathBuf::from),
+    };
+    let mut h = HostFacts {
+        uid: 1000,
+        gid: 1000,
+        landlock_abi: 6,
+        root_entries: vec![
+            root("bin", Kind::Symlink, Some("usr/bin")),
+            root("etc", Kind::Dir, None),
+            root("home", Kind::Dir, None),
+            root("opt", Kind::Dir, None),
+            root("usr", Kind::Dir, None),
+            root("var", Kind::Dir, None),
+        ],
+        proc_entries: vec!["kcore".into(), "sys".into()],
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        moat_exe: Some("/usr/local/bin/moat".into()),
+        ..Default::default()
+    };
+    h.secrets.insert("/home/u/.ssh".into(), Kind::Dir);
+    h.secrets.insert("/home/u/.netrc".into(), Kind::File);
+    h.secrets.insert("/etc/shadow".into(), Kind::File);
+    h.workspace_protected
+        .insert("/home/u/proj/.env".into(), Kind::File);
+    h.workspace_write_protected
+        .insert("/home/u/proj/.git".into(), Kind::Dir);
+    h.workspace_write_protected
+        .insert("/home/u/proj/.git/hooks".into(), Kind::Dir);
+    h.workspace_write_protected
+        .insert("/home/u/proj/.vscode".into(), Kind::Dir);
+    for g in ["/opt/tools", "/home/u/data", "/home/u/cache"] {
+        h.grant_kinds.insert(g.into(), Kind::Dir);
+    }
+    h
+}
+
+fn policy(level: Level, f: impl FnOnce(&mut PolicyRequest)) -> Policy {
+    let mut r = PolicyRequest {
+        level: Some(level),
+        network: Some(NetworkMode::Disabled),
+        workspace: "/home/u/proj".into(),
+        home: "/home/u".into(),
+        ..Default::default()
+    };
+    f(&mut r);
+    Policy::resolve(r).expect("policy")
+}
+
+fn plan(p: &Policy, facts: &HostFacts) -> Plan {
+    crate::plan::build(p, facts).expect("plan")
+}
+
+/// What the init asks of the kernel for `plan`: identity, then the view.
+fn replay(plan: &Plan) -> String {
+    let fake = Recorder::default();
+    mounts::set_identity(&fake, plan).expect("identity");
+    mounts::build_root(&fake, &plan.mounts, plan.broker).expect("view");
+    fake.log()
+}
+
+fn golden(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("MOAT_UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir golden");
+        std::fs::write(&path, actual).expect("write golden");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!(
+            "missing golden {}; run with MOAT_UPDATE_GOLDEN=1",
+            path.display()
+        )
+    });
+    assert!(
+        expected == actual,
+        "{} differs from the golden file; if intended, rerun with MOAT_UPDATE_GOLDEN=1\n--- actual ---\n{actual}",
+        path.display()
+    );
+}
+
+/// Every stand-in and read-only remount of the plan shows in the replay as
+/// a mount onto its target: the golden cannot lose one silently.
+fn assert_every_op_lands(plan: &Plan, log: &str) {
+    for op in &plan.mounts {
+        let t = op.target().display().to_string();
+        let landed = match op {
+            MountOp::Bind { .. } | MountOp::ReadOnlyAgain { .. } | MountOp::StandIn { .. } => log
+                .lines()
+                .any(|l| l.starts_with("move_mount ") && l.ends_with(&format!(" {t}"))),
+            MountOp::Tmpfs { .. } | MountOp::Proc { .. } | MountOp::Devpts { .. } => log
+                .lines()
+                .any(|l| l.starts_with("mount ") && l.contains(&format!(" {t} type="))),
+            MountOp::File { .. } => log.contains(&format!("create_file {t} 444")),
+            MountOp::Symlink { .. } => log.contains(&format!("symlink {t} -> ")),
+        };
+        assert!(landed, "{op:?} left no call in the replay:\n{log}");
+    }
+}
+
+#[test]
+fn apply_read_only_golden() {
+    let p = plan(&policy(Level::ReadOnly, |_| {}), &host());
+    let log = replay(&p);
+    assert_every_op_lands(&p, &log);
+    golden("apply-read-only.txt", &log);
+}
+
+#[test]
+fn apply_workspace_write_stand_ins_and_git_golden() {
+    let p = plan(&policy(Level::WorkspaceWrite, |_| {}), &host());
+    let log = replay(&p);
+    assert_every_op_lands(&p, &log);
+    // The secrets are covered by stand-ins cloned from the detached scratch
+    // tmpfs, and .git is bound back read-only inside the writable workspace.
+    for secret in ["/home/u/.ssh", "/home/u/.netrc", "/etc/shadow"] {
+        assert!(
+            log.lines()
+                .any(|l| l.starts_with("move_mount ") && l.ends_with(secret)),
+            "{secret} not covered:\n{log}"
+        );
+    }
+    golden("apply-workspace-write.txt", &log);
+}
+
+#[test]
+fn apply_workspace_contained_with_grants_golden() {
+    let p = plan(
+        &policy(Level::WorkspaceContained, |r| {
+            r.ro = vec!["/opt/tools".into(), "/home/u/data".into()];
+            r.rw = vec!["/home/u/cache".into()];
+        }),
+        &host(),
+    );
+    let log = replay(&p);
+    assert_every_op_lands(&p, &log);
+    golden("apply-workspace-contained-grants.txt", &log);
+}
+
+#[test]
+fn apply_nested_run_view_golden() {
+    // The outer run is workspace-write; the nested request asks read-only
+    // and inherits what the outer view hides and protects.
+    let outer = policy(Level::WorkspaceWrite, |_| {});
+    let outer_view = crate::view::compute(&outer, &host());
+    let mut inner = policy(Level::ReadOnly, |_| {});
+    crate::view::inherit_policy(&outer_view, &mut inner, None).expect("inherit policy");
+    let mut facts = host();
+    crate::view::inherit_facts(&outer_view, &mut facts);
+    let p = plan(&inner, &facts);
+    let log = replay(&p);
+    assert_every_op_lands(&p, &log);
+    golden("apply-nested-read-only.txt", &log);
+}
+
+#[test]
+fn a_failing_call_stops_the_replay_with_its_step_and_path() {
+    // The seam also carries errors: the first refused call ends the build
+    // with the step and path the user sees.
+    let p = plan(&policy(Level::ReadOnly, |_| {}), &host());
+    let fake = Recorder::failing_at("pivot_root");
+    let e = mounts::build_root(&fake, &p.mounts, p.broker).expect_err("must fail");
+    assert_eq!(e.step, "pivot_root");
+    assert_eq!(e.path, Path::new("/tmp"));
+    assert!(
+        !fake.log().contains("move_mount"),
+        "nothing is mounted after a failed step:\n{}",
+        fake.log()
+    );
+}
