@@ -278,3 +278,32 @@ def test_unknown_keys_in_a_network_object_are_refused_contract(ws):
             assert "error" in r and r["error"]["data"]["code"] == "POLICY_INVALID", (network, r)
     finally:
         s.close()
+
+
+# docs/protocol.md: how many executions the service remembers.
+MAX_RECORDS = 1000
+
+
+def test_one_clients_thousand_executions_do_not_evict_another_clients_result(ws, socket_server):
+    a = SocketClient(socket_server)
+    b = SocketClient(socket_server)
+    try:
+        mark = token()
+        mine = b.ok("execute", {"command": ["sh", "-c", f"echo kept-{mark}"]})["execution_id"]
+        wait_for(lambda: any(e.get("type") == "execution.finished" for e in b.events_of(mine)), "B's execution")
+        # A runs past what the service remembers, MAX_RUNNING_PER_CLIENT at a time.
+        done = 0
+        while done < MAX_RECORDS + 10:
+            batch = [a.ok("execute", {"command": ["true"]})["execution_id"] for _ in range(MAX_RUNNING_PER_CLIENT)]
+            for x in batch:
+                wait_for(lambda: any(e.get("type") == "execution.finished" for e in a.events_of(x)), "A's execution")
+            a.log.clear()
+            a.taken.clear()
+            done += len(batch)
+        r = b.call("getExecution", {"execution_id": mine})
+        assert "result" in r, f"A's executions evicted B's result: {r}"
+        assert r["result"]["exit_code"] == 0 and r["result"]["stdout_bytes"] == len(f"kept-{mark}\n")
+        assert b.ok("listExecutions")["count"] == 1
+    finally:
+        hang_up(a)
+        hang_up(b)

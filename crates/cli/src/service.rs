@@ -554,7 +554,7 @@ impl Service {
         if let Ok(mut r) = self.records.lock() {
             r.push(record);
             while r.len() > MAX_RECORDS {
-                match r.iter().position(|x| x.done) {
+                match oldest_to_forget(&r) {
                     Some(i) => drop(r.remove(i)),
                     None => break,
                 }
@@ -810,6 +810,11 @@ impl Service {
                 pid.kill();
             }
         }
+        // No one can ask about them any more (a client that comes back is
+        // a new client): what is over is forgotten now.
+        if let Ok(mut recs) = self.records.lock() {
+            recs.retain(|r| r.owner != owner || !r.done);
+        }
     }
 
     /// Releases a session's retained output and stops what is still running.
@@ -873,6 +878,18 @@ impl Service {
             "view": view,
         }))
     }
+}
+
+/// The record to forget when the service remembers too many: the oldest
+/// finished one of the client that has the most, so one client's flood of
+/// executions forgets its own results, not another client's.
+fn oldest_to_forget(records: &[Record]) -> Option<usize> {
+    let mut held: BTreeMap<u64, usize> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.done) {
+        *held.entry(r.owner).or_insert(0) += 1;
+    }
+    let (owner, _) = held.into_iter().max_by_key(|(_, n)| *n)?;
+    records.iter().position(|r| r.done && r.owner == owner)
 }
 
 /// A running execution's place in its client's count.
