@@ -307,3 +307,62 @@ def test_one_clients_thousand_executions_do_not_evict_another_clients_result(ws,
     finally:
         hang_up(a)
         hang_up(b)
+
+
+def test_a_flood_of_connections_does_not_stop_the_service_serving_its_clients(ws):
+    # The server gets a small fd limit (as an unprivileged user's default
+    # 1024 would be, smaller so the test stays cheap); a client floods it
+    # with idle connections, past what the limit could hold.
+    import resource
+
+    limit = 256
+    d = tempfile.mkdtemp(prefix="moat-rt4-sock-")
+    os.chmod(d, 0o700)
+    path = os.path.join(d, "moat.sock")
+    p = subprocess.Popen(
+        [MOAT, "serve", "--no-audit", "--policy", "workspace-write", "--socket", path],
+        cwd=ws,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)),
+    )
+    flood = []
+    try:
+        wait_for(lambda: os.path.exists(path) or p.poll() is not None, "the socket")
+        b = SocketClient(path)
+        assert b.ok("getVersion")["protocol_version"]
+        for _ in range(limit + 44):
+            c = socket.socket(socket.AF_UNIX)
+            c.connect(path)
+            flood.append(c)
+        # B, connected before the flood, still gets its commands run.
+        mark = token()
+        r = b.call("execute", {"command": ["sh", "-c", f"echo still-{mark}"]})
+        assert "result" in r, f"the flood stopped the service running B's command: {r}"
+        ex = r["result"]["execution_id"]
+        wait_for(lambda: any(e.get("type") == "execution.finished" for e in b.events_of(ex)), "B's execution")
+        out = b"".join(base64.b64decode(e["data"]) for e in b.events_of(ex) if e["type"] == "execution.stdout")
+        assert f"still-{mark}".encode() in out
+        # Once the flood is gone, a new client is served again.
+        for c in flood:
+            c.close()
+        flood.clear()
+        wait_for(lambda: answers_version(path), "a new client served after the flood")
+        hang_up(b)
+    finally:
+        for c in flood:
+            c.close()
+        p.kill()
+        p.wait()
+
+
+def answers_version(path):
+    c = socket.socket(socket.AF_UNIX)
+    try:
+        c.settimeout(5)
+        c.connect(path)
+        c.sendall(b'{"jsonrpc":"2.0","id":1,"method":"getVersion"}\n')
+        return b"runseal.protocol/v1" in c.recv(65536)
+    except OSError:
+        return False
+    finally:
+        c.close()
