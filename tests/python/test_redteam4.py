@@ -366,3 +366,153 @@ def answers_version(path):
         return False
     finally:
         c.close()
+
+
+def mcp_session(ws, args, body):
+    import asyncio
+
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    async def go():
+        params = StdioServerParameters(command=MOAT, args=["mcp", "--no-audit", *args], cwd=ws)
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                return await asyncio.wait_for(body(session), 60)
+
+    return asyncio.run(go())
+
+
+def test_mcp_a_cwd_inside_git_cannot_write_its_hooks(ws):
+    subprocess.run(["git", "init", "-q", ws], check=True)
+    hook = os.path.join(ws, ".git", "hooks", "pre-commit")
+
+    async def body(s):
+        return await s.call_tool("exec", {"command": ["sh", "-c", "echo pwned > hooks/pre-commit"], "cwd": ".git"})
+
+    r = mcp_session(ws, ["--policy", "workspace-write"], body)
+    assert not os.path.exists(hook), "an MCP call's cwd made .git/hooks writable"
+    assert r.is_error
+
+
+def test_mcp_one_string_in_argv_is_one_program_never_a_shell_contract(ws):
+    async def body(s):
+        return await s.call_tool("exec", {"command": ["touch argv-marker; echo split"]})
+
+    r = mcp_session(ws, ["--policy", "workspace-write"], body)
+    assert r.is_error and r.structured_content["exit_code"] == 127, r
+    assert not os.path.exists(os.path.join(ws, "argv-marker"))
+
+
+# Other ways to a shell or an interpreter than ["bash", "-c"]: none is
+# refused (the policy has no program list; see docs/integrations.md), and
+# each runs confined exactly as bash does.
+OTHER_SHELLS = [
+    ["/bin/sh", "-c", "echo ran; echo x > {host}"],
+    ["env", "bash", "-c", "echo ran; echo x > {host}"],
+    ["python3", "-c", "print('ran', flush=True); open('{host}', 'w').write('x')"],
+]
+
+
+@pytest.mark.parametrize("argv", OTHER_SHELLS, ids=["sh", "env-bash", "python3"])
+def test_mcp_other_shells_run_but_stay_confined(ws, argv):
+    import shutil
+
+    host = f"/var/tmp/moat-rt4-{token()}"
+    argv = [a.format(host=host) for a in argv]
+    if argv[0] == "python3":
+        argv[0] = shutil.which("python3") or "python3"
+
+    async def body(s):
+        return await s.call_tool("exec", {"command": argv})
+
+    try:
+        r = mcp_session(ws, ["--policy", "workspace-write"], body)
+        assert r.structured_content["stdout"].startswith("ran"), r
+        assert not os.path.exists(host), f"{argv[0]} wrote outside the workspace"
+        assert r.is_error
+    finally:
+        if os.path.exists(host):
+            os.unlink(host)
+
+
+def hook(ws, home, payload):
+    import json
+
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "LANG": "C.UTF-8"}
+    r = subprocess.run([MOAT, "hook", "claude-code"], input=data, cwd=ws, env=env, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["hookSpecificOutput"], env
+
+
+def bash_input(cwd, command):
+    return {
+        "session_id": "0b3c4d5e-aaaa-bbbb-cccc-000000000000",
+        "cwd": cwd,
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Bash",
+        "tool_input": {"command": command, "description": "x"},
+    }
+
+
+@pytest.fixture
+def home():
+    with tempfile.TemporaryDirectory(prefix="moat-rt4-home-") as d:
+        yield os.path.realpath(d)
+
+
+TRICKY = [
+    "echo 'it'\"'\"'s'; echo \"$(echo sub)\" `echo tick`",
+    "cat <<'EOF'\nline $HOME\nEOF\ncat <<EOF\n$(echo expanded)\nEOF",
+    "printf '%s\\n' a\\\nb; echo 'multi\nline'",
+    "echo \\'; echo '\\'",
+    "echo done #'; touch {host}",
+]
+
+
+@pytest.mark.parametrize("command", TRICKY, ids=["quotes", "heredoc", "continuation", "backslash", "comment"])
+def test_the_hook_keeps_a_tricky_command_whole_and_confined(ws, home, command):
+    host = f"/var/tmp/moat-rt4-hook-{token()}"
+    command = command.replace("{host}", host)
+    probe = f"{command}\necho probe-ran; pwd; echo x > {host}"
+    out, env = hook(ws, home, bash_input(ws, probe))
+    assert out["permissionDecision"] == "allow", out
+    rewritten = out["updatedInput"]["command"]
+    # What the command prints bare (a host file it writes aside), and what
+    # the rewritten one prints: the same lines, from the same directory.
+    bare = subprocess.run(["bash", "-c", command], cwd=ws, env=env, capture_output=True, timeout=60).stdout
+    ran = subprocess.run(["bash", "-c", rewritten], cwd=ws, env=env, capture_output=True, timeout=60)
+    try:
+        assert ran.stdout == bare + f"probe-ran\n{ws}\n".encode(), (ran.stdout, ran.stderr)
+        assert not os.path.exists(host), "the rewritten command wrote outside the workspace"
+    finally:
+        if os.path.exists(host):
+            os.unlink(host)
+
+
+def test_the_hook_runs_where_the_shell_is_not_where_the_input_says_contract(ws, home):
+    with tempfile.TemporaryDirectory(prefix="moat-rt4-else-") as elsewhere:
+        elsewhere = os.path.realpath(elsewhere)
+        out, env = hook(ws, home, bash_input(elsewhere, "pwd"))
+        assert out["permissionDecision"] == "allow", out
+        ran = subprocess.run(["bash", "-c", out["updatedInput"]["command"]], cwd=ws, env=env, capture_output=True, timeout=60)
+        assert ran.stdout.decode().strip() == ws, ran
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"tool_name": "Bash"},
+        {"tool_name": "Bash", "tool_input": {}},
+        {"tool_name": "Bash", "tool_input": {"command": ["ls"]}},
+        {"tool_name": "Bash", "tool_input": "ls"},
+        b"\xff\xfe not json",
+    ],
+    ids=["no-input", "no-command", "argv", "string-input", "bytes"],
+)
+def test_the_hook_denies_a_call_it_cannot_read_contract(ws, home, payload):
+    out, _ = hook(ws, home, payload)
+    assert out["permissionDecision"] == "deny", out
+    assert "updatedInput" not in out
