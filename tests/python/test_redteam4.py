@@ -516,3 +516,42 @@ def test_the_hook_denies_a_call_it_cannot_read_contract(ws, home, payload):
     out, _ = hook(ws, home, payload)
     assert out["permissionDecision"] == "deny", out
     assert "updatedInput" not in out
+
+
+# docs/protocol.md: what the service keeps of one execution.
+MAX_KEPT_EVENTS = 1000
+MAX_KEPT_DENIALS = 256
+
+
+def test_a_command_causing_endless_decisions_does_not_grow_the_service_contract(ws):
+    # In proxy mode each refused CONNECT is a network.decision (and a
+    # denial); a command looping on them must not make the service keep
+    # every one of them.
+    import sys
+
+    n = MAX_KEPT_EVENTS + 1500
+    code = (
+        "import os, socket, urllib.parse\n"
+        "p = urllib.parse.urlparse(os.environ.get('HTTP_PROXY') or os.environ['http_proxy'])\n"
+        f"for i in range({n}):\n"
+        "    c = socket.create_connection((p.hostname, p.port))\n"
+        "    c.sendall(b'CONNECT d%d.invalid:443 HTTP/1.1\\r\\nHost: d%d.invalid:443\\r\\n\\r\\n' % (i, i))\n"
+        "    c.recv(1000)\n"
+        "    c.close()\n"
+        "print('looped', flush=True)\n"
+    )
+    s = Server(["--policy", "workspace-write", "--network", "proxy", "--allow-domain", "example.com"], cwd=ws)
+    try:
+        r, end = run(s, {"command": [os.path.realpath(sys.executable), "-c", code]})
+        assert end is not None, r
+        ex = r["result"]["execution_id"]
+        assert b"looped" in stdout_of(s, ex)
+        streamed = [m for m in s.log if m.get("method") == "event" and m["params"]["type"] == "network.decision"]
+        assert len(streamed) >= n, "the decisions are still streamed"
+        kept = s.ok("getAuditEvents", {"execution_id": ex})
+        assert kept["count"] <= MAX_KEPT_EVENTS + 1, kept["count"]
+        assert kept["events"][-1]["type"] == "execution.finished"
+        assert s.ok("tailAudit")["count"] <= MAX_KEPT_EVENTS + 1
+        assert len(s.ok("getExecution", {"execution_id": ex})["denials"]) <= MAX_KEPT_DENIALS
+    finally:
+        s.close()

@@ -22,6 +22,13 @@ pub(crate) const KEEP_OUTPUT: usize = crate::CAPTURE_LIMIT;
 /// Executions a server remembers: past this, the oldest finished ones are
 /// forgotten (a long-lived service must not grow with every run).
 pub(crate) const MAX_RECORDS: usize = 1000;
+/// Events kept per execution for getAuditEvents/tailAudit, and denials
+/// kept for its result: a command can cause network decisions and denials
+/// without end (a loop of refused connections), and kept without a bound
+/// they would grow the service until it is killed, with every client's
+/// executions. Past these, they are still streamed, not kept.
+pub(crate) const MAX_KEPT_EVENTS: usize = 1000;
+pub(crate) const MAX_KEPT_DENIALS: usize = 256;
 /// Executions one client may have running at once: past this, `execute`
 /// is refused (`EXECUTION_LIMIT_EXCEEDED`) until one ends, so one client
 /// (a model asking for thousands of runs) cannot exhaust the host's
@@ -113,6 +120,14 @@ pub(crate) struct Record {
 }
 
 impl Record {
+    /// Keeps `ev` for getAuditEvents/tailAudit, up to [`MAX_KEPT_EVENTS`];
+    /// the last event (`last`) always.
+    fn keep_event(&mut self, ev: &Value, last: bool) {
+        if last || self.events.len() < MAX_KEPT_EVENTS {
+            self.events.push(ev.clone());
+        }
+    }
+
     /// The `Execution` object `execute` answers with.
     pub(crate) fn execution(&self) -> Value {
         let v = &self.view;
@@ -609,8 +624,10 @@ impl Service {
                     forwarded["stream_offset"] = json!(chunk.offset);
                 }
                 Event::Denied(d) => {
-                    r.view.denials.push(d);
-                    r.events.push(ev.clone());
+                    if r.view.denials.len() < MAX_KEPT_DENIALS {
+                        r.view.denials.push(d);
+                    }
+                    r.keep_event(&ev, false);
                 }
                 Event::Finished(f) => {
                     finished = true;
@@ -637,7 +654,7 @@ impl Service {
                         "finished"
                     }
                     .to_string();
-                    r.events.push(ev.clone());
+                    r.keep_event(&ev, true);
                 }
                 Event::Failed { exit_code, reason } => {
                     finished = true;
@@ -646,9 +663,9 @@ impl Service {
                     r.view.finished_at = Some(envelope.time);
                     r.view.termination_reason = Some("failed_to_start".to_string());
                     r.view.status = "failed".to_string();
-                    r.events.push(ev.clone());
+                    r.keep_event(&ev, true);
                 }
-                _ => r.events.push(ev.clone()),
+                _ => r.keep_event(&ev, false),
             });
             if let Some(s) = sink {
                 s(&forwarded);
