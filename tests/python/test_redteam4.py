@@ -555,3 +555,21 @@ def test_a_command_causing_endless_decisions_does_not_grow_the_service_contract(
         assert len(s.ok("getExecution", {"execution_id": ex})["denials"]) <= MAX_KEPT_DENIALS
     finally:
         s.close()
+
+
+def test_remembered_executions_hold_no_fds(ws):
+    # A service that held an fd per remembered execution ran out of them
+    # (1000 remembered, a 1024 fd limit) and could start nothing more.
+    s = Server(["--policy", "workspace-write"], cwd=ws)
+    fds = lambda: len(os.listdir(f"/proc/{s.proc.pid}/fd"))  # noqa: E731
+    try:
+        run(s, {"command": ["true"]})
+        before = fds()
+        for _ in range(40):
+            r, end = run(s, {"command": ["true"]})
+            assert end is not None, r
+        after = fds()
+        assert s.ok("listExecutions")["count"] == 41
+        assert after <= before + 4, f"{after - before} more fds after 40 finished executions"
+    finally:
+        s.close()
