@@ -34,9 +34,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use moat_config::{resolve, FlagOrigin, PolicyFlags, Resolved, Sources, UPSTREAM_AUTH_ENV};
+use moat_config::{PolicyFlags, Resolved};
 use moat_policy::{Policy, POLICY_VERSION};
 use serde_json::json;
 
@@ -245,87 +245,37 @@ fn main() -> ExitCode {
     }
 }
 
-/// Reads the world (cwd, HOME, path existence) into a policy request.
+/// Reads the world (cwd, HOME, path existence) into a policy request
+/// (the runtime's resolution: one rule for the CLI and the service).
 pub(crate) fn resolve_policy(args: &PolicyFlags) -> Result<(Policy, Option<Duration>)> {
-    let here = std::env::current_dir().context("cannot read the current directory")?;
-    let home_raw = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/"));
-    resolve_policy_in(args, &here, &home_raw)
+    Ok(moat_runtime::resolve_policy(args)?)
 }
 
 /// [`resolve_policy`] for a given current directory and HOME (a nested
 /// request is resolved in the caller's directory, against the real home).
-/// `moat exec` is `moat run` with an empty profile: the flags are the only
-/// settings layer above moat's defaults, merged by the same resolver.
 pub(crate) fn resolve_policy_in(
     args: &PolicyFlags,
     here: &Path,
     home_raw: &Path,
 ) -> Result<(Policy, Option<Duration>)> {
-    let settings = args.to_settings(FlagOrigin::CommandLine { here })?;
-    let workspace = workspace_of(args, here, home_raw)?;
-    let resolved = resolve(
-        None,
-        None,
-        Sources {
-            flags: Some(settings),
-            home: Some(home_raw.to_path_buf()),
-            ..Sources::default()
-        },
-    )?;
-    let policy = finish_policy(&resolved, args, workspace, home_raw)?;
-    let timeout = policy.timeout_ms.map(Duration::from_millis);
-    Ok((policy, timeout))
+    Ok(moat_runtime::resolve_policy_in(args, here, home_raw)?)
 }
 
 /// The workspace `--cwd` names (default: `here`), canonical, a directory.
 pub(crate) fn workspace_of(args: &PolicyFlags, here: &Path, home_raw: &Path) -> Result<PathBuf> {
-    // The current directory as the kernel reports it (getcwd) is already
-    // canonical: it is used as is, never walked again by path, where a
-    // component swapped for a symlink meanwhile would lead elsewhere (a
-    // `moat serve` execution starts in the directory it checked, by fd).
-    let Some(ws_arg) = args.cwd.clone() else {
-        if !here.is_dir() {
-            return Err(anyhow!(
-                "the workspace {} is not a directory",
-                here.display()
-            ));
-        }
-        return Ok(here.to_path_buf());
-    };
-    let workspace = std::fs::canonicalize(expand(&ws_arg, home_raw, here))
-        .with_context(|| format!("the workspace {} does not exist", ws_arg.display()))?;
-    if !workspace.is_dir() {
-        return Err(anyhow!(
-            "the workspace {} is not a directory",
-            workspace.display()
-        ));
-    }
-    Ok(workspace)
+    Ok(moat_runtime::resolve::workspace_of(args, here, home_raw)?)
 }
 
-/// The merged settings as a policy: paths canonicalized (a missing one from
-/// a flag is an error, from a profile or a config file left out), the
-/// upstream proxy's credentials added from the environment or a file.
+/// The merged settings as a policy (see [`moat_runtime::resolve::finish_policy`]).
 pub(crate) fn finish_policy(
     resolved: &Resolved,
     args: &PolicyFlags,
     workspace: PathBuf,
     home_raw: &Path,
 ) -> Result<Policy> {
-    let home = std::fs::canonicalize(home_raw).unwrap_or(home_raw.to_path_buf());
-    let mut built =
-        resolved.to_policy_request(workspace, home, |p| match std::fs::canonicalize(p) {
-            Ok(c) => Ok(Some(c)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.to_string()),
-        })?;
-    if built.request.upstream_proxy.is_some() {
-        built.request.upstream_proxy =
-            args.upstream_with_credentials(std::env::var(UPSTREAM_AUTH_ENV).ok())?;
-    }
-    Ok(Policy::resolve(built.request)?)
+    Ok(moat_runtime::resolve::finish_policy(
+        resolved, args, workspace, home_raw,
+    )?)
 }
 
 /// A command line clap could not parse: `--help` and `--version` print and
@@ -336,18 +286,6 @@ fn bad_invocation(e: clap::Error) -> ExitCode {
     match e.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
         _ => ExitCode::from(EXIT_MOAT_FAILED),
-    }
-}
-
-/// `~/x` → HOME/x; relative → absolute from the current directory.
-fn expand(p: &Path, home: &Path, here: &Path) -> PathBuf {
-    if let Ok(rest) = p.strip_prefix("~") {
-        return home.join(rest);
-    }
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        here.join(p)
     }
 }
 

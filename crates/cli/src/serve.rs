@@ -496,8 +496,8 @@ fn call(
                 "local_only": true,
                 "remote_listener": false,
                 "active_executions": active,
-                "policy_hash": service.ceiling.hash(),
-                "policy_id": service.ceiling.level.as_str(),
+                "policy_hash": service.ceiling_policy().hash(),
+                "policy_id": service.ceiling_policy().level.as_str(),
                 "roots": service.roots(),
             }))
         }
@@ -519,7 +519,7 @@ fn call(
 pub(crate) fn capabilities() -> Value {
     let mut report = moat_linux::capabilities::report(std::env::vars().collect());
     if let Some(o) = report.as_object_mut() {
-        o.insert("backend".into(), json!("moat-linux"));
+        o.insert("backend".into(), json!(moat_runtime::result::BACKEND));
         o.insert("platform".into(), json!("linux"));
         o.insert("protocol_version".into(), json!(RUNSEAL_PROTOCOL));
     }

@@ -5,16 +5,18 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use clap::Args;
-use moat_config::{domains_within, level_within, network_within, parse_level, PolicyFlags};
-use moat_policy::net::DomainPattern;
-use moat_policy::{Level, NetworkMode, Policy};
+use moat_config::PolicyFlags;
+use moat_policy::Policy;
 use moat_runtime::subprocess::{Input, InputError, Signaller, StdinSource, Supervisor};
-use moat_runtime::{Envelope, Event, ExecutionResult, ServiceView};
+use moat_runtime::{
+    AuditTarget, Ceiling, Envelope, Event, Execution, ExecutionResult, ExecutionSummary, PolicyRef,
+    Refusal, RefusalCode, RequestPolicy, ServiceView,
+};
 use serde_json::{json, Value};
 
 /// Output kept per stream for `moat mcp` results (the serve protocol streams it).
@@ -84,6 +86,30 @@ impl RpcError {
     }
 }
 
+/// A request the ceiling refused, as the protocol answers it: a widening
+/// or a cwd outside the roots is a domain error, a malformed request or
+/// policy invalid params.
+impl From<Refusal> for RpcError {
+    fn from(r: Refusal) -> RpcError {
+        let stable = r.code.as_str();
+        let mut e = match r.code {
+            RefusalCode::PolicyDenied | RefusalCode::BackendCapabilityMissing => {
+                RpcError::domain(stable, r.message)
+            }
+            RefusalCode::InvalidRequest | RefusalCode::PolicyInvalid => {
+                RpcError::invalid_params(stable, r.message)
+            }
+        };
+        if let Some(reason) = r.reason {
+            e.data["reason"] = json!(reason);
+        }
+        if let Some(detail) = r.detail {
+            e.data["detail"] = json!(detail);
+        }
+        e
+    }
+}
+
 /// Where an execution's events go while it runs (the runtime's sink).
 pub(crate) use moat_runtime::EventSink;
 
@@ -132,16 +158,7 @@ impl Record {
 
     /// The `Execution` object `execute` answers with.
     pub(crate) fn execution(&self) -> Value {
-        let v = &self.view;
-        json!({
-            "execution_id": v.execution_id,
-            "session_id": v.session_id,
-            "policy_id": v.policy_id,
-            "policy_hash": v.policy_hash,
-            "policy_epoch": v.policy_epoch,
-            "backend": BACKEND,
-            "status": v.status,
-        })
+        Execution::of(&self.view).to_value()
     }
 
     /// The `ExecutionResult` (while running: the fields known so far).
@@ -150,29 +167,14 @@ impl Record {
     }
 
     /// The public summary `listExecutions` returns.
-    pub(crate) fn summary(&self) -> Value {
-        json!({
-            "execution_id": self.view.execution_id,
-            "session_id": self.view.session_id,
-            "status": self.view.status,
-            "policy_id": self.view.policy_id,
-            "policy_hash": self.view.policy_hash,
-            "policy_epoch": self.view.policy_epoch,
-            "backend": BACKEND,
-            "started_at": self.view.started_at,
-            "finished_at": self.view.finished_at,
-        })
+    pub(crate) fn summary(&self) -> ExecutionSummary {
+        ExecutionSummary::of(&self.view)
     }
 }
 
-/// The backend object RunSeal's public objects carry.
-const BACKEND: &str = "moat-linux";
-
-/// The server: its ceiling, roots, and the executions it started.
+/// The server: its ceiling (with its roots), and the executions it started.
 pub(crate) struct Service {
-    flags: PolicyFlags,
-    pub(crate) ceiling: Policy,
-    roots: Vec<PathBuf>,
+    ceiling: Ceiling,
     audit_log: Option<PathBuf>,
     no_audit: bool,
     moat: PathBuf,
@@ -188,40 +190,18 @@ impl Service {
     /// Resolves the ceiling once; a server whose own policy does not resolve
     /// does not start.
     pub(crate) fn new(args: &ServerArgs) -> anyhow::Result<Service> {
-        let (ceiling, _) = crate::resolve_policy(&args.policy)?;
-        let mut roots = Vec::new();
-        for r in &args.roots {
-            let c = std::fs::canonicalize(r)
-                .map_err(|e| anyhow::anyhow!("the root {} cannot be resolved: {e}", r.display()))?;
-            if !c.is_dir() {
-                anyhow::bail!("the root {} is not a directory", c.display());
-            }
-            roots.push(c);
-        }
-        if roots.is_empty() {
-            roots.push(ceiling.workspace.clone());
-        }
-        let moat = std::env::current_exe()
-            .map_err(|e| anyhow::anyhow!("cannot find moat's own executable: {e}"))?;
         let here = std::env::current_dir()
             .map_err(|e| anyhow::anyhow!("cannot read the current directory: {e}"))?;
-        // The children start in the request's directory: the server's own
-        // relative paths are made absolute from where it started.
-        let mut flags = args.policy.clone();
-        let absolute = |p: &mut PathBuf| {
-            if p.is_relative() && !p.starts_with("~") {
-                *p = here.join(&*p);
-            }
-        };
-        flags.ro.iter_mut().for_each(absolute);
-        flags.rw.iter_mut().for_each(absolute);
-        if let Some(p) = flags.upstream_proxy_auth_file.as_mut() {
-            absolute(p);
-        }
+        let ceiling = Ceiling::new(
+            &args.policy,
+            &args.roots,
+            &here,
+            &moat_runtime::resolve::home_from_env(),
+        )?;
+        let moat = std::env::current_exe()
+            .map_err(|e| anyhow::anyhow!("cannot find moat's own executable: {e}"))?;
         Ok(Service {
-            flags,
             ceiling,
-            roots,
             audit_log: args.audit_log.clone(),
             no_audit: args.no_audit,
             moat,
@@ -233,52 +213,17 @@ impl Service {
     }
 
     pub(crate) fn roots(&self) -> &[PathBuf] {
-        &self.roots
+        self.ceiling.roots()
     }
 
-    /// The request's `cwd`, resolved (symlinks followed, then checked: a
-    /// link that leads out of every root is refused) and inside a root.
-    /// Relative paths are taken from the first root.
-    fn resolve_cwd(&self, cwd: Option<&str>) -> Result<PathBuf, RpcError> {
-        let first = self.roots.first().cloned().unwrap_or_default();
-        let asked = match cwd {
-            None => return Ok(first),
-            Some(c) => Path::new(c),
-        };
-        let joined = if asked.is_absolute() {
-            asked.to_path_buf()
-        } else {
-            first.join(asked)
-        };
-        let real = std::fs::canonicalize(&joined).map_err(|e| {
-            RpcError::invalid_params(
-                "INVALID_REQUEST",
-                format!("cwd {} cannot be resolved: {e}", joined.display()),
-            )
-        })?;
-        if !self.roots.iter().any(|r| real.starts_with(r)) {
-            let roots: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
-            return Err(RpcError::domain(
-                "POLICY_DENIED",
-                format!(
-                    "cwd {} (resolved {}) is outside the server's roots {}; start the server with --root DIR to allow it",
-                    joined.display(),
-                    real.display(),
-                    roots.join(", ")
-                ),
-            ));
-        }
-        if !real.is_dir() {
-            return Err(RpcError::invalid_params(
-                "INVALID_REQUEST",
-                format!("cwd {} is not a directory", real.display()),
-            ));
-        }
-        Ok(real)
+    /// The server's own resolved policy (the ceiling).
+    pub(crate) fn ceiling_policy(&self) -> &Policy {
+        self.ceiling.policy()
     }
 
-    /// The flags of one execution: the server's, narrowed by the request.
-    /// Anything wider than the ceiling is refused, never clamped.
+    /// The flags of one execution: the server's, narrowed by the request
+    /// (the runtime's ceiling rule). Anything wider than the ceiling is
+    /// refused, never clamped.
     pub(crate) fn narrowed_flags(
         &self,
         policy: Option<&Value>,
@@ -286,135 +231,13 @@ impl Service {
         timeout_ms: Option<u64>,
         env: &BTreeMap<String, String>,
     ) -> Result<PolicyFlags, RpcError> {
-        let mut flags = self.flags.clone();
-        let dir = self.resolve_cwd(cwd)?;
-        flags.cwd = Some(dir.clone());
-        let (level, network, allow, deny) = parse_policy_ref(policy)?;
-        let ceiling = &self.ceiling;
-        if let Some(l) = level {
-            if !level_within(l, ceiling.level) {
-                return Err(wider(format!(
-                    "level {} is wider than the server's {}",
-                    l.as_str(),
-                    ceiling.level.as_str()
-                )));
-            }
-            flags.policy = Some(l);
-        }
-        if let Some(n) = network {
-            if !network_within(n, ceiling.network.mode) {
-                return Err(wider(format!(
-                    "network {} is wider than the server's {}",
-                    n.as_str(),
-                    ceiling.network.mode.as_str()
-                )));
-            }
-            flags.network = Some(n);
-        }
-        if let Some(allow) = allow {
-            if !domains_within(&allow, &ceiling.network.rules.allow) {
-                return Err(wider(
-                    "allow_domains names a host the server's allow list does not".to_string(),
-                ));
-            }
-            flags.allow_domain = allow.iter().map(|p| p.as_str().to_string()).collect();
-        }
-        flags
-            .deny_domain
-            .extend(deny.iter().map(|p| p.as_str().to_string()));
-        if flags.network == Some(NetworkMode::Disabled) {
-            // The allow/deny lists and the upstream belong to proxy mode:
-            // narrowed to no network, they go (moat refuses them otherwise).
-            flags.allow_domain.clear();
-            flags.deny_domain.clear();
-            flags.upstream_proxy = None;
-            flags.upstream_proxy_auth_file = None;
-        }
-        flags.timeout = match (timeout_ms, ceiling.timeout_ms) {
-            (Some(r), Some(c)) => Some(r.min(c)),
-            (Some(r), None) => Some(r),
-            (None, c) => c,
+        let request = RequestPolicy {
+            policy: PolicyRef::parse(policy)?,
+            cwd: cwd.map(str::to_string),
+            timeout_ms,
+            env: env.clone(),
         };
-        for (k, v) in env {
-            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                return Err(RpcError::invalid_params(
-                    "INVALID_REQUEST",
-                    format!("env name {k:?} is not a valid variable name"),
-                ));
-            }
-            flags.env.push((k.clone(), v.clone()));
-        }
-        self.check_cwd_view(&flags, &dir)?;
-        Ok(flags)
-    }
-
-    /// Refuses a `cwd` whose view, as the execution's workspace, reaches
-    /// further than the same execution's view at a root containing it: a
-    /// directory the root's view keeps read-only or hidden (its `.git`
-    /// hooks, `.claude`, `.vscode`, a `.env.d`, a `--ro` grant inside it, a
-    /// home path that runs code) would otherwise become a writable or
-    /// visible workspace, since moat protects those relative to the
-    /// workspace. Checked against every root that contains it (the
-    /// strictest wins); a `cwd` that is a root itself needs no check.
-    fn check_cwd_view(&self, flags: &PolicyFlags, dir: &Path) -> Result<(), RpcError> {
-        let level = flags.policy.unwrap_or(self.ceiling.level);
-        if level == Level::DangerFullAccess {
-            return Ok(());
-        }
-        let containing: Vec<&PathBuf> = self
-            .roots
-            .iter()
-            .filter(|r| dir.starts_with(r) && r.as_path() != dir)
-            .collect();
-        if containing.is_empty() {
-            return Ok(());
-        }
-        let inner = self.view_of(flags)?;
-        for root in containing {
-            let mut at_root = flags.clone();
-            at_root.cwd = Some(root.clone());
-            let outer = self.view_of(&at_root)?;
-            if let Some((path, reach)) = moat_linux::view::reaches_further(&outer, &inner) {
-                let what = if reach == 0 {
-                    "hides"
-                } else {
-                    "keeps read-only"
-                };
-                let mut e = RpcError::domain(
-                    "POLICY_DENIED",
-                    format!(
-                        "cwd {} would open {}, which the server's policy {what} at its root {}; run in the root or a plain directory inside it",
-                        dir.display(),
-                        path.display(),
-                        root.display()
-                    ),
-                );
-                e.data["reason"] = json!("cwd_in_protected_path");
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    /// The view an execution with `flags` gets on this host now.
-    fn view_of(&self, flags: &PolicyFlags) -> Result<moat_linux::view::View, RpcError> {
-        let home = std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/"));
-        let (policy, _) = crate::resolve_policy_in(flags, &self.here, &home)
-            .map_err(|e| RpcError::domain("POLICY_DENIED", format!("{e:#}")))?;
-        let env = std::env::vars_os()
-            .map(|(k, v)| {
-                (
-                    k.to_string_lossy().into_owned(),
-                    v.to_string_lossy().into_owned(),
-                )
-            })
-            .collect();
-        Ok(moat_linux::view::compute(
-            &policy,
-            &moat_linux::HostFacts::probe(&policy, env),
-        ))
+        Ok(self.ceiling.narrow(&request)?)
     }
 
     /// `moat exec` arguments for `flags` (the child resolves them exactly as
@@ -425,21 +248,12 @@ impl Service {
         command: &[String],
         metadata: Option<&serde_json::Map<String, Value>>,
     ) -> Vec<OsString> {
-        let mut a: Vec<OsString> = vec!["exec".into(), "--events".into(), "--quiet".into()];
-        if let Some(m) = metadata {
-            a.push("--metadata".into());
-            a.push(Value::Object(m.clone()).to_string().into());
-        }
-        if self.no_audit {
-            a.push("--no-audit".into());
-        } else if let Some(p) = &self.audit_log {
-            a.push("--audit-log".into());
-            a.push(p.into());
-        }
-        a.extend(policy_flags_argv(flags));
-        a.push("--".into());
-        a.extend(command.iter().map(OsString::from));
-        a
+        let audit = if self.no_audit {
+            AuditTarget::Off
+        } else {
+            AuditTarget::Log(self.audit_log.clone())
+        };
+        moat_runtime::subprocess::exec_args(flags, command, metadata, &audit)
     }
 
     /// Starts an execution and returns its `Execution` object once its
@@ -896,8 +710,8 @@ impl Service {
             "policy_id": policy.level.as_str(),
             "policy_hash": policy.hash(),
             "policy": policy.canonical_value(),
-            "ceiling_hash": self.ceiling.hash(),
-            "roots": self.roots,
+            "ceiling_hash": self.ceiling_policy().hash(),
+            "roots": self.ceiling.roots(),
             "view": view,
         }))
     }
@@ -962,330 +776,40 @@ fn input_error(id: &str, e: InputError) -> RpcError {
     err
 }
 
-fn wider(msg: String) -> RpcError {
-    let mut e = RpcError::domain(
-        "POLICY_DENIED",
-        format!("{msg}: a request may narrow the server's policy, never widen it"),
-    );
-    e.data["reason"] = json!("wider_than_server_policy");
-    e.data["detail"] = json!(msg);
-    e
-}
-
-/// A refusal before anything ran, classified: what the host lacks, or what
-/// the policy refuses.
+/// A refusal before anything ran, classified by the runtime: what the host
+/// lacks, or what the policy refuses.
 fn refusal(reason: &str) -> RpcError {
-    let lower = reason.to_lowercase();
-    let missing = [
-        "kernel",
-        "not supported",
-        "unavailable",
-        "landlock",
-        "seccomp",
-        "namespace",
-    ];
-    let code = if missing.iter().any(|m| lower.contains(m)) {
-        "BACKEND_CAPABILITY_MISSING"
-    } else {
-        "POLICY_DENIED"
-    };
-    RpcError::domain(code, reason.to_string())
-}
-
-/// Parses a RunSeal `PolicyRef`: a name (`read-only`, `rw`,
-/// `workspace-write-proxy`: a level, optionally followed by a network mode)
-/// or an object (`level`/`sandbox_level`, `network` as a mode or
-/// `{"mode": …}`, `allow_domains`, `deny_domains`).
-#[allow(clippy::type_complexity)]
-fn parse_policy_ref(
-    p: Option<&Value>,
-) -> Result<
-    (
-        Option<Level>,
-        Option<NetworkMode>,
-        Option<Vec<DomainPattern>>,
-        Vec<DomainPattern>,
-    ),
-    RpcError,
-> {
-    let invalid = |m: String| RpcError::invalid_params("POLICY_INVALID", m);
-    let name = |s: &str| -> Result<(Level, Option<NetworkMode>), RpcError> {
-        if let Some(l) = parse_level(s) {
-            return Ok((l, None));
-        }
-        for n in NetworkMode::ALL {
-            if let Some(l) = s
-                .strip_suffix(n.as_str())
-                .and_then(|h| h.strip_suffix('-'))
-                .and_then(parse_level)
-            {
-                return Ok((l, Some(n)));
-            }
-        }
-        Err(invalid(format!(
-            "unknown policy {s:?}: use a level (read-only, workspace-write, workspace-contained, danger-full-access), optionally followed by -proxy, -disabled or -unmanaged"
-        )))
-    };
-    let patterns = |v: &Value, key: &str| -> Result<Option<Vec<DomainPattern>>, RpcError> {
-        match v.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|x| {
-                    x.as_str()
-                        .ok_or_else(|| invalid(format!("{key} must be strings")))
-                        .and_then(|s| {
-                            DomainPattern::parse(s).map_err(|e| invalid(format!("{key}: {s}: {e}")))
-                        })
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some),
-            Some(_) => Err(invalid(format!("{key} must be an array"))),
-        }
-    };
-    match p {
-        None | Some(Value::Null) => Ok((None, None, None, Vec::new())),
-        Some(Value::String(s)) => {
-            let (l, n) = name(s)?;
-            Ok((Some(l), n, None, Vec::new()))
-        }
-        Some(Value::Object(o)) => {
-            const KNOWN: [&str; 7] = [
-                "version",
-                "policy_id",
-                "level",
-                "sandbox_level",
-                "network",
-                "allow_domains",
-                "deny_domains",
-            ];
-            if let Some(k) = o.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-                return Err(invalid(format!(
-                    "policy field {k:?} is not supported by this server; a request may set {}",
-                    KNOWN.join(", ")
-                )));
-            }
-            let mut level = None;
-            let mut network = None;
-            // A field of another shape than the one read is refused, never
-            // skipped: skipped, a narrowing the client asked for would be
-            // dropped and the run would get the server's wider policy.
-            for key in ["policy_id", "level", "sandbox_level"] {
-                match o.get(key) {
-                    None | Some(Value::Null) => {}
-                    Some(Value::String(s)) => {
-                        let (l, n) = name(s)?;
-                        level = Some(l);
-                        network = network.or(n);
-                    }
-                    Some(_) => return Err(invalid(format!("policy field {key} must be a name"))),
-                }
-            }
-            let net_name = match o.get("network") {
-                None | Some(Value::Null) => None,
-                Some(Value::String(s)) => Some(s.clone()),
-                Some(Value::Object(n)) => {
-                    if let Some(k) = n.keys().find(|k| k.as_str() != "mode") {
-                        return Err(invalid(format!(
-                            "network field {k:?} is not supported by this server; the network object may set mode (allow_domains and deny_domains go in the policy object)"
-                        )));
-                    }
-                    match n.get("mode") {
-                        None | Some(Value::Null) => None,
-                        Some(Value::String(m)) => Some(m.clone()),
-                        Some(_) => return Err(invalid("network.mode must be a name".to_string())),
-                    }
-                }
-                Some(_) => {
-                    return Err(invalid(
-                        "policy field network must be a mode name or {\"mode\": NAME}".to_string(),
-                    ))
-                }
-            };
-            if let Some(s) = net_name {
-                network = Some(NetworkMode::parse(&s).ok_or_else(|| {
-                    invalid(format!(
-                        "unknown network mode {s:?}: use disabled, proxy or unmanaged"
-                    ))
-                })?);
-            }
-            let v = Value::Object(o.clone());
-            let allow = patterns(&v, "allow_domains")?;
-            let deny = patterns(&v, "deny_domains")?.unwrap_or_default();
-            Ok((level, network, allow, deny))
-        }
-        Some(_) => Err(invalid("policy must be a name or an object".to_string())),
-    }
-}
-
-/// `flags` as `moat exec` arguments.
-fn policy_flags_argv(f: &PolicyFlags) -> Vec<OsString> {
-    // Exhaustive on purpose: a flag added to the table must be passed on
-    // here, or a server would run its executions without it.
-    let PolicyFlags {
-        policy,
-        network,
-        cwd,
-        ro,
-        rw,
-        env,
-        pass_env,
-        timeout,
-        allow_domain,
-        deny_domain,
-        upstream_proxy,
-        upstream_proxy_auth_file,
-        backend,
-        limits,
-    } = f;
-    // The limits group too, field by field, for the same reason.
-    let moat_config::LimitFlags {
-        memory,
-        pids,
-        cpu_time,
-        file_size,
-        open_files,
-        tmp_size,
-        output_limit,
-        limits_mode,
-    } = limits;
-    let mut a: Vec<OsString> = Vec::new();
-    let mut push = |k: &str, v: OsString| {
-        a.push(k.into());
-        a.push(v);
-    };
-    if let Some(l) = policy {
-        push("--policy", l.as_str().into());
-    }
-    if let Some(n) = network {
-        push("--network", n.as_str().into());
-    }
-    if let Some(c) = cwd {
-        push("--cwd", c.into());
-    }
-    for p in ro {
-        push("--ro", p.into());
-    }
-    for p in rw {
-        push("--rw", p.into());
-    }
-    for (k, v) in env {
-        push("--env", format!("{k}={v}").into());
-    }
-    for n in pass_env {
-        push("--pass-env", n.into());
-    }
-    if let Some(t) = timeout {
-        push("--timeout", format!("{t}ms").into());
-    }
-    for d in allow_domain {
-        push("--allow-domain", d.into());
-    }
-    for d in deny_domain {
-        push("--deny-domain", d.into());
-    }
-    if let Some(u) = upstream_proxy {
-        push("--upstream-proxy", u.into());
-    }
-    if let Some(p) = upstream_proxy_auth_file {
-        push("--upstream-proxy-auth-file", p.into());
-    }
-    if let Some(b) = backend {
-        push("--backend", b.as_str().into());
-    }
-    for (flag, value) in [
-        ("--memory", memory),
-        ("--file-size", file_size),
-        ("--tmp-size", tmp_size),
-        ("--output-limit", output_limit),
-    ] {
-        if let Some(bytes) = value {
-            push(flag, bytes.to_string().into());
-        }
-    }
-    for (flag, value) in [("--pids", pids), ("--open-files", open_files)] {
-        if let Some(n) = value {
-            push(flag, n.to_string().into());
-        }
-    }
-    if let Some(ms) = cpu_time {
-        push("--cpu-time", format!("{ms}ms").into());
-    }
-    if let Some(m) = limits_mode {
-        let mode = match m {
-            moat_policy::LimitsMode::Strict => "strict",
-            moat_policy::LimitsMode::BestEffort => "best-effort",
-        };
-        push("--limits", mode.into());
-    }
-    a
+    RpcError::domain(
+        RefusalCode::of_refused_run(reason).as_str(),
+        reason.to_string(),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A refusal keeps the JSON-RPC error moat has always sent: a widening
+    /// is a domain error with its stable reason and detail, a bad policy
+    /// invalid params.
     #[test]
-    fn policy_names_take_runseal_composites_and_moat_short_forms() {
-        let (l, n, _, _) = parse_policy_ref(Some(&json!("workspace-write-proxy"))).unwrap();
-        assert_eq!(
-            (l, n),
-            (Some(Level::WorkspaceWrite), Some(NetworkMode::Proxy))
-        );
-        let (l, n, _, _) = parse_policy_ref(Some(&json!("ro"))).unwrap();
-        assert_eq!((l, n), (Some(Level::ReadOnly), None));
-        let (l, n, _, _) = parse_policy_ref(Some(
-            &json!({"sandbox_level": "danger-full-access", "network": {"mode": "disabled"}}),
-        ))
-        .unwrap();
-        assert_eq!(
-            (l, n),
-            (Some(Level::DangerFullAccess), Some(NetworkMode::Disabled))
-        );
-        assert!(parse_policy_ref(Some(&json!("workspace-writ"))).is_err());
-        // An unknown field is refused, never ignored (it could be a grant).
-        assert!(parse_policy_ref(Some(&json!({"filesystem": {"rw": ["/"]}}))).is_err());
-        assert!(parse_policy_ref(Some(&json!(3))).is_err());
-    }
-
-    #[test]
-    fn every_policy_flag_reaches_the_child() {
-        let f = PolicyFlags {
-            policy: Some(Level::ReadOnly),
-            network: Some(NetworkMode::Proxy),
-            cwd: Some("/w".into()),
-            ro: vec!["/r".into()],
-            rw: vec!["/x".into()],
-            env: vec![("A".into(), "b=c".into())],
-            pass_env: vec!["TOKEN".into()],
-            timeout: Some(1500),
-            allow_domain: vec!["example.com".into()],
-            deny_domain: vec!["evil.example".into()],
-            upstream_proxy: Some("http://p:3128".into()),
-            upstream_proxy_auth_file: Some("/auth".into()),
-            backend: Some(moat_policy::Backend::Landlock),
-            limits: moat_config::LimitFlags {
-                memory: Some(1 << 30),
-                pids: Some(64),
-                cpu_time: Some(600_000),
-                file_size: Some(1 << 20),
-                open_files: Some(256),
-                tmp_size: Some(16 << 20),
-                output_limit: Some(4096),
-                limits_mode: Some(moat_policy::LimitsMode::BestEffort),
-            },
+    fn a_ceiling_refusal_keeps_its_wire_form() {
+        let wider = Refusal {
+            code: RefusalCode::PolicyDenied,
+            message: "level x is wider: a request may narrow the server's policy, never widen it"
+                .into(),
+            reason: Some("wider_than_server_policy"),
+            detail: Some("level x is wider".into()),
         };
-        let argv: Vec<String> = policy_flags_argv(&f)
-            .into_iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(
-            argv.join(" "),
-            "--policy read-only --network proxy --cwd /w --ro /r --rw /x --env A=b=c \
-             --pass-env TOKEN --timeout 1500ms --allow-domain example.com --deny-domain evil.example \
-             --upstream-proxy http://p:3128 --upstream-proxy-auth-file /auth --backend landlock \
-             --memory 1073741824 --file-size 1048576 --tmp-size 16777216 --output-limit 4096 \
-             --pids 64 --open-files 256 --cpu-time 600000ms --limits best-effort"
-        );
+        let e = RpcError::from(wider).to_value();
+        assert_eq!(e["code"], -32000);
+        assert_eq!(e["data"]["code"], "POLICY_DENIED");
+        assert_eq!(e["data"]["reason"], "wider_than_server_policy");
+        assert_eq!(e["data"]["detail"], "level x is wider");
+        let bad = PolicyRef::parse(Some(&json!("nope"))).unwrap_err();
+        let e = RpcError::from(bad).to_value();
+        assert_eq!(e["code"], -32602);
+        assert_eq!(e["data"]["code"], "POLICY_INVALID");
+        assert_eq!(e["data"]["reason"], e["message"]);
     }
 }

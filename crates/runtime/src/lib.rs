@@ -10,10 +10,12 @@
 //! (`moat serve`, `moat mcp`) runs each execution as a [`subprocess`]
 //! supervisor and reads its events back with [`Event::read`].
 
+pub mod ceiling;
 pub mod denials;
 pub mod event;
 pub mod metadata;
 pub mod nested;
+pub mod resolve;
 pub mod result;
 pub mod subprocess;
 
@@ -28,9 +30,11 @@ use moat_linux::{
 use moat_policy::{NetworkMode, Policy};
 use serde_json::{json, Value};
 
+pub use ceiling::{Ceiling, PolicyRef, Refusal, RefusalCode, RequestPolicy};
 pub use event::{Chunk, Denial, Envelope, Event, Finished, Layers};
 pub use nested::{BrokerFactory, Handoff, NestedBroker, Outer};
-pub use result::{ExecutionResult, ServiceView};
+pub use resolve::{resolve_policy, resolve_policy_in, ResolveError};
+pub use result::{Execution, ExecutionResult, ExecutionSummary, ServiceView};
 
 /// Where a run's events go while it is live (stdout for `--events`, the
 /// service's subscribers), shared with the proxy's threads: one whole

@@ -94,6 +94,75 @@ pub struct ExecutionResult {
     pub sweep_failed: Option<Vec<Value>>,
 }
 
+/// The backend RunSeal's public objects name.
+pub const BACKEND: &str = "moat-linux";
+
+/// The `Execution` object `execute` answers with, as soon as the run's
+/// policy is resolved and on record (RFC-0006).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Execution {
+    pub execution_id: String,
+    pub session_id: String,
+    pub policy_id: String,
+    pub policy_hash: String,
+    pub policy_epoch: String,
+    pub backend: &'static str,
+    pub status: String,
+}
+
+impl Execution {
+    /// The execution the service follows, as it is now.
+    pub fn of(v: &ServiceView) -> Execution {
+        Execution {
+            execution_id: v.execution_id.clone(),
+            session_id: v.session_id.clone(),
+            policy_id: v.policy_id.clone(),
+            policy_hash: v.policy_hash.clone(),
+            policy_epoch: v.policy_epoch.clone(),
+            backend: BACKEND,
+            status: v.status.clone(),
+        }
+    }
+
+    /// The wire form.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// One entry of `listExecutions`: an execution's public summary (no
+/// output, no denials: `getExecution` has those).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ExecutionSummary {
+    pub execution_id: String,
+    pub session_id: String,
+    pub status: String,
+    pub policy_id: String,
+    pub policy_hash: String,
+    pub policy_epoch: String,
+    pub backend: &'static str,
+    pub started_at: String,
+    /// Null while it runs.
+    pub finished_at: Option<String>,
+}
+
+impl ExecutionSummary {
+    /// The summary of the execution the service follows, as it is now.
+    pub fn of(v: &ServiceView) -> ExecutionSummary {
+        ExecutionSummary {
+            execution_id: v.execution_id.clone(),
+            session_id: v.session_id.clone(),
+            status: v.status.clone(),
+            policy_id: v.policy_id.clone(),
+            policy_hash: v.policy_hash.clone(),
+            policy_epoch: v.policy_epoch.clone(),
+            backend: BACKEND,
+            started_at: v.started_at.clone(),
+            finished_at: v.finished_at.clone(),
+        }
+    }
+}
+
 /// What the service knows of one execution, read from its events.
 #[derive(Clone, Debug, Default)]
 pub struct ServiceView {
@@ -287,6 +356,38 @@ mod tests {
             Value::Object(m) => m.keys().cloned().collect(),
             _ => Vec::new(),
         }
+    }
+
+    /// `execute`'s `Execution` and `listExecutions`' summary keep the
+    /// fields the service has always written (docs/protocol.md).
+    #[test]
+    fn the_execution_and_its_summary_keep_their_wire_fields() {
+        let v = ServiceView {
+            execution_id: "exec_1".into(),
+            session_id: "s".into(),
+            status: "running".into(),
+            policy_id: "workspace-write".into(),
+            policy_hash: "h".into(),
+            policy_epoch: "h".into(),
+            started_at: "t0".into(),
+            ..ServiceView::default()
+        };
+        assert_eq!(
+            Execution::of(&v).to_value(),
+            serde_json::json!({
+                "execution_id": "exec_1", "session_id": "s", "policy_id": "workspace-write",
+                "policy_hash": "h", "policy_epoch": "h", "backend": "moat-linux",
+                "status": "running",
+            })
+        );
+        assert_eq!(
+            serde_json::to_value(ExecutionSummary::of(&v)).unwrap(),
+            serde_json::json!({
+                "execution_id": "exec_1", "session_id": "s", "status": "running",
+                "policy_id": "workspace-write", "policy_hash": "h", "policy_epoch": "h",
+                "backend": "moat-linux", "started_at": "t0", "finished_at": null,
+            })
+        );
     }
 
     /// The fields each surface has always printed: the wire formats are

@@ -15,7 +15,10 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use serde_json::Value;
 
+use moat_config::PolicyFlags;
+
 use crate::event::{Envelope, Event};
+use crate::AuditTarget;
 
 /// moat's stderr kept per execution, for the reason of a failure to start.
 const KEEP_STDERR: usize = 64 * 1024;
@@ -28,6 +31,138 @@ pub const MAX_INPUT_CHUNK: usize = 64 * 1024;
 /// Streamed input accepted but not yet written to the command (RFC-0021's
 /// default): past it a write is refused whole, and may be retried.
 pub const MAX_INPUT_PENDING: usize = 256 * 1024;
+
+/// The arguments of a `moat exec --events` supervisor child for `command`
+/// under `flags` (the child resolves them exactly as `moat exec` on a
+/// command line would), with the request's checked `metadata` and where
+/// the run is recorded.
+pub fn exec_args(
+    flags: &PolicyFlags,
+    command: &[String],
+    metadata: Option<&serde_json::Map<String, Value>>,
+    audit: &AuditTarget,
+) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec!["exec".into(), "--events".into(), "--quiet".into()];
+    if let Some(m) = metadata {
+        a.push("--metadata".into());
+        a.push(Value::Object(m.clone()).to_string().into());
+    }
+    match audit {
+        AuditTarget::Off => a.push("--no-audit".into()),
+        AuditTarget::Log(Some(p)) => {
+            a.push("--audit-log".into());
+            a.push(p.into());
+        }
+        AuditTarget::Log(None) => {}
+    }
+    a.extend(policy_flags_argv(flags));
+    a.push("--".into());
+    a.extend(command.iter().map(OsString::from));
+    a
+}
+
+/// `flags` as `moat exec` arguments.
+pub fn policy_flags_argv(f: &PolicyFlags) -> Vec<OsString> {
+    // Exhaustive on purpose: a flag added to the table must be passed on
+    // here, or a server would run its executions without it.
+    let PolicyFlags {
+        policy,
+        network,
+        cwd,
+        ro,
+        rw,
+        env,
+        pass_env,
+        timeout,
+        allow_domain,
+        deny_domain,
+        upstream_proxy,
+        upstream_proxy_auth_file,
+        backend,
+        limits,
+    } = f;
+    // The limits group too, field by field, for the same reason.
+    let moat_config::LimitFlags {
+        memory,
+        pids,
+        cpu_time,
+        file_size,
+        open_files,
+        tmp_size,
+        output_limit,
+        limits_mode,
+    } = limits;
+    let mut a: Vec<OsString> = Vec::new();
+    let mut push = |k: &str, v: OsString| {
+        a.push(k.into());
+        a.push(v);
+    };
+    if let Some(l) = policy {
+        push("--policy", l.as_str().into());
+    }
+    if let Some(n) = network {
+        push("--network", n.as_str().into());
+    }
+    if let Some(c) = cwd {
+        push("--cwd", c.into());
+    }
+    for p in ro {
+        push("--ro", p.into());
+    }
+    for p in rw {
+        push("--rw", p.into());
+    }
+    for (k, v) in env {
+        push("--env", format!("{k}={v}").into());
+    }
+    for n in pass_env {
+        push("--pass-env", n.into());
+    }
+    if let Some(t) = timeout {
+        push("--timeout", format!("{t}ms").into());
+    }
+    for d in allow_domain {
+        push("--allow-domain", d.into());
+    }
+    for d in deny_domain {
+        push("--deny-domain", d.into());
+    }
+    if let Some(u) = upstream_proxy {
+        push("--upstream-proxy", u.into());
+    }
+    if let Some(p) = upstream_proxy_auth_file {
+        push("--upstream-proxy-auth-file", p.into());
+    }
+    if let Some(b) = backend {
+        push("--backend", b.as_str().into());
+    }
+    for (flag, value) in [
+        ("--memory", memory),
+        ("--file-size", file_size),
+        ("--tmp-size", tmp_size),
+        ("--output-limit", output_limit),
+    ] {
+        if let Some(bytes) = value {
+            push(flag, bytes.to_string().into());
+        }
+    }
+    for (flag, value) in [("--pids", pids), ("--open-files", open_files)] {
+        if let Some(n) = value {
+            push(flag, n.to_string().into());
+        }
+    }
+    if let Some(ms) = cpu_time {
+        push("--cpu-time", format!("{ms}ms").into());
+    }
+    if let Some(m) = limits_mode {
+        let mode = match m {
+            moat_policy::LimitsMode::Strict => "strict",
+            moat_policy::LimitsMode::BestEffort => "best-effort",
+        };
+        push("--limits", mode.into());
+    }
+    a
+}
 
 /// Where the supervisor's (and so the command's) stdin comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -302,6 +437,48 @@ impl Supervisor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use moat_policy::{Level, NetworkMode};
+
+    #[test]
+    fn every_policy_flag_reaches_the_child() {
+        let f = PolicyFlags {
+            policy: Some(Level::ReadOnly),
+            network: Some(NetworkMode::Proxy),
+            cwd: Some("/w".into()),
+            ro: vec!["/r".into()],
+            rw: vec!["/x".into()],
+            env: vec![("A".into(), "b=c".into())],
+            pass_env: vec!["TOKEN".into()],
+            timeout: Some(1500),
+            allow_domain: vec!["example.com".into()],
+            deny_domain: vec!["evil.example".into()],
+            upstream_proxy: Some("http://p:3128".into()),
+            upstream_proxy_auth_file: Some("/auth".into()),
+            backend: Some(moat_policy::Backend::Landlock),
+            limits: moat_config::LimitFlags {
+                memory: Some(1 << 30),
+                pids: Some(64),
+                cpu_time: Some(600_000),
+                file_size: Some(1 << 20),
+                open_files: Some(256),
+                tmp_size: Some(16 << 20),
+                output_limit: Some(4096),
+                limits_mode: Some(moat_policy::LimitsMode::BestEffort),
+            },
+        };
+        let argv: Vec<String> = policy_flags_argv(&f)
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            argv.join(" "),
+            "--policy read-only --network proxy --cwd /w --ro /r --rw /x --env A=b=c \
+             --pass-env TOKEN --timeout 1500ms --allow-domain example.com --deny-domain evil.example \
+             --upstream-proxy http://p:3128 --upstream-proxy-auth-file /auth --backend landlock \
+             --memory 1073741824 --file-size 1048576 --tmp-size 16777216 --output-limit 4096 \
+             --pids 64 --open-files 256 --cpu-time 600000ms --limits best-effort"
+        );
+    }
 
     fn root() -> OwnedFd {
         moat_linux::fd::open_path_nofollow(libc::AT_FDCWD, Path::new("/")).unwrap()
