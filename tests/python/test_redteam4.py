@@ -368,7 +368,7 @@ def answers_version(path):
         c.close()
 
 
-def mcp_session(ws, args, body):
+def mcp_session(ws, args, body, hang=60):
     import asyncio
 
     from mcp import ClientSession, StdioServerParameters
@@ -379,7 +379,7 @@ def mcp_session(ws, args, body):
         async with stdio_client(params) as (read, write):
             async with ClientSession(read, write) as session:
                 await session.initialize()
-                return await asyncio.wait_for(body(session), 60)
+                return await asyncio.wait_for(body(session), hang)
 
     return asyncio.run(go())
 
@@ -573,3 +573,31 @@ def test_remembered_executions_hold_no_fds(ws):
         assert after <= before + 4, f"{after - before} more fds after 40 finished executions"
     finally:
         s.close()
+
+
+def test_mcp_a_call_the_client_abandons_stops_its_command(ws):
+    # The client gives up on a call (its read timeout) and sends
+    # notifications/cancelled; the command must not go on running for the
+    # rest of the session (and each retry start another one).
+    tok = token()
+    started = os.path.join(ws, "started")
+
+    async def body(s):
+        try:
+            await s.call_tool("exec", {"command": ["sh", "-c", f"touch started; exec sleep 300 {tok}"]}, read_timeout_seconds=3)
+        except Exception:
+            pass
+        assert os.path.exists(started), "the command never started"
+        import asyncio
+
+        deadline = asyncio.get_running_loop().time() + 60
+        while host_pids_with(tok) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        left = host_pids_with(tok)
+        # The session goes on serving.
+        r = await s.call_tool("exec", {"command": ["echo", "after"]})
+        return left, r
+
+    left, r = mcp_session(ws, ["--policy", "workspace-write"], body, hang=150)
+    assert not left, f"the abandoned call's command still runs: {left}"
+    assert r.structured_content["stdout"] == "after\n"
