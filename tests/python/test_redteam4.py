@@ -601,3 +601,27 @@ def test_mcp_a_call_the_client_abandons_stops_its_command(ws):
     left, r = mcp_session(ws, ["--policy", "workspace-write"], body, hang=150)
     assert not left, f"the abandoned call's command still runs: {left}"
     assert r.structured_content["stdout"] == "after\n"
+
+
+@pytest.mark.parametrize("cwd,plant", [(".local/bin", "git"), (".local", "bin/git"), (".config/git", "config")])
+def test_a_cwd_inside_a_home_path_that_runs_code_cannot_write_it(cwd, plant):
+    # A server whose workspace is the home: the home's paths that run code
+    # (PATH entries, git's config) stay read-only at the root, and a
+    # request naming one (or a parent of one) as its cwd must not make it
+    # writable.
+    with tempfile.TemporaryDirectory(prefix="moat-rt4-home-") as h:
+        h = os.path.realpath(h)
+        for d in (".local/bin", ".config/git"):
+            os.makedirs(os.path.join(h, d))
+        target = os.path.join(h, cwd, plant)
+        mark = token()
+        s = Server(["--policy", "workspace-write"], cwd=h, env=dict(os.environ, HOME=h))
+        try:
+            r, end = run(s, {"command": ["sh", "-c", f"echo ran-{mark}"]})
+            assert end and f"ran-{mark}".encode() in stdout_of(s, r["result"]["execution_id"]), r
+            r, end = run(s, {"command": ["sh", "-c", f"echo '#!/bin/sh' > {plant}"], "cwd": cwd})
+            if "error" in r:
+                assert r["error"]["data"]["code"] == "POLICY_DENIED", r
+        finally:
+            s.close()
+        assert not os.path.exists(target), f"{target} was planted through cwd {cwd}"
