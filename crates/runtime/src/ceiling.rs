@@ -770,4 +770,38 @@ mod tests {
             .unwrap_err();
         assert_eq!(bad.code, RefusalCode::InvalidRequest);
     }
+
+    #[test]
+    fn a_narrowing_of_another_shape_is_refused_not_dropped() {
+        for p in [
+            json!({"level": ["read-only"]}),
+            json!({"sandbox_level": {"name": "read-only"}}),
+            json!({"network": 0}),
+            json!({"network": {"mode": "proxy", "allow_domains": ["a.example.com"]}}),
+            json!({"network": {"mode": 1}}),
+        ] {
+            let bad = PolicyRef::parse(Some(&p)).unwrap_err();
+            assert_eq!(bad.code, RefusalCode::PolicyInvalid, "{p}");
+        }
+    }
+
+    #[test]
+    fn a_cwd_that_would_open_what_the_root_protects_is_refused() {
+        let (_guard, root) = tmp();
+        std::fs::create_dir_all(root.join(".git/hooks")).unwrap();
+        std::fs::create_dir_all(root.join("src/pkg")).unwrap();
+        let c = ceiling(&root, flags(Level::WorkspaceWrite, NetworkMode::Disabled));
+        let at = |cwd: &str| {
+            c.narrow(&RequestPolicy {
+                cwd: Some(cwd.to_string()),
+                ..RequestPolicy::default()
+            })
+        };
+        for cwd in [".git", ".git/hooks"] {
+            let bad = at(cwd).unwrap_err();
+            assert_eq!(bad.code, RefusalCode::PolicyDenied, "{cwd}");
+            assert_eq!(bad.reason, Some("cwd_in_protected_path"), "{cwd}");
+        }
+        assert_eq!(at("src/pkg").unwrap().cwd, Some(root.join("src/pkg")));
+    }
 }
