@@ -625,3 +625,17 @@ def test_a_cwd_inside_a_home_path_that_runs_code_cannot_write_it(cwd, plant):
         finally:
             s.close()
         assert not os.path.exists(target), f"{target} was planted through cwd {cwd}"
+
+
+@pytest.mark.parametrize("timeout", ["100", -1, 1.5, 0, 2**64 - 1], ids=["string", "negative", "fraction", "zero", "huge"])
+def test_a_timeout_the_server_cannot_read_is_refused_not_dropped(ws, timeout):
+    # A server without a --timeout of its own: a request's unreadable
+    # timeout_ms must not leave the command without one.
+    s = Server(["--policy", "workspace-write"], cwd=ws)
+    try:
+        r = s.call("explainPolicy", {"timeout_ms": timeout})
+        assert "error" in r and r["error"]["data"]["code"] == "INVALID_REQUEST", r
+        r = s.call("execute", {"command": ["true"], "timeout_ms": timeout})
+        assert "error" in r and r["error"]["data"]["code"] == "INVALID_REQUEST", r
+    finally:
+        s.close()

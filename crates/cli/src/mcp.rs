@@ -270,6 +270,10 @@ fn exec_tool(service: &Arc<Service>, args: &Value, abandon: &Abandon) -> Value {
         },
         _ => return refused("command (an argv array) is required", "INVALID_REQUEST"),
     };
+    let timeout_ms = match crate::service::timeout_ms(args.get("timeout_ms")) {
+        Ok(t) => t,
+        Err(e) => return refused(&e.message, "INVALID_REQUEST"),
+    };
     let env = match crate::serve::env_map(&args["env"]) {
         Ok(e) => e,
         Err(e) => return refused(&e.message, "INVALID_REQUEST"),
@@ -284,7 +288,7 @@ fn exec_tool(service: &Arc<Service>, args: &Value, abandon: &Abandon) -> Value {
             s => moat_runtime::subprocess::StdinSource::Bytes(s.as_bytes().to_vec()),
         },
         metadata: None,
-        timeout_ms: args["timeout_ms"].as_u64(),
+        timeout_ms,
         keep_output: true,
     };
     let started: Arc<Mutex<Option<Result<String, RpcError>>>> = Arc::new(Mutex::new(None));

@@ -596,7 +596,7 @@ fn execution_request(p: &Value) -> Result<ProtocolRequest, RpcError> {
         policy: p.get("policy").cloned(),
         env,
         stdin,
-        timeout_ms: p["timeout_ms"].as_u64(),
+        timeout_ms: crate::service::timeout_ms(p.get("timeout_ms"))?,
         // The output is in the event stream; the result only counts it.
         keep_output: false,
         metadata,

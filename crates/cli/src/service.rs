@@ -689,7 +689,7 @@ impl Service {
         let flags = self.narrowed_flags(
             params.get("policy"),
             params["cwd"].as_str(),
-            params["timeout_ms"].as_u64(),
+            timeout_ms(params.get("timeout_ms"))?,
             &BTreeMap::new(),
         )?;
         let home = std::env::var_os("HOME")
@@ -745,6 +745,25 @@ impl Drop for Slot<'_> {
                 }
             }
         }
+    }
+}
+
+/// A request's `timeout_ms`: absent or null, none; else a whole number of
+/// milliseconds moat takes. Anything else is refused, never dropped (a
+/// dropped timeout would let the command run on without one).
+pub(crate) fn timeout_ms(v: Option<&Value>) -> Result<Option<u64>, RpcError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(t) => match t.as_u64() {
+            Some(ms) if (1..=moat_policy::MAX_DURATION_MS).contains(&ms) => Ok(Some(ms)),
+            _ => Err(RpcError::invalid_params(
+                "INVALID_REQUEST",
+                format!(
+                    "timeout_ms must be a whole number of milliseconds from 1 to {}",
+                    moat_policy::MAX_DURATION_MS
+                ),
+            )),
+        },
     }
 }
 
