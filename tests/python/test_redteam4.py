@@ -2,6 +2,7 @@
 server's ceiling, whatever it names."""
 
 import base64
+import json
 import os
 import random
 import socket
@@ -639,3 +640,51 @@ def test_a_timeout_the_server_cannot_read_is_refused_not_dropped(ws, timeout):
         assert "error" in r and r["error"]["data"]["code"] == "INVALID_REQUEST", r
     finally:
         s.close()
+
+
+def service_rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(l for l in f if l.startswith("VmRSS")).split()[1])
+
+
+@pytest.mark.parametrize("launch", ["template", "oneshot"])
+def test_output_faster_than_the_client_reads_does_not_grow_the_service(ws, launch):
+    # A command writes far more than the client has read; the service must
+    # hold it back (the command waits), not buffer it: buffered, one
+    # command's output grows the service until the kernel kills it, with
+    # every client's executions.
+    total = 128 << 20
+    d = tempfile.mkdtemp(prefix="moat-rt4-sock-")
+    os.chmod(d, 0o700)
+    path = os.path.join(d, "moat.sock")
+    p = subprocess.Popen(
+        [MOAT, "serve", "--no-audit", "--policy", "workspace-write", "--launch", launch, "--socket", path],
+        cwd=ws,
+        stderr=subprocess.DEVNULL,
+    )
+    c = None
+    try:
+        wait_for(lambda: os.path.exists(path) or p.poll() is not None, "the socket")
+        c = socket.socket(socket.AF_UNIX)
+        c.connect(path)
+        req = {"jsonrpc": "2.0", "id": 1, "method": "execute",
+               "params": {"command": ["sh", "-c", f"head -c {total} /dev/zero; touch wrote-all"]}}
+        c.sendall((json.dumps(req) + "\n").encode())
+        base = None
+        peak = 0
+        got = 0
+        marker = os.path.join(ws, "wrote-all")
+        c.settimeout(60)
+        while not os.path.exists(marker):
+            chunk = c.recv(1 << 20)
+            assert chunk, "the service hung up"
+            got += len(chunk)
+            rss = service_rss_kb(p.pid)
+            base = rss if base is None else base
+            peak = max(peak, rss)
+        assert peak - base < 48 << 10, f"the service grew by {(peak - base) >> 10} MiB holding output back"
+    finally:
+        if c:
+            c.close()
+        p.kill()
+        p.wait()

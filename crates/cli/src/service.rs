@@ -33,6 +33,9 @@ pub(crate) const MAX_RECORDS: usize = 1000;
 /// executions. Past these, they are still streamed, not kept.
 pub(crate) const MAX_KEPT_EVENTS: usize = 1000;
 pub(crate) const MAX_KEPT_DENIALS: usize = 256;
+/// Events of an in-process execution that may wait for the client: past
+/// this the run waits (its output chunks are at most 64 KiB each).
+const IN_PROCESS_EVENTS: usize = 64;
 /// Executions one client may have running at once: past this, `execute`
 /// is refused (`EXECUTION_LIMIT_EXCEEDED`) until one ends, so one client
 /// (a model asking for thousands of runs) cannot exhaust the host's
@@ -473,7 +476,10 @@ impl Service {
         let Some(templates) = self.templates.clone() else {
             return Err(std::io::Error::other("no templates"));
         };
-        let (tx, events) = std::sync::mpsc::channel::<Value>();
+        // Bounded: when the client reads slower than the command writes,
+        // the run waits (as a `moat exec` child waits on its full pipe)
+        // instead of the service buffering the output without end.
+        let (tx, events) = std::sync::mpsc::sync_channel::<Value>(IN_PROCESS_EVENTS);
         let tx = Mutex::new(tx);
         let sink: moat_runtime::EventSink = Arc::new(move |v: &Value| {
             if let Ok(t) = tx.lock() {
