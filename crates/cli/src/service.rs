@@ -574,6 +574,22 @@ impl Service {
                 ),
             )
         })?;
+        // The directory opened must still be the one checked, by name: a
+        // rename (not a symlink) in between would give the run the name
+        // the directory has now, which the root's view may protect.
+        let opened = {
+            use std::os::fd::AsRawFd;
+            std::fs::read_link(format!("/proc/self/fd/{}", dir_fd.as_raw_fd()))
+        };
+        if opened.as_deref().ok() != Some(dir.as_path()) {
+            return Err(RpcError::domain(
+                "POLICY_DENIED",
+                format!(
+                    "cwd {} was moved while it was checked; nothing ran",
+                    dir.display()
+                ),
+            ));
+        }
         let template = match &req.stdin {
             // Streamed input goes through the child's stdin pipe.
             StdinSource::Stream => None,
