@@ -1,0 +1,83 @@
+"""Red-team cases for `moat serve` executions forked from a sandbox
+template (issue 11 §5): what the host does to the view's inputs after the
+template (or its pre-forked "warm" init) was built must not loosen the view
+a later execution gets. A protected path's mount sits on a host dentry; a
+host `rm` + re-create, or an atomic rename over it (editors, `git config`,
+`passwd` all write that way), detaches that mount in every mount namespace
+(the kernel refuses it only in the caller's own), while the plan — so the
+template key — stays the same. The one-shot path lays the view after the
+plan is computed, so it always covers the new file."""
+
+import os
+import tempfile
+
+import pytest
+
+from rpc import Server
+from test_template import output, run, token
+
+
+@pytest.fixture
+def ws():
+    # Not under /tmp: a workspace under /tmp is laid fresh per execution
+    # anyway (it sits on the per-execution /tmp); under /var/tmp its
+    # protected paths are mounts of the template's shared view.
+    with tempfile.TemporaryDirectory(prefix="moat-tplrt-", dir="/var/tmp") as d:
+        os.chmod(d, 0o755)
+        yield os.path.realpath(d)
+
+
+def test_a_hidden_file_recreated_on_the_host_after_the_template_was_built_stays_hidden(ws):
+    t = token()
+    with open(f"{ws}/.env", "w") as f:
+        f.write(f"OLD{t}\n")
+    s = Server(["--policy", "workspace-write"], cwd=ws)
+    try:
+        eid1, r1 = run(s, ["sh", "-c", "cat .env; echo FIRST-RAN"])
+        assert "FIRST-RAN" in output(s, eid1), r1
+        assert f"OLD{t}" not in output(s, eid1), r1
+        # The host replaces the file: the stand-in the template (and its
+        # warm init) laid on the old dentry is detached by the kernel.
+        os.unlink(f"{ws}/.env")
+        with open(f"{ws}/.env", "w") as f:
+            f.write(f"NEW{t}\n")
+        eid2, r2 = run(s, ["sh", "-c", "cat .env; echo SECOND-RAN"])
+        out2 = output(s, eid2)
+        assert "SECOND-RAN" in out2, r2
+        assert f"NEW{t}" not in out2, (out2, r2)
+        # A later execution (a template, not the warm init) too.
+        os.rename(f"{ws}/.env", f"{ws}/.env.bak")
+        with open(f"{ws}/.env.tmp", "w") as f:
+            f.write(f"THIRD{t}\n")
+        os.rename(f"{ws}/.env.tmp", f"{ws}/.env")
+        eid3, r3 = run(s, ["sh", "-c", "cat .env; echo THIRD-RAN"])
+        out3 = output(s, eid3)
+        assert "THIRD-RAN" in out3, r3
+        assert f"THIRD{t}" not in out3, (out3, r3)
+        assert r2["launch"] == "template" and r3["launch"] == "template", (r2, r3)
+    finally:
+        s.close()
+
+
+def test_git_config_rewritten_by_rename_on_the_host_stays_write_protected(ws):
+    t = token()
+    os.makedirs(f"{ws}/.git/hooks")
+    with open(f"{ws}/.git/config", "w") as f:
+        f.write("[core]\n")
+    s = Server(["--policy", "workspace-write"], cwd=ws)
+    try:
+        eid1, r1 = run(s, ["sh", "-c", f"echo {t} >> .git/config; echo FIRST-RAN"])
+        assert "FIRST-RAN" in output(s, eid1), r1
+        # `git config` writes config.lock and renames it over config.
+        with open(f"{ws}/.git/config.lock", "w") as f:
+            f.write("[core]\n\tbare = false\n")
+        os.replace(f"{ws}/.git/config.lock", f"{ws}/.git/config")
+        eid2, r2 = run(s, ["sh", "-c",
+                           f"echo '[core] hooksPath = /x{t}' >> .git/config; echo SECOND-RAN"])
+        assert "SECOND-RAN" in output(s, eid2), r2
+        with open(f"{ws}/.git/config") as f:
+            config = f.read()
+        assert t not in config, (config, r2)
+        assert r2["launch"] == "template", r2
+    finally:
+        s.close()
