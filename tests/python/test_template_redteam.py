@@ -81,3 +81,30 @@ def test_git_config_rewritten_by_rename_on_the_host_stays_write_protected(ws):
         assert r2["launch"] == "template", r2
     finally:
         s.close()
+
+
+def test_no_writable_directory_outside_the_workspace_carries_a_file_to_the_next_execution(ws):
+    """Every directory an execution can write to, found from inside (not
+    from a list), is re-made per execution; the workspace alone is shared."""
+    t = token()
+    s = Server(["--policy", "workspace-write"], cwd=ws)
+    try:
+        find = ("find / \\( -path /proc -o -path /sys -o -path \"$PWD\" \\) -prune -o "
+                "-type d -writable -print 2>/dev/null")
+        eid1, r1 = run(s, ["sh", "-c",
+                           f"for d in $({find}); do echo {t} > \"$d/left{t}\" && echo \"WROTE $d\"; done; "
+                           "echo FIRST-RAN"])
+        out1 = output(s, eid1)
+        assert "FIRST-RAN" in out1, r1
+        wrote = [line[6:] for line in out1.splitlines() if line.startswith("WROTE ")]
+        # /tmp, HOME and /dev/shm at least (the probe found what it should).
+        assert "/tmp" in wrote and "/dev/shm" in wrote and len(wrote) >= 3, out1
+        eid2, r2 = run(s, ["sh", "-c",
+                           f"find / \\( -path /proc -o -path /sys -o -path \"$PWD\" \\) -prune -o "
+                           f"-name left{t} -print 2>/dev/null; echo SECOND-RAN"])
+        out2 = output(s, eid2)
+        assert "SECOND-RAN" in out2, r2
+        assert f"left{t}" not in out2, (out2, wrote)
+        assert r2["launch"] == "template", r2
+    finally:
+        s.close()
