@@ -108,3 +108,27 @@ def test_no_writable_directory_outside_the_workspace_carries_a_file_to_the_next_
         assert r2["launch"] == "template", r2
     finally:
         s.close()
+
+
+def test_a_workspace_made_again_on_the_host_is_the_one_the_next_execution_writes_contract():
+    """The template's bind of the old directory follows its dentry away;
+    the next execution must get the directory the path names now (as the
+    one-shot path does), not a read-only view of it."""
+    t = token()
+    with tempfile.TemporaryDirectory(prefix="moat-tplrt-", dir="/var/tmp") as base:
+        os.chmod(base, 0o755)
+        base = os.path.realpath(base)
+        w = f"{base}/ws"
+        os.mkdir(w)
+        s = Server(["--policy", "workspace-write"], cwd=w)
+        try:
+            eid1, r1 = run(s, ["sh", "-c", "echo FIRST-RAN"])
+            assert "FIRST-RAN" in output(s, eid1), r1
+            os.rename(w, f"{base}/old")
+            os.mkdir(w)
+            eid2, r2 = run(s, ["sh", "-c", f"echo {t} > made{t} && echo SECOND-RAN"])
+            assert "SECOND-RAN" in output(s, eid2), (output(s, eid2, "execution.stderr"), r2)
+            assert os.path.exists(f"{w}/made{t}"), r2
+            assert not os.path.exists(f"{base}/old/made{t}"), r2
+        finally:
+            s.close()

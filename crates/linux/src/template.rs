@@ -17,6 +17,7 @@
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -93,6 +94,10 @@ struct KeyView<'a> {
     new_netns: bool,
     sandboxed: bool,
     backend: moat_policy::Backend,
+    /// Each bind source's (device, inode) now: a host directory replaced
+    /// under the same path (the workspace moved away and made again) is a
+    /// new template, not the old tree served at that path.
+    sources: Vec<(u64, u64)>,
 }
 
 /// The template key of `plan`: its view's mounts, Landlock and seccomp
@@ -109,6 +114,18 @@ pub fn key(plan: &Plan) -> String {
         new_netns: plan.new_netns,
         sandboxed: plan.sandboxed,
         backend: plan.backend,
+        sources: plan
+            .mounts
+            .iter()
+            .filter_map(|op| match op {
+                MountOp::Bind { source, .. } => Some(
+                    std::fs::symlink_metadata(source)
+                        .map(|m| (m.dev(), m.ino()))
+                        .unwrap_or((0, 0)),
+                ),
+                _ => None,
+            })
+            .collect(),
     })
     .unwrap_or_default()
 }
