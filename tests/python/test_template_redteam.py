@@ -132,3 +132,58 @@ def test_a_workspace_made_again_on_the_host_is_the_one_the_next_execution_writes
             assert not os.path.exists(f"{base}/old/made{t}"), r2
         finally:
             s.close()
+
+
+# add_key into the user keyring, then search it from the next execution:
+# executions of a template share its user namespace, and the user keyring
+# is per user namespace (a one-shot run has its own).
+KEYRING = r'''
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_add_key, SYS_keyctl = 248, 250
+KEY_SPEC_USER_KEYRING, KEYCTL_SEARCH = -4, 10
+desc = sys.argv[2].encode()
+if sys.argv[1] == "add":
+    r = libc.syscall(SYS_add_key, b"user", desc, b"v", 1, KEY_SPEC_USER_KEYRING)
+    print("ADDED" if r >= 0 else f"ADD-ERRNO {ctypes.get_errno()}")
+else:
+    r = libc.syscall(SYS_keyctl, KEYCTL_SEARCH, KEY_SPEC_USER_KEYRING, b"user", desc, 0)
+    print("FOUND" if r >= 0 else f"SEARCH-ERRNO {ctypes.get_errno()}")
+'''
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers are x86_64's")
+def test_a_key_one_execution_adds_to_its_user_keyring_is_not_in_the_next(ws):
+    t = token()
+    s = Server(["--policy", "workspace-write"], cwd=ws)
+    try:
+        eid1, r1 = run(s, ["python3", "-c", KEYRING, "add", f"moat-rt-{t}"])
+        out1 = output(s, eid1)
+        assert "ADDED" in out1 or "ADD-ERRNO" in out1, (out1, r1)
+        eid2, r2 = run(s, ["python3", "-c", KEYRING, "search", f"moat-rt-{t}"])
+        out2 = output(s, eid2)
+        assert "SEARCH-ERRNO" in out2, (out2, r2)
+        assert "FOUND" not in out2, (out2, r2)
+        assert r2["launch"] == "template", r2
+    finally:
+        s.close()
+
+
+def test_sysv_ipc_objects_of_one_execution_are_not_in_the_next(ws):
+    t = token()
+    s = Server(["--policy", "workspace-write"], cwd=ws)
+    try:
+        key = f"0x{int(t):08x}"
+        eid1, r1 = run(s, ["sh", "-c",
+                           f"ipcmk -M 4096 -p 0600 >/dev/null; ipcmk -Q >/dev/null; "
+                           f"python3 -c 'import ctypes; l=ctypes.CDLL(None); "
+                           f"print(\"SHM\", l.shmget({int(t)}, 4096, 0o1600))'; ipcs -m; echo FIRST-RAN"])
+        out1 = output(s, eid1)
+        assert "FIRST-RAN" in out1 and key in out1, (out1, r1)
+        eid2, r2 = run(s, ["sh", "-c", "ipcs -a; echo SECOND-RAN"])
+        out2 = output(s, eid2)
+        assert "SECOND-RAN" in out2, r2
+        assert key not in out2, (out2, r2)
+        assert r2["launch"] == "template", r2
+    finally:
+        s.close()
