@@ -187,3 +187,35 @@ def test_sysv_ipc_objects_of_one_execution_are_not_in_the_next(ws):
         assert r2["launch"] == "template", r2
     finally:
         s.close()
+
+
+CONFINEMENT = r'''
+grep -E "^(Cap|NoNewPrivs|Seccomp|Uid|Gid|Groups)" /proc/self/status
+cat /proc/self/uid_map /proc/self/gid_map /proc/self/limits; hostname
+awk '{print $5, $6, $9, $11}' /proc/self/mountinfo | sed "s|$PWD|WS|g" | sort
+find / -maxdepth 3 \( -path /proc -o -path /sys \) -prune -o -writable -print 2>/dev/null \
+  | sed "s|$PWD|WS|g" | sort
+echo PROBE-RAN
+'''
+
+
+def test_a_template_execution_is_confined_exactly_as_a_one_shot_one(ws):
+    """Capabilities, no_new_privs, seccomp, id maps, rlimits, hostname, the
+    mount table and what is writable: the same for the same request. The
+    only difference allowed is the nested-run socket a template execution
+    does not offer (narrower)."""
+    seen = {}
+    for launch in ("template", "oneshot"):
+        s = Server(["--policy", "workspace-write", "--launch", launch], cwd=ws)
+        try:
+            eid, r = run(s, ["sh", "-c", CONFINEMENT])
+            out = output(s, eid)
+            assert "PROBE-RAN" in out and r["launch"] == launch, (out, r)
+            seen[launch] = [line for line in out.splitlines() if "broker.sock" not in line]
+        finally:
+            s.close()
+    assert "NoNewPrivs:\t1" in seen["template"], seen["template"]
+    assert "CapEff:\t0000000000000000" in seen["template"], seen["template"]
+    assert seen["template"] == seen["oneshot"], [
+        (x, "template" if x in seen["template"] else "oneshot")
+        for x in set(seen["template"]) ^ set(seen["oneshot"])]
