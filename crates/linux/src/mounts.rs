@@ -494,3 +494,60 @@ pub(crate) fn finish_execution_root<S: Syscall>(
     .map_err(err("make root read-only", Path::new("/")))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bind(path: &str, readonly: bool) -> MountOp {
+        MountOp::Bind {
+            source: path.into(),
+            target: path.into(),
+            kind: Kind::Dir,
+            recursive: true,
+            readonly,
+            device: false,
+        }
+    }
+
+    #[test]
+    fn narrowing_mounts_on_host_binds_are_per_execution_and_wait_for_the_request() {
+        let ops = vec![
+            bind("/", true),
+            bind("/ws", false),
+            MountOp::StandIn {
+                target: "/ws/.env".into(),
+                kind: Kind::File,
+            },
+            bind("/ws/.git/config", true),
+            MountOp::StandIn {
+                target: "/etc/shadow".into(),
+                kind: Kind::File,
+            },
+            bind("/opt/tool", true),
+            MountOp::Tmpfs {
+                target: "/tmp".into(),
+                mode: 0o1777,
+                size: None,
+            },
+            MountOp::Proc {
+                target: "/proc".into(),
+            },
+            MountOp::ReadOnlyAgain {
+                target: "/proc/sys".into(),
+            },
+        ];
+        let per_exec = per_execution(&ops);
+        let late = deferred(&ops, &per_exec);
+        // The host binds are shared; what narrows them is laid per execution,
+        // after its request; moat's own filesystems ahead of it.
+        assert_eq!(
+            per_exec,
+            [false, false, true, true, true, false, true, true, true]
+        );
+        assert_eq!(
+            late,
+            [false, false, true, true, true, false, false, false, false]
+        );
+    }
+}
