@@ -352,9 +352,11 @@ pub(crate) fn per_execution(ops: &[MountOp]) -> Vec<bool> {
 /// moat's own filesystems (a fresh /proc, a tmpfs) cannot be detached so.
 fn narrows(ops: &[MountOp], i: usize) -> bool {
     let target = ops[i].target();
-    // The mount the op sits in: the deepest earlier op at or above it.
+    // The mount the op sits in: the deepest earlier op at or above it (a
+    // read-only remount is the same mount again: look beneath it).
     let below = ops[..i]
         .iter()
+        .filter(|o| !matches!(o, MountOp::ReadOnlyAgain { .. }))
         .filter(|o| target.starts_with(o.target()))
         .max_by_key(|o| o.target().components().count());
     let Some(MountOp::Bind {
