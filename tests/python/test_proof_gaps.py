@@ -1,0 +1,212 @@
+"""Proof gaps of issue 11 (docs/proof.md): the Claude Code hook driven by the
+real Claude Code CLI (npm `@anthropic-ai/claude-code`), which runs its
+PreToolUse hook offline here because its model API is a local fake that
+answers with one Bash tool call. No request leaves the machine."""
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from rpc import MOAT
+
+# Where .ci/run installs the agent CLIs (a prefix every test user can read).
+CLAUDE = os.environ.get("MOAT_CLAUDE", "/opt/moat-ci-agents/bin/claude")
+
+
+class FakeAnthropic:
+    """A loopback stand-in for the Anthropic Messages API: a request that
+    offers the Bash tool gets one `tool_use` of `command`; the request that
+    carries its `tool_result` gets a final text (and the result is kept);
+    anything else (title or quota side requests) gets a short text."""
+
+    def __init__(self, command):
+        self.command = command
+        self.tool_results = []
+        self.paths = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                fake.paths.append(("GET", self.path))
+                self.send_response(404)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def do_HEAD(self):
+                self.do_GET()
+
+            def do_POST(self):
+                fake.paths.append(("POST", self.path))
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))) or b"{}")
+                if not self.path.startswith("/v1/messages") or "count_tokens" in self.path:
+                    data = json.dumps({"input_tokens": 10}).encode()
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                block = fake.answer(body)
+                fake.reply(self, body, block)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def answer(self, body):
+        msgs = body.get("messages") or []
+        last = msgs[-1] if msgs else {}
+        content = last.get("content")
+        if isinstance(content, list):
+            results = [c for c in content if isinstance(c, dict) and c.get("type") == "tool_result"]
+            if results:
+                self.tool_results.extend(results)
+                return {"type": "text", "text": "done"}
+        tools = {t.get("name") for t in body.get("tools") or []}
+        if "Bash" in tools and not self.tool_results:
+            return {"type": "tool_use", "id": f"toolu_moat{random.randint(10**6, 10**7)}", "name": "Bash",
+                    "input": {"command": self.command, "description": "run the probe"}}
+        return {"type": "text", "text": "ok"}
+
+    @staticmethod
+    def reply(handler, body, block):
+        stop = "tool_use" if block["type"] == "tool_use" else "end_turn"
+        message = {"id": "msg_moat", "type": "message", "role": "assistant", "model": body.get("model", "claude"),
+                   "stop_reason": None, "stop_sequence": None,
+                   "usage": {"input_tokens": 10, "output_tokens": 1}}
+        if not body.get("stream"):
+            data = json.dumps({**message, "content": [block], "stop_reason": stop}).encode()
+            handler.send_response(200)
+            handler.send_header("content-type", "application/json")
+            handler.send_header("content-length", str(len(data)))
+            handler.end_headers()
+            handler.wfile.write(data)
+            return
+        if block["type"] == "tool_use":
+            start = {**block, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        else:
+            start = {"type": "text", "text": ""}
+            delta = {"type": "text_delta", "text": block["text"]}
+        events = [
+            ("message_start", {"type": "message_start", "message": {**message, "content": []}}),
+            ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": start}),
+            ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+                               "usage": {"output_tokens": 5}}),
+            ("message_stop", {"type": "message_stop"}),
+        ]
+        data = "".join(f"event: {k}\ndata: {json.dumps(v)}\n\n" for k, v in events).encode()
+        handler.send_response(200)
+        handler.send_header("content-type", "text/event-stream")
+        handler.send_header("content-length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def close(self):
+        self.server.shutdown()
+
+
+def run_claude(ws, home, fake, hook_command):
+    settings = {"hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": hook_command}]}]}}
+    settings_path = os.path.join(home, "settings.json")
+    with open(settings_path, "w") as f:
+        json.dump(settings, f)
+    env = {
+        "PATH": os.path.dirname(CLAUDE) + ":" + os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": home,
+        "LANG": "C.UTF-8",
+        "SHELL": "/bin/bash",
+        "ANTHROPIC_BASE_URL": fake.url,
+        "ANTHROPIC_API_KEY": "sk-ant-moat-proof-fake",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_TELEMETRY": "1",
+    }
+    return subprocess.run(
+        [CLAUDE, "-p", "run the probe", "--settings", settings_path, "--output-format", "json"],
+        cwd=ws, env=env, capture_output=True, timeout=180, stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture
+def dirs():
+    ws = os.path.realpath(tempfile.mkdtemp(prefix="moat-claude-ws-"))
+    home = os.path.realpath(tempfile.mkdtemp(prefix="moat-claude-home-"))
+    try:
+        yield ws, home
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def tool_output(fake):
+    parts = []
+    for r in fake.tool_results:
+        c = r.get("content")
+        if isinstance(c, str):
+            parts.append(c)
+        elif isinstance(c, list):
+            parts.extend(x.get("text", "") for x in c if isinstance(x, dict))
+    return "\n".join(parts)
+
+
+def test_real_claude_code_runs_its_bash_call_through_the_hook_confined(dirs):
+    """The real CLI sends the hook its PreToolUse JSON, takes the rewritten
+    command and runs it: the probe ran in the agent's directory (its marker
+    line, its file in the workspace) and its write outside the workspace was
+    refused (the host file never appears). Seen failing with the hook
+    replaced by one that allows without rewriting (the host file is written)."""
+    if not os.access(CLAUDE, os.X_OK):
+        pytest.skip(f"the Claude Code CLI is not installed at {CLAUDE} (.ci/run installs it)")
+    ws, home = dirs
+    host_path = f"/var/tmp/moat-claude-{random.randint(10**8, 10**9 - 1)}"
+    fake = FakeAnthropic(f"echo probe-ran; pwd; touch made-by-claude; echo x > {host_path}")
+    try:
+        hook = f"'{MOAT}' hook claude-code"
+        r = run_claude(ws, home, fake, hook)
+        out = tool_output(fake)
+        ctx = f"claude exit {r.returncode}\nstdout: {r.stdout[-2000:]!r}\nstderr: {r.stderr[-2000:]!r}\nrequests: {fake.paths}\ntool output: {out!r}"
+        assert fake.tool_results, "Claude Code never ran the tool call\n" + ctx
+        assert "probe-ran" in out, ctx
+        assert ws in out, "the command did not run in the agent's directory\n" + ctx
+        assert os.path.exists(os.path.join(ws, "made-by-claude")), ctx
+        assert not os.path.exists(host_path), "the Bash call wrote outside the workspace: it ran unconfined\n" + ctx
+        assert "moat" in out or "Read-only" in out or "Permission denied" in out, ctx
+    finally:
+        fake.close()
+        if os.path.exists(host_path):
+            os.unlink(host_path)
+
+
+def test_real_claude_code_with_a_hook_that_does_not_rewrite_writes_outside_positive_control(dirs):
+    """The mutation the case above must catch, kept as a control: the same
+    session with a hook that allows the call without rewriting it runs the
+    probe bare, and its write outside the workspace lands (so the case
+    above can fail, and its fake API really drives a Bash call)."""
+    if not os.access(CLAUDE, os.X_OK):
+        pytest.skip(f"the Claude Code CLI is not installed at {CLAUDE} (.ci/run installs it)")
+    ws, home = dirs
+    host_path = f"/var/tmp/moat-claude-{random.randint(10**8, 10**9 - 1)}"
+    fake = FakeAnthropic(f"echo probe-ran; echo x > {host_path}")
+    allow = json.dumps({"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "allow"}})
+    try:
+        r = run_claude(ws, home, fake, f"echo '{allow}'")
+        ctx = f"claude exit {r.returncode}\nstderr: {r.stderr[-2000:]!r}\ntool output: {tool_output(fake)!r}"
+        assert "probe-ran" in tool_output(fake), ctx
+        assert os.path.exists(host_path), ctx
+    finally:
+        fake.close()
+        if os.path.exists(host_path):
+            os.unlink(host_path)
