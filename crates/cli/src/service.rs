@@ -126,8 +126,10 @@ pub(crate) struct Record {
     pub(crate) keep_output: bool,
     /// Events kept for getAuditEvents/tailAudit: all but output chunks.
     pub(crate) events: Vec<Value>,
-    /// Signals this execution's supervisor (by pidfd: never a reused pid).
-    pub(crate) supervisor: Signaller,
+    /// Signals this execution's supervisor (by pidfd: never a reused pid);
+    /// dropped when the execution ends, so a finished record holds no
+    /// descriptor (a long-lived service remembers 1000 of them).
+    pub(crate) supervisor: Option<Signaller>,
     /// The streamed stdin, when the request asked for one.
     pub(crate) input: Option<Input>,
     pub(crate) done: bool,
@@ -324,7 +326,7 @@ impl Service {
             stderr: Vec::new(),
             keep_output: req.keep_output,
             events: Vec::new(),
-            supervisor: sup.signaller(),
+            supervisor: Some(sup.signaller()),
             input: sup.input(),
             done: false,
         };
@@ -454,6 +456,7 @@ impl Service {
                 r.view.finished_at = Some(moat_audit::now_rfc3339());
             }
             r.done = true;
+            r.supervisor = None;
         });
         self.changed.notify_all();
     }
@@ -546,7 +549,7 @@ impl Service {
             } else {
                 r.view.cancel_requested = true;
                 r.view.status = "canceling".to_string();
-                Some(r.supervisor.clone())
+                r.supervisor.clone()
             }
         })?;
         let Some(supervisor) = pid else {
@@ -565,7 +568,7 @@ impl Service {
             .map(|r| {
                 r.iter()
                     .filter(|r| r.owner == owner && !r.done)
-                    .map(|r| (r.view.execution_id.clone(), r.supervisor.clone()))
+                    .filter_map(|r| Some((r.view.execution_id.clone(), r.supervisor.clone()?)))
                     .collect()
             })
             .unwrap_or_default();
