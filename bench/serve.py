@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Service benchmark (not a test): `execute` of /bin/true round trip through
-`moat serve --stdio` (request → execution.finished) vs one-shot
-`moat exec -- /bin/true` vs `bwrap --unshare-all -- /bin/true`, p50/p99 in
-one run; then N executions in sequence with the service's RSS and open fd
-count before and after (growth would be a leak).
+`moat serve --stdio` (request → execution.finished), forked from a sandbox
+template (`--launch template`, the default) and as a one-shot child
+(`--launch oneshot`), vs one-shot `moat exec -- /bin/true` vs
+`bwrap --unshare-all -- /bin/true`, p50/p99 in one run, with the template's
+ratio to bwrap (issue 11's target: at most 0.5); then N executions in
+sequence with the service's RSS and open fd count before and after (growth
+would be a leak).
 
 Env: MOAT_BIN (default target/release/moat, else target/debug/moat),
 RUNS (default 200), SEQ (default 1000)."""
@@ -29,11 +32,12 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(len(xs) * p))]
 
 
-def one_shot(argv):
+def one_shot(argv, cwd):
     times = []
     for _ in range(RUNS):
         t = time.perf_counter()
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       check=False)
         times.append(time.perf_counter() - t)
     return times
 
@@ -47,44 +51,73 @@ def proc_stats(pid):
     return rss, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def main():
-    ws = tempfile.mkdtemp(prefix="moat-bench-")
-    srv = subprocess.Popen(
-        [MOAT, "serve", "--stdio", "--no-audit", "--policy", "workspace-contained"],
-        cwd=ws, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )
-    n = 0
+class Service:
+    """`moat serve --stdio --launch LAUNCH` in `ws`."""
 
-    def execute():
-        nonlocal n
-        n += 1
-        srv.stdin.write(json.dumps({"jsonrpc": "2.0", "id": n, "method": "execute",
-                                    "params": {"command": ["/bin/true"]}}) + "\n")
-        srv.stdin.flush()
+    def __init__(self, ws, launch):
+        self.launch = launch
+        self.srv = subprocess.Popen(
+            [MOAT, "serve", "--stdio", "--no-audit", "--policy", "workspace-contained",
+             "--launch", launch],
+            cwd=ws, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        self.n = 0
+
+    def execute(self):
+        self.n += 1
+        self.srv.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.n, "method": "execute",
+                                         "params": {"command": ["/bin/true"]}}) + "\n")
+        self.srv.stdin.flush()
         while True:
-            msg = json.loads(srv.stdout.readline())
+            msg = json.loads(self.srv.stdout.readline())
             if "error" in msg:
                 raise SystemExit(f"execute failed: {msg}")
-            if msg.get("params", {}).get("type") in ("execution.finished", "execution.failed"):
+            params = msg.get("params", {})
+            if params.get("type") == "execution.failed":
+                raise SystemExit(f"execute failed: {msg}")
+            if params.get("type") == "execution.finished":
+                if params.get("launch", "oneshot") != self.launch:
+                    raise SystemExit(f"asked for {self.launch}, ran {params.get('launch')}: {msg}")
                 return
 
-    for _ in range(10):
-        execute()
-    served = []
-    for _ in range(RUNS):
-        t = time.perf_counter()
-        execute()
-        served.append(time.perf_counter() - t)
-    rows = [("moat serve execute /bin/true", served),
+    def timed(self):
+        for _ in range(10):
+            self.execute()
+        xs = []
+        for _ in range(RUNS):
+            t = time.perf_counter()
+            self.execute()
+            xs.append(time.perf_counter() - t)
+        return xs
+
+    def close(self):
+        self.srv.stdin.close()
+        self.srv.wait()
+
+
+def main():
+    ws = tempfile.mkdtemp(prefix="moat-bench-")
+    oneshot = Service(ws, "oneshot")
+    served_oneshot = oneshot.timed()
+    oneshot.close()
+    svc = Service(ws, "template")
+    srv = svc.srv
+    execute = svc.execute
+    served = svc.timed()
+    rows = [("moat serve execute /bin/true (template)", served),
+            ("moat serve execute /bin/true (one-shot child)", served_oneshot),
             ("moat exec (contained, disabled) /bin/true",
-             one_shot([MOAT, "exec", "--no-audit", "--policy", "workspace-contained", "--", "/bin/true"]))]
+             one_shot([MOAT, "exec", "--no-audit", "--policy", "workspace-contained", "--", "/bin/true"], ws))]
     if shutil.which("bwrap"):
         rows.append(("bwrap --unshare-all /bin/true",
-                     one_shot(["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--", "/bin/true"])))
+                     one_shot(["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--", "/bin/true"], ws)))
     print(f"moat: {MOAT}, {RUNS} runs each")
     print("| what | p50 ms | p99 ms |\n|---|---|---|")
     for name, xs in rows:
         print(f"| {name} | {statistics.median(xs) * 1e3:.2f} | {pct(xs, 0.99) * 1e3:.2f} |")
+    if len(rows) > 3:
+        ratio = statistics.median(served) / statistics.median(rows[3][1])
+        print(f"\ntemplate execute p50 / bwrap p50 = {ratio:.2f} (target: at most 0.50)")
 
     before = proc_stats(srv.pid)
     for _ in range(SEQ):
@@ -92,8 +125,7 @@ def main():
     after = proc_stats(srv.pid)
     print(f"\n{SEQ} executions in sequence: service RSS {before[0]} kB -> {after[0]} kB, "
           f"open fds {before[1]} -> {after[1]}")
-    srv.stdin.close()
-    srv.wait()
+    svc.close()
     shutil.rmtree(ws, ignore_errors=True)
 
 

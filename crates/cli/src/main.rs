@@ -160,6 +160,13 @@ pub(crate) struct ExecArgs {
 }
 
 fn main() -> ExitCode {
+    // A sandbox template of `serve`/`mcp` (internal): it must become one
+    // while single-threaded, before anything else runs.
+    if std::env::args_os().nth(1).as_deref()
+        == Some(std::ffi::OsStr::new(moat_linux::template::SUBCOMMAND))
+    {
+        moat_linux::template::template_main();
+    }
     // Invoked under a tool's name: a shim.
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let name = Path::new(&argv0)

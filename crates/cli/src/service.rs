@@ -1,7 +1,9 @@
 //! The execution service shared by `moat serve` and `moat mcp`: checks a
-//! request against the server's ceiling and roots, runs each execution as
-//! its own `moat exec --events` child (its own supervisor, its own process
-//! tree), and keeps what the protocol reports about it.
+//! request against the server's ceiling and roots, runs each execution —
+//! forked from a pre-built sandbox template of its plan, supervised in
+//! this process, or, when the policy is not template-eligible, as its own
+//! `moat exec --events` child (its own supervisor, its own process tree) —
+//! and keeps what the protocol reports about it.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -40,6 +42,9 @@ pub(crate) struct ServerArgs {
     /// Do not record the executions in the audit log
     #[arg(long, conflicts_with = "audit_log")]
     pub(crate) no_audit: bool,
+    /// How executions are launched: `template` (forked from a pre-built sandbox per policy, when the policy allows) or `oneshot` (a `moat exec` child each)
+    #[arg(long, value_name = "HOW", default_value = "template", value_parser = ["template", "oneshot"])]
+    pub(crate) launch: String,
 }
 
 /// A protocol error: a JSON-RPC code, a message, and moat's stable
@@ -126,13 +131,138 @@ pub(crate) struct Record {
     pub(crate) keep_output: bool,
     /// Events kept for getAuditEvents/tailAudit: all but output chunks.
     pub(crate) events: Vec<Value>,
-    /// Signals this execution's supervisor (by pidfd: never a reused pid);
-    /// dropped when the execution ends, so a finished record holds no
-    /// descriptor (a long-lived service remembers 1000 of them).
-    pub(crate) supervisor: Option<Signaller>,
+    /// Stops this execution (by pidfd or its control channel: never a
+    /// reused pid); dropped when the execution ends, so a finished record
+    /// holds no descriptor (a long-lived service remembers 1000 of them).
+    pub(crate) supervisor: Option<Stopper>,
     /// The streamed stdin, when the request asked for one.
     pub(crate) input: Option<Input>,
     pub(crate) done: bool,
+}
+
+/// Stops one execution and nothing else.
+#[derive(Clone)]
+pub(crate) enum Stopper {
+    /// A `moat exec` child supervisor, by pidfd.
+    Child(Signaller),
+    /// An execution supervised in this process, by its control channel
+    /// (the one-shot escalation: SIGTERM, kill all, SIGKILL). None once it
+    /// is over: a long-lived service keeps records, not descriptors.
+    InProcess(Arc<Mutex<Option<moat_linux::control::ControlSender>>>),
+}
+
+impl Stopper {
+    fn terminate(&self) {
+        match self {
+            Stopper::Child(s) => s.terminate(),
+            Stopper::InProcess(c) => {
+                if let Ok(c) = c.lock() {
+                    if let Some(c) = c.as_ref() {
+                        let _ = c.send(moat_linux::control::Request::Stop);
+                    }
+                }
+            }
+        }
+    }
+
+    fn kill(&self) {
+        match self {
+            Stopper::Child(s) => s.kill(),
+            // Its supervisor's own escalation ends in SIGKILL.
+            Stopper::InProcess(_) => self.terminate(),
+        }
+    }
+}
+
+/// Where an execution's events come from.
+pub(crate) enum Source {
+    Child(Supervisor),
+    /// `prepare` and the run on a thread of this process, their events on
+    /// a channel (the events `moat exec --events` writes).
+    InProcess {
+        events: std::sync::mpsc::Receiver<Value>,
+        thread: Option<std::thread::JoinHandle<()>>,
+        control: Arc<Mutex<Option<moat_linux::control::ControlSender>>>,
+    },
+}
+
+impl Source {
+    fn next_event(&mut self) -> Option<(Value, Envelope, Event)> {
+        match self {
+            Source::Child(s) => s.next_event(),
+            Source::InProcess { events, .. } => {
+                let v = events.recv().ok()?;
+                let (env, ev) = Event::read(&v);
+                Some((v, env, ev))
+            }
+        }
+    }
+
+    fn stderr_text(&self) -> String {
+        match self {
+            Source::Child(s) => s.stderr_text(),
+            Source::InProcess { .. } => String::new(),
+        }
+    }
+
+    fn abort(&mut self) -> Option<std::process::ExitStatus> {
+        match self {
+            Source::Child(s) => s.abort(),
+            Source::InProcess {
+                control,
+                thread,
+                events,
+            } => {
+                Stopper::InProcess(control.clone()).terminate();
+                while events.recv().is_ok() {}
+                if let Some(t) = thread.take() {
+                    let _ = t.join();
+                }
+                None
+            }
+        }
+    }
+
+    fn wait(self) -> Option<std::process::ExitStatus> {
+        match self {
+            Source::Child(s) => s.wait(),
+            Source::InProcess {
+                thread,
+                events,
+                control,
+            } => {
+                drop(events);
+                if let Some(t) = thread {
+                    let _ = t.join();
+                }
+                if let Ok(mut c) = control.lock() {
+                    c.take();
+                }
+                None
+            }
+        }
+    }
+
+    fn stopper(&self) -> Stopper {
+        match self {
+            Source::Child(s) => Stopper::Child(s.signaller()),
+            Source::InProcess { control, .. } => Stopper::InProcess(control.clone()),
+        }
+    }
+
+    fn input(&self) -> Option<Input> {
+        match self {
+            Source::Child(s) => s.input(),
+            Source::InProcess { .. } => None,
+        }
+    }
+
+    fn launch(&self) -> &'static str {
+        match self {
+            Source::Child(_) => "oneshot",
+            Source::InProcess { .. } => "template",
+        }
+    }
 }
 
 impl Record {
@@ -159,6 +289,8 @@ pub(crate) struct Service {
     no_audit: bool,
     moat: PathBuf,
     here: PathBuf,
+    /// The sandbox templates, by plan (None: `--launch oneshot`).
+    templates: Option<Arc<moat_linux::template::Templates>>,
     records: Mutex<Vec<Record>>,
     changed: Condvar,
 }
@@ -181,6 +313,8 @@ impl Service {
             ceiling,
             audit_log: args.audit_log.clone(),
             no_audit: args.no_audit,
+            templates: (args.launch == "template")
+                .then(|| Arc::new(moat_linux::template::Templates::new(moat.clone()))),
             moat,
             here,
             records: Mutex::new(Vec::new()),
@@ -252,12 +386,111 @@ impl Service {
         }
     }
 
+    /// The resolved policy of a request that runs forked from a sandbox
+    /// template, or None: the one-shot path (`--launch oneshot`, a policy
+    /// that is not eligible, or one that does not resolve — the child
+    /// reports that refusal as `moat exec` does). Resolved as the child
+    /// would: in the checked directory — as the kernel names the directory
+    /// `dir` opened, never the checked path walked again (a component
+    /// swapped for a symlink since would lead elsewhere) — against the
+    /// service's HOME.
+    fn template_policy(
+        &self,
+        flags: &PolicyFlags,
+        dir: &std::os::fd::OwnedFd,
+    ) -> Option<(Policy, Option<Duration>)> {
+        use std::os::fd::AsRawFd;
+        self.templates.as_ref()?;
+        let dir = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())).ok()?;
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/"));
+        let (policy, timeout) = crate::resolve_policy_in(flags, &dir, &home).ok()?;
+        moat_runtime::template::policy_eligible(&policy).ok()?;
+        Some((policy, timeout))
+    }
+
+    /// Prepares and runs one execution on a thread of this process, forked
+    /// from its plan's template: the flow and events of `moat exec
+    /// --events` (prepare → run → denials → record), without the exec.
+    fn start_in_process(
+        &self,
+        policy: Policy,
+        timeout: Option<Duration>,
+        req: &ProtocolRequest,
+    ) -> std::io::Result<Source> {
+        let Some(templates) = self.templates.clone() else {
+            return Err(std::io::Error::other("no templates"));
+        };
+        let (tx, events) = std::sync::mpsc::channel::<Value>();
+        let tx = Mutex::new(tx);
+        let sink: moat_runtime::EventSink = Arc::new(move |v: &Value| {
+            if let Ok(t) = tx.lock() {
+                let _ = t.send(v.clone());
+            }
+        });
+        let (control, receiver) = moat_linux::control::channel()?;
+        let stdin = match &req.stdin {
+            StdinSource::Bytes(b) => b.clone(),
+            _ => Vec::new(),
+        };
+        let mut launcher =
+            moat_runtime::template::TemplateLauncher::new(templates, stdin, receiver)?;
+        let request = moat_runtime::ExecutionRequest {
+            argv: req.command.iter().map(OsString::from).collect(),
+            policy,
+            timeout,
+            env: std::env::vars_os()
+                .map(|(k, v)| {
+                    (
+                        k.to_string_lossy().into_owned(),
+                        v.to_string_lossy().into_owned(),
+                    )
+                })
+                .collect(),
+            output: moat_linux::OutputMode::Stream,
+            audit: if self.no_audit {
+                moat_runtime::AuditTarget::Off
+            } else {
+                moat_runtime::AuditTarget::Log(self.audit_log.clone())
+            },
+            execution_id: moat_runtime::execution_id(),
+            session_id: moat_audit::session_id_from_env(),
+            nested: None,
+            live_refusals: false,
+            parent_execution_id: std::env::var("MOAT_PARENT_EXECUTION_ID").ok(),
+            metadata: req.metadata.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("moat-execution".into())
+            .spawn(move || {
+                let id = request.execution_id.clone();
+                let session = request.session_id.clone();
+                match moat_runtime::prepare(request, sink.clone()) {
+                    Ok(p) => drop(p.run(&mut launcher)),
+                    // As `moat exec --events` reports a refusal.
+                    Err(r) => sink(
+                        &Event::Failed {
+                            reason: Some(r.message),
+                            exit_code: Some(i32::from(crate::EXIT_MOAT_FAILED)),
+                        }
+                        .stamp_bare(&id, &session, Some(r.policy.hash())),
+                    ),
+                }
+            })?;
+        Ok(Source::InProcess {
+            events,
+            thread: Some(thread),
+            control: Arc::new(Mutex::new(Some(control))),
+        })
+    }
+
     #[allow(clippy::type_complexity)]
     fn start(
         self: &Arc<Self>,
         req: ProtocolRequest,
         owner: u64,
-    ) -> Result<(Value, Supervisor, Value), RpcError> {
+    ) -> Result<(Value, Source, Value), RpcError> {
         if req.command.is_empty() {
             return Err(RpcError::invalid_params(
                 "INVALID_REQUEST",
@@ -284,13 +517,25 @@ impl Service {
                 ),
             )
         })?;
-        let mut sup = Supervisor::spawn(
-            &self.moat,
-            self.child_args(&flags, &req.command, req.metadata.as_ref()),
-            dir_fd,
-            req.stdin,
-        )
-        .map_err(|e| RpcError::internal(format!("cannot start moat: {e}")))?;
+        let template = match &req.stdin {
+            // Streamed input goes through the child's stdin pipe.
+            StdinSource::Stream => None,
+            _ => self.template_policy(&flags, &dir_fd),
+        };
+        let mut sup = match template {
+            Some((policy, timeout)) => self
+                .start_in_process(policy, timeout, &req)
+                .map_err(|e| RpcError::internal(format!("cannot start the execution: {e}")))?,
+            None => Source::Child(
+                Supervisor::spawn(
+                    &self.moat,
+                    self.child_args(&flags, &req.command, req.metadata.as_ref()),
+                    dir_fd,
+                    req.stdin,
+                )
+                .map_err(|e| RpcError::internal(format!("cannot start moat: {e}")))?,
+            ),
+        };
         let (first, envelope) = match sup.next_event() {
             Some((wire, envelope, Event::PolicyResolved { .. })) => (wire, envelope),
             other => {
@@ -319,6 +564,7 @@ impl Service {
                 policy_hash: envelope.policy_hash.clone().unwrap_or_default(),
                 policy_epoch: envelope.policy_epoch.clone().unwrap_or_default(),
                 started_at: envelope.time.clone(),
+                launch: Some(sup.launch().to_string()),
                 ..ServiceView::default()
             },
             owner,
@@ -326,7 +572,7 @@ impl Service {
             stderr: Vec::new(),
             keep_output: req.keep_output,
             events: Vec::new(),
-            supervisor: Some(sup.signaller()),
+            supervisor: Some(sup.stopper()),
             input: sup.input(),
             done: false,
         };
@@ -345,7 +591,7 @@ impl Service {
 
     /// Reads the child's events to its end, updating the record and
     /// forwarding each event.
-    fn follow(&self, mut sup: Supervisor, first: Value, sink: Option<EventSink>) {
+    fn follow(&self, mut sup: Source, first: Value, sink: Option<EventSink>) {
         let id = str_of(&first, "execution_id");
         let (envelope, typed) = Event::read(&first);
         let events = std::iter::once((first, envelope, typed))
@@ -562,7 +808,7 @@ impl Service {
     /// Stops everything `owner` started (a closed connection, a closed
     /// stdin) and waits for the supervisors to report the trees gone.
     pub(crate) fn stop_owned(&self, owner: u64) {
-        let pids: Vec<(String, Signaller)> = self
+        let pids: Vec<(String, Stopper)> = self
             .records
             .lock()
             .map(|r| {

@@ -48,7 +48,7 @@ pub struct InitArgs<'a> {
 }
 
 /// Reports a failed step before exec, then leaves with moat's own exit code.
-fn fail(fd: RawFd, stage: SetupStage, errno: i32, detail: &str) -> ! {
+pub(crate) fn fail(fd: RawFd, stage: SetupStage, errno: i32, detail: &str) -> ! {
     init_msg::send(
         fd,
         &InitMessage::SetupFailed {
@@ -76,14 +76,22 @@ impl From<String> for SetupFailure {
 /// Entry point of the cloned child. Never returns.
 pub fn main(args: InitArgs<'_>) -> ! {
     let fd = args.report_fd;
-    let slave = match setup(&args) {
-        Ok(slave) => slave,
+    match setup(&args) {
+        Ok(slave) => command_and_reap(&args, slave),
         Err(f) => fail(fd, SetupStage::Sandbox, f.errno, &f.detail),
-    };
+    }
+}
+
+/// The init's second half, once the view is in place and the cwd entered:
+/// forks the command, confines and execs it, and reaps the tree until the
+/// command is done (also the end of an execution forked from a sandbox
+/// template). Never returns.
+pub(crate) fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) -> ! {
+    let fd = args.report_fd;
     let sandboxed = args.plan.namespaces();
     // The command: forked with glibc's fork so its thread state is right.
     let main_pid = match fork_command() {
-        Ok(None) => command(&args, slave.as_ref()),
+        Ok(None) => command(args, slave.as_ref()),
         Ok(Some(pid)) => {
             // Only the command holds the slave: its last close is the end
             // of the session for the supervisor's relay.

@@ -34,6 +34,7 @@ mod seam_tests;
 pub mod sweep;
 pub(crate) mod sys;
 mod syscall;
+pub mod template;
 pub mod termfilter;
 pub mod tree;
 pub mod view;

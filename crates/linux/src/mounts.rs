@@ -312,3 +312,114 @@ fn ensure_mountpoint<S: Syscall>(sys: &S, target: &Path, kind: Kind) -> Result<(
 fn mkdir_p<S: Syscall>(sys: &S, dir: &Path) -> Result<(), MountError> {
     sys.mkdir_all(dir, 0o755).map_err(err("mkdir", dir))
 }
+
+/// Which of `ops` an execution forked from a sandbox template lays again in
+/// its own mount namespace: every fresh filesystem (tmpfs, proc, devpts —
+/// the places an execution can write to or that show its own processes),
+/// everything beneath one, and anything that covers one. Laying these in
+/// plan order after the shared ops gives the same stacking as
+/// [`build_root`]: a shared op never sits on or under a per-execution one.
+pub(crate) fn per_execution(ops: &[MountOp]) -> Vec<bool> {
+    let mut roots: Vec<&Path> = Vec::new();
+    let mut out = Vec::with_capacity(ops.len());
+    for op in ops {
+        let target = op.target();
+        let fresh = matches!(
+            op,
+            MountOp::Tmpfs { .. } | MountOp::Proc { .. } | MountOp::Devpts { .. }
+        );
+        let overlaps = roots
+            .iter()
+            .any(|r| target.starts_with(r) || r.starts_with(target));
+        if fresh {
+            roots.push(target);
+        }
+        out.push(fresh || overlaps);
+    }
+    out
+}
+
+/// The shared part of a sandbox template's view: the root tmpfs pivoted
+/// into, with every op that [`per_execution`] does not mark laid out. The
+/// host's root stays attached (an execution's fresh procfs needs a fully
+/// visible one in its mount namespace, and its binds beneath fresh
+/// filesystems come from there) and the root stays writable; each
+/// execution finishes both with [`finish_execution_root`]. Returns the
+/// detached scratch tmpfs the stand-ins come from.
+pub(crate) fn build_template_root<S: Syscall>(
+    sys: &S,
+    ops: &[MountOp],
+    per_exec: &[bool],
+) -> Result<S::Handle, MountError> {
+    sys.mount(
+        None,
+        Path::new("/"),
+        None,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None,
+    )
+    .map_err(err("make mounts private", Path::new("/")))?;
+    let staging = Path::new(STAGING);
+    sys.mount(
+        Some("tmpfs"),
+        staging,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755,size=16m"),
+    )
+    .map_err(err("mount root tmpfs", staging))?;
+    let old = staging.join(OLD_ROOT.trim_start_matches('/'));
+    sys.mkdir(&old, 0o700).map_err(err("mkdir", &old))?;
+    sys.pivot_root(staging, &old)
+        .map_err(err("pivot_root", staging))?;
+    sys.chdir(Path::new("/"))
+        .map_err(err("chdir", Path::new("/")))?;
+    let scratch = sys
+        .detached_tmpfs(c"0555")
+        .map_err(err("create scratch tmpfs", Path::new("(detached)")))?;
+    sys.mkdir_at(&scratch, Path::new("d"), 0o555)
+        .and_then(|()| sys.create_at(&scratch, Path::new("f"), 0o444))
+        .map_err(err("fill scratch tmpfs", Path::new("(detached)")))?;
+    sys.make_superblock_readonly(&scratch)
+        .map_err(err("make scratch tmpfs read-only", Path::new("(detached)")))?;
+    for (op, own) in ops.iter().zip(per_exec) {
+        if !own {
+            apply_op(sys, op, &scratch, Path::new("d"), Path::new("f"))?;
+        } else if matches!(
+            op,
+            MountOp::Tmpfs { .. } | MountOp::Proc { .. } | MountOp::Devpts { .. }
+        ) && op.target().parent() == Some(Path::new("/"))
+        {
+            // Mount points in the shared root exist before any execution,
+            // so concurrent executions never race to create them.
+            ensure_mountpoint(sys, op.target(), Kind::Dir)?;
+        }
+    }
+    Ok(scratch)
+}
+
+/// Finishes an execution's own copy of a template's view (in its own mount
+/// and pid namespaces): lays the per-execution ops fresh, detaches the
+/// host's root and makes the root read-only, as [`build_root`] ends. The
+/// old root's empty directory stays (the template's mount sits on it).
+pub(crate) fn finish_execution_root<S: Syscall>(
+    sys: &S,
+    ops: &[MountOp],
+    per_exec: &[bool],
+    scratch: &S::Handle,
+) -> Result<(), MountError> {
+    for (op, own) in ops.iter().zip(per_exec) {
+        if *own {
+            apply_op(sys, op, scratch, Path::new("d"), Path::new("f"))?;
+        }
+    }
+    let old = Path::new(OLD_ROOT);
+    sys.umount_detach(old)
+        .map_err(err("detach old root", old))?;
+    sys.set_path_attrs(
+        Path::new("/"),
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+    )
+    .map_err(err("make root read-only", Path::new("/")))?;
+    Ok(())
+}

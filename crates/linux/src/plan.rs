@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use moat_policy::{is_secret_env_name, Level, NetworkMode, Policy, SAFE_BASE_ENV};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::probe::{HostFacts, Kind, PROC_MASKED, PROC_READ_ONLY};
 use crate::view::{Mode, View, Why, BUILT_BY_MOAT, SYSTEM_RUNTIME};
@@ -22,7 +22,7 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// One step of building the sandbox's root. Paths are inside the new root.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum MountOp {
     /// A fresh tmpfs (mode in octal), e.g. /tmp, HOME, /dev; `size` in
@@ -72,7 +72,7 @@ impl MountOp {
 }
 
 /// Landlock filesystem rules matching the view.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LandlockSpec {
     /// Read files, list directories and execute beneath these.
     pub read: Vec<PathBuf>,
@@ -111,7 +111,7 @@ pub struct SeccompSpec {
 
 /// Proxy networking: where moat's own binary appears in the view (ssh's
 /// ProxyCommand runs it to reach the SOCKS endpoint).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProxyPlan {
     pub moat_bin: PathBuf,
 }
@@ -122,7 +122,7 @@ pub const SANDBOX_SHIMS: &str = "/moat/shims";
 pub const SANDBOX_SHIM_TABLE: &str = "/moat/shims.json";
 
 /// Everything needed to launch one run, decided before anything runs.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     pub level: Level,
     pub network: NetworkMode,
@@ -132,6 +132,8 @@ pub struct Plan {
     pub gid: u32,
     pub mounts: Vec<MountOp>,
     pub landlock: LandlockSpec,
+    /// Not read back: a sandbox template receives the compiled filter.
+    #[serde(skip_deserializing)]
     pub seccomp: SeccompSpec,
     pub proxy: Option<ProxyPlan>,
     /// Offer the nested-run socket inside the view.
@@ -141,12 +143,13 @@ pub struct Plan {
     /// What the post-run sweep checks under each writable root
     /// (write-protected paths that did not exist before the run, new
     /// `.moat*` names, git dirs' executable parts).
+    #[serde(skip_deserializing)]
     pub sweep: Vec<crate::sweep::SweepRoot>,
     /// What the sandbox sees; the mounts and Landlock rules translate it.
     pub view: View,
     pub landlock_abi: i32,
     /// Resource limits; the mechanism for each is chosen when the run starts.
-    #[serde(skip_serializing_if = "moat_policy::Limits::is_unset")]
+    #[serde(default, skip_serializing_if = "moat_policy::Limits::is_unset")]
     pub limits: moat_policy::Limits,
     /// The backend that runs it (`auto` resolved): namespaces or landlock.
     pub backend: moat_policy::Backend,

@@ -139,6 +139,9 @@ pub struct RunOutcome {
     pub backend: &'static str,
     /// What the backend could not give (the Landlock backend's list).
     pub not_given: Vec<&'static str>,
+    /// How the sandbox was launched: `oneshot` (built for this run by
+    /// [`run`]) or `template` (forked from a pre-built one).
+    pub launch: &'static str,
 }
 
 /// Limits reached while the run was under way.
@@ -183,11 +186,12 @@ impl RunOutcome {
             limits: Vec::new(),
             backend: "none",
             not_given: Vec::new(),
+            launch: "oneshot",
         }
     }
 }
 
-struct Capture {
+pub(crate) struct Capture {
     fd: OwnedFd,
     stream: Stream,
     /// Captured bytes (Capture mode only).
@@ -255,12 +259,41 @@ impl Capture {
     }
 }
 
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+/// One pipe per wanted stream: the read ends become captures, the write
+/// ends the command's stdout/stderr.
+pub(crate) fn capture_pipes(
+    wanted: &[(Stream, usize, Option<i32>)],
+    captures: &mut Vec<Capture>,
+    stdout_end: &mut Option<OwnedFd>,
+    stderr_end: &mut Option<OwnedFd>,
+) -> Result<(), String> {
+    for (stream, limit, relay) in wanted.iter().copied() {
+        let (r, w) = pipe().map_err(|e| format!("create a pipe: {e}"))?;
+        captures.push(Capture {
+            fd: r,
+            stream,
+            buf: Vec::new(),
+            limit,
+            truncated: false,
+            offset: 0,
+            relay,
+            tail: stream == Stream::Stderr,
+            open: true,
+        });
+        match stream {
+            Stream::Stdout => *stdout_end = Some(w),
+            Stream::Stderr => *stderr_end = Some(w),
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| io::Error::from_raw_os_error(e as i32))
 }
 
-fn clone_error(e: io::Error, plan: &Plan) -> String {
+pub(crate) fn clone_error(e: io::Error, plan: &Plan) -> String {
     let code = e.raw_os_error().unwrap_or(0);
     if !plan.sandboxed {
         return format!("cannot start the command's reaper: {e}");
@@ -392,7 +425,7 @@ pub fn run_with(
     out
 }
 
-fn cstrings(items: impl IntoIterator<Item = Vec<u8>>) -> Result<Vec<CString>, String> {
+pub(crate) fn cstrings(items: impl IntoIterator<Item = Vec<u8>>) -> Result<Vec<CString>, String> {
     items
         .into_iter()
         .map(|b| {
@@ -448,24 +481,7 @@ fn launch(
         }
         OutputMode::Stream => &[(Stream::Stdout, 0, None), (Stream::Stderr, 0, None)],
     };
-    for (stream, limit, relay) in wanted.iter().copied() {
-        let (r, w) = pipe().map_err(|e| format!("create a pipe: {e}"))?;
-        captures.push(Capture {
-            fd: r,
-            stream,
-            buf: Vec::new(),
-            limit,
-            truncated: false,
-            offset: 0,
-            relay,
-            tail: stream == Stream::Stderr,
-            open: true,
-        });
-        match stream {
-            Stream::Stdout => stdout_end = Some(w),
-            Stream::Stderr => stderr_end = Some(w),
-        }
-    }
+    capture_pipes(wanted, &mut captures, &mut stdout_end, &mut stderr_end)?;
     // The init hands sockets it creates inside the sandbox (the proxy's
     // listeners, the broker's) and the command's pty master back over this
     // pair.
@@ -545,7 +561,17 @@ fn launch(
         out.layers.namespaces = Enforcement::Full;
     }
     let result = supervise(
-        child, plan, opts, out, captures, report_r, handoff_rx, start, observer, enforcer, control,
+        InitHandle::Child(child),
+        plan,
+        opts,
+        out,
+        captures,
+        report_r,
+        handoff_rx,
+        start,
+        observer,
+        enforcer,
+        control,
     );
     sys::restore_sigmask(&old_mask);
     result
@@ -580,9 +606,58 @@ fn own_terminal(
     (attach.stdin || attach.stdout || attach.stderr).then_some(attach)
 }
 
+/// The init the supervisor watches: its own child (the one-shot path), or
+/// an execution forked by a sandbox template, known by the pidfd the
+/// template made with it (never by a pid that could be reused).
+pub(crate) enum InitHandle {
+    Child(Pid),
+    Forked { pid: Pid, pidfd: OwnedFd },
+}
+
+impl InitHandle {
+    fn pid(&self) -> Pid {
+        match self {
+            InitHandle::Child(p) | InitHandle::Forked { pid: p, .. } => *p,
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        match self {
+            InitHandle::Child(p) => {
+                let _ = sys::kill(p.as_raw(), sig);
+            }
+            InitHandle::Forked { pidfd, .. } => {
+                let _ = sys::pidfd_send_signal(pidfd.as_fd(), sig);
+            }
+        }
+    }
+
+    /// How the init ended. A forked execution is its template's child (the
+    /// template reaps it): it reported its status on the pipe, or it was
+    /// killed — only moat's own escalation can, it is pid 1 of its
+    /// namespace — which is SIGKILL.
+    fn wait(&self, done: bool) -> Result<WaitStatus, String> {
+        match self {
+            InitHandle::Child(p) if done => {
+                Ok(waitpid(*p, Some(nix::sys::wait::WaitPidFlag::WNOHANG))
+                    .unwrap_or(WaitStatus::StillAlive))
+            }
+            InitHandle::Child(p) => {
+                waitpid(*p, None).map_err(|e| format!("wait for the sandbox: {e}"))
+            }
+            InitHandle::Forked { .. } if done => Ok(WaitStatus::StillAlive),
+            InitHandle::Forked { pid, .. } => {
+                Ok(WaitStatus::Signaled(*pid, Signal::SIGKILL, false))
+            }
+        }
+    }
+}
+
+/// Watches one run to its end (the one-shot supervisor's loop, also a
+/// template execution's).
 #[allow(clippy::too_many_arguments)]
-fn supervise(
-    child: Pid,
+pub(crate) fn supervise(
+    init: InitHandle,
     plan: &Plan,
     opts: &RunOptions,
     out: &mut RunOutcome,
@@ -594,6 +669,7 @@ fn supervise(
     enforcer: &Enforcer,
     control: Control<'_>,
 ) -> Result<(), String> {
+    let child = init.pid();
     let mut handoff = handoff;
     let mut budget = Budget {
         left: enforcer.output,
@@ -614,7 +690,14 @@ fn supervise(
     }
     // The init's exit, as an event of this run alone (no SIGCHLD, which
     // would name every child of the process).
-    let pidfd = sys::pidfd_open(child.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
+    let own_pidfd;
+    let pidfd = match &init {
+        InitHandle::Forked { pidfd, .. } => pidfd,
+        InitHandle::Child(p) => {
+            own_pidfd = sys::pidfd_open(p.as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
+            &own_pidfd
+        }
+    };
     // This process's own signals only when it runs this one command;
     // otherwise the caller's channel.
     let sigfd = if own_signals {
@@ -783,7 +866,7 @@ fn supervise(
         // A limit reached ends the run: everything in it is killed at once
         // (a fork bomb would outlive a polite SIGTERM), then the init.
         if (reached.output || reached.memory || reached.pids) && stage < 2 && !out.timed_out {
-            let _ = sys::kill(child.as_raw(), libc::SIGUSR1);
+            init.signal(libc::SIGUSR1);
             stage = 2;
             deadline = Some(Instant::now() + Duration::from_secs(1));
         }
@@ -800,13 +883,13 @@ fn supervise(
         for req in requested {
             match req {
                 Request::Stop if stage == 0 => {
-                    let _ = sys::kill(child.as_raw(), libc::SIGTERM);
+                    init.signal(libc::SIGTERM);
                     stage = 1;
                     deadline = Some(Instant::now() + KILL_GRACE);
                 }
                 Request::Stop => {}
                 Request::Hangup => {
-                    let _ = sys::kill(child.as_raw(), libc::SIGHUP);
+                    init.signal(libc::SIGHUP);
                 }
                 Request::Resize => {
                     if let Some(r) = &relay {
@@ -823,12 +906,12 @@ fn supervise(
                     libc::SIGINT | libc::SIGQUIT if stdin_is_tty => {}
                     // From a harness: stop the run (SIGTERM the tree, then escalate).
                     libc::SIGTERM | libc::SIGINT | libc::SIGQUIT if stage == 0 => {
-                        let _ = sys::kill(child.as_raw(), libc::SIGTERM);
+                        init.signal(libc::SIGTERM);
                         stage = 1;
                         deadline = Some(Instant::now() + KILL_GRACE);
                     }
                     libc::SIGHUP => {
-                        let _ = sys::kill(child.as_raw(), libc::SIGHUP);
+                        init.signal(libc::SIGHUP);
                     }
                     libc::SIGWINCH => {
                         if let Some(r) = &relay {
@@ -844,15 +927,15 @@ fn supervise(
                 match stage {
                     0 => {
                         out.timed_out = true;
-                        let _ = sys::kill(child.as_raw(), libc::SIGTERM);
+                        init.signal(libc::SIGTERM);
                         deadline = Some(Instant::now() + KILL_GRACE);
                     }
                     1 => {
-                        let _ = sys::kill(child.as_raw(), libc::SIGUSR1);
+                        init.signal(libc::SIGUSR1);
                         deadline = Some(Instant::now() + Duration::from_secs(1));
                     }
                     _ => {
-                        let _ = sys::kill(child.as_raw(), libc::SIGKILL);
+                        init.signal(libc::SIGKILL);
                         deadline = None;
                     }
                 }
@@ -866,11 +949,7 @@ fn supervise(
             exited = true;
         }
     }
-    let init_status = if has_final_status(&report_buf) {
-        waitpid(child, Some(nix::sys::wait::WaitPidFlag::WNOHANG)).unwrap_or(WaitStatus::StillAlive)
-    } else {
-        waitpid(child, None).map_err(|e| format!("wait for the sandbox: {e}"))?
-    };
+    let init_status = init.wait(has_final_status(&report_buf))?;
     // What the command wrote last, then the host terminal's own settings back.
     if let Some(mut r) = relay.take() {
         budget.exceeded |= r.drain_master(&mut budget.left);

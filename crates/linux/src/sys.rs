@@ -961,3 +961,92 @@ pub fn die_with_parent(cmd: &mut std::process::Command, sig: libc::c_int) {
         });
     }
 }
+
+/// fork(2) with namespace flags and `CLONE_PIDFD`: the parent also gets a
+/// pidfd for the child, made atomically with it (no window in which the
+/// child could exit, be reaped and its pid be reused). For the sandbox
+/// template, which forks every execution.
+///
+/// # Safety
+/// As [`clone_process`]: the caller must be single-threaded (the template
+/// process is), so the child may allocate and run ordinary Rust until it
+/// execs.
+pub unsafe fn clone_with_pidfd(ns_flags: libc::c_int) -> io::Result<(Forked, Option<OwnedFd>)> {
+    let flags = (ns_flags | libc::CLONE_PIDFD | libc::SIGCHLD) as libc::c_ulong;
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: raw clone without CLONE_VM and with a NULL stack behaves like
+    // fork(2). With CLONE_PIDFD the kernel writes the new pidfd to the
+    // parent_tid argument (x86_64/aarch64 order: flags, stack, parent_tid,
+    // child_tid, tls), which points at `pidfd`, a c_int we own.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags,
+            0usize,
+            &mut pidfd as *mut libc::c_int,
+            0usize,
+            0usize,
+        )
+    };
+    match check(ret)? {
+        0 => Ok((Forked::Child, None)),
+        pid => {
+            // SAFETY: the kernel installed `pidfd` in our table for us alone.
+            let fd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+            Ok((Forked::Parent(pid as libc::pid_t), Some(fd)))
+        }
+    }
+}
+
+/// pidfd_send_signal(pidfd, sig): signals exactly the process the pidfd
+/// names, never a process that reused its pid.
+pub fn pidfd_send_signal(pidfd: std::os::fd::BorrowedFd<'_>, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: integer-only syscall on a borrowed, open pidfd; no siginfo.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0 as libc::c_uint,
+        )
+    })?;
+    Ok(())
+}
+
+/// Makes `fd` the child's descriptor `target` (>= 3) when `cmd` starts,
+/// without close-on-exec: a control socket handed to a helper process.
+pub fn pass_fd_as(cmd: &mut std::process::Command, fd: OwnedFd, target: RawFd) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls dup2/fcntl on fds it owns, which are async-signal-safe; it
+    // neither allocates nor takes locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            let raw = fd.as_raw_fd();
+            if raw == target {
+                // dup2 onto itself keeps close-on-exec: clear it instead.
+                if libc::fcntl(raw, libc::F_SETFD, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            } else if libc::dup2(raw, target) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Restores the default action of `sig` (an execution's init takes SIGCHLD
+/// back from its template, which ignores it).
+pub fn default_signal(sig: libc::c_int) {
+    // SAFETY: installing SIG_DFL has no memory-safety implications.
+    unsafe { libc::signal(sig, libc::SIG_DFL) };
+}
+
+/// Ignores `sig` in this process (a sandbox template ignores SIGCHLD, so
+/// the kernel reaps the executions it forks).
+pub fn ignore_signal(sig: libc::c_int) {
+    // SAFETY: installing SIG_IGN has no memory-safety implications.
+    unsafe { libc::signal(sig, libc::SIG_IGN) };
+}

@@ -128,6 +128,10 @@ pub struct Finished {
     pub termination_reason: Option<String>,
     #[serde(default)]
     pub backend: String,
+    /// How the sandbox was launched: `oneshot` (built for this run) or
+    /// `template` (forked from a pre-built one, serve/mcp).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub launch: String,
     #[serde(default)]
     pub layers: Layers,
     #[serde(default)]

@@ -18,6 +18,7 @@ pub mod nested;
 pub mod resolve;
 pub mod result;
 pub mod subprocess;
+pub mod template;
 
 use std::ffi::OsString;
 use std::sync::{Arc, Mutex};
@@ -584,6 +585,7 @@ fn finished_event(o: &RunOutcome) -> Event {
         timed_out: o.timed_out,
         termination_reason: o.termination_reason.map(|r| r.as_str().to_string()),
         backend: o.backend.to_string(),
+        launch: o.launch.to_string(),
         layers: Layers::from(&o.layers),
         resource_usage: serde_json::to_value(o.usage).unwrap_or(Value::Null),
         limits: serde_json::to_value(&o.limits).unwrap_or(Value::Null),

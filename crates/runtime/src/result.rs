@@ -25,6 +25,10 @@ pub struct ExecutionResult {
     /// Absent only when nothing was started (an MCP call refused first).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub execution_id: Option<String>,
+    /// How a service execution's sandbox was launched: `template` (forked
+    /// from a pre-built one) or `oneshot` (its own `moat exec` child).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub launch: Option<String>,
     /// The request was refused before an execution existed (MCP).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<bool>,
@@ -186,6 +190,8 @@ pub struct ServiceView {
     pub duration_ms: Option<u64>,
     pub denials: Vec<Denial>,
     pub reason: Option<String>,
+    /// `template` or `oneshot`: how the sandbox was launched.
+    pub launch: Option<String>,
 }
 
 /// What confined the run.
@@ -197,6 +203,9 @@ pub struct SandboxReport {
     pub backend: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not_given: Option<Vec<String>>,
+    /// `oneshot` or `template` (see the `execution.finished` event).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub launch: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layers: Option<Layers>,
 }
@@ -228,6 +237,7 @@ impl ExecutionResult {
                 level: policy.map(|p| p.level.as_str().to_string()),
                 backend: None,
                 not_given: None,
+                launch: None,
                 layers: None,
             }),
             network: Some(NetworkReport {
@@ -284,6 +294,7 @@ impl ExecutionResult {
             resource_usage: Some(resource_usage),
             denials: Some(v.denials.clone()),
             reason: Some(v.reason.clone()),
+            launch: v.launch.clone(),
             ..ExecutionResult::default()
         }
     }
@@ -321,6 +332,7 @@ impl From<&Completed> for ExecutionResult {
                 level: Some(policy.level.as_str().to_string()),
                 backend: Some(o.backend.to_string()),
                 not_given: Some(o.not_given.iter().map(|s| s.to_string()).collect()),
+                launch: Some(o.launch.to_string()),
                 layers: Some(Layers::from(&o.layers)),
             }),
             network: Some(NetworkReport {

@@ -1,0 +1,767 @@
+//! A pre-built sandbox for `serve`/`mcp`: per plan, a template process that
+//! has already done what every execution of that plan shares (its user,
+//! ipc, uts and — for `network disabled` — network namespace, the view's
+//! shared mounts, the compiled seccomp filter), and forks each execution
+//! from it. Each execution gets its own mount, pid, ipc and uts namespace,
+//! fresh copies of every writable or per-process filesystem of the view
+//! (/tmp, HOME, /dev, /dev/shm, /proc …), and its own Landlock domain; the
+//! service supervises it through a pidfd exactly as the one-shot supervisor
+//! does ([`crate::run::supervise`]), so the outcome is the one-shot
+//! outcome. See ARCHITECTURE.md, "Sandbox templates".
+//!
+//! Staleness: a template serves a plan only when the plan the caller just
+//! computed for this execution (the same probe and view the one-shot path
+//! computes) has the same [`key`]: a `.env` or `~/.aws` that appeared since
+//! changes the view's stand-ins, so the key, so a new template is built.
+
+use std::io::{IoSlice, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+use serde::{Deserialize, Serialize};
+
+use crate::confine::Enforcement;
+use crate::control::Control;
+use crate::init::{self, InitArgs, INIT_SIGNALS};
+use crate::init_msg::SetupStage;
+use crate::limits::Enforcer;
+use crate::plan::{LandlockSpec, MountOp, Plan, SeccompSpec};
+use crate::run::{self, InitHandle, OutputMode, RunObserver, RunOptions, RunOutcome, Stream};
+use crate::sys::{self, Forked};
+use crate::syscall::Kernel;
+
+/// The hidden subcommand that starts a template process (`moat __template`).
+pub const SUBCOMMAND: &str = "__template";
+/// The control socket's descriptor number in the template process.
+const CTL_FD: RawFd = 3;
+/// A control message larger than this is refused (a broken peer).
+const MAX_FRAME: usize = 16 << 20;
+/// Templates kept per service; the least recently used is retired beyond.
+const MAX_TEMPLATES: usize = 8;
+
+/// Why a run cannot use a template (it takes the one-shot path), or None.
+/// Each reason is a guarantee or feature the template path does not give
+/// per execution.
+pub fn ineligible(plan: &Plan, opts: &RunOptions) -> Option<&'static str> {
+    if !plan.namespaces() {
+        return Some("not the namespaces backend");
+    }
+    if plan.proxy.is_some() {
+        return Some("proxy network mode (its listeners are made per run)");
+    }
+    if !plan.limits.is_unset() {
+        return Some("resource limits (a cgroup and rlimits per run)");
+    }
+    if opts.output == OutputMode::Passthrough {
+        return Some("passthrough output (a terminal of its own)");
+    }
+    if opts.stdio_from_outer_sandbox {
+        return Some("a nested run");
+    }
+    if plan.new_netns && !plan.landlock.scoped {
+        // Executions share the template's network namespace: only a
+        // Landlock domain per execution (ABI >= 6) keeps one's abstract
+        // unix sockets from the next.
+        return Some("Landlock below ABI 6 (no abstract-socket scoping)");
+    }
+    None
+}
+
+/// Why this kernel cannot serve any template, or None: executions of a
+/// template share its network namespace, and only a Landlock domain per
+/// execution with abstract-socket scoping (ABI >= 6) keeps them apart.
+pub fn kernel_ineligible() -> Option<&'static str> {
+    (sys::landlock_abi() < 6).then_some("Landlock below ABI 6 (no abstract-socket scoping)")
+}
+
+/// What a template is built from; two plans with the same key lay out the
+/// same sandbox (the env and argv are per execution).
+#[derive(Serialize)]
+struct KeyView<'a> {
+    mounts: &'a [MountOp],
+    landlock: &'a LandlockSpec,
+    seccomp: &'a SeccompSpec,
+    landlock_abi: i32,
+    uid: u32,
+    gid: u32,
+    cwd: &'a Path,
+    new_netns: bool,
+    sandboxed: bool,
+    backend: moat_policy::Backend,
+}
+
+/// The template key of `plan`: its view's mounts, Landlock and seccomp
+/// specs, identity and cwd, serialized.
+pub fn key(plan: &Plan) -> String {
+    serde_json::to_string(&KeyView {
+        mounts: &plan.mounts,
+        landlock: &plan.landlock,
+        seccomp: &plan.seccomp,
+        landlock_abi: plan.landlock_abi,
+        uid: plan.uid,
+        gid: plan.gid,
+        cwd: &plan.cwd,
+        new_netns: plan.new_netns,
+        sandboxed: plan.sandboxed,
+        backend: plan.backend,
+    })
+    .unwrap_or_default()
+}
+
+/// Why a template did not start an execution (nothing of it ran).
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// The template process was gone before it received the execution:
+    /// another template may run it.
+    #[error("the sandbox template is gone ({0})")]
+    Gone(String),
+    /// Anything else (a plan not the template's, a pipe that could not be
+    /// made, the template's own refusal).
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl From<String> for TemplateError {
+    fn from(e: String) -> TemplateError {
+        TemplateError::Refused(e)
+    }
+}
+
+/// The first message to a template process.
+#[derive(Serialize, Deserialize)]
+struct Spec {
+    plan: Plan,
+    /// The compiled seccomp filter as (code, jt, jf, k).
+    seccomp: Vec<(u16, u8, u8, u32)>,
+}
+
+/// One execution asked of a template (fds: stdin, stdout, stderr, report).
+#[derive(Serialize, Deserialize)]
+enum Request {
+    Exec {
+        argv: Vec<Vec<u8>>,
+        env: Vec<Vec<u8>>,
+    },
+    /// Take no more executions; exit when the running ones are done.
+    Retire,
+}
+
+/// A template's answers.
+#[derive(Serialize, Deserialize)]
+enum Reply {
+    Ready,
+    /// The execution's init, with its pidfd attached.
+    Started {
+        pid: i32,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+/// A running template process and its control socket.
+pub struct Template {
+    key: String,
+    ctl: Mutex<UnixStream>,
+    process: Mutex<Option<std::process::Child>>,
+}
+
+impl Template {
+    /// Starts a template for `plan` from moat's binary `moat`.
+    pub fn start(plan: &Plan, moat: &Path) -> Result<Template, String> {
+        let program = crate::confine::seccomp_filter(&plan.seccomp)
+            .map_err(|e| format!("build the seccomp filter: {e}"))?;
+        let spec = Spec {
+            plan: plan.clone(),
+            seccomp: program.iter().map(|f| (f.code, f.jt, f.jf, f.k)).collect(),
+        };
+        let body = serde_json::to_vec(&spec).map_err(|e| format!("encode the template: {e}"))?;
+        let (ours, theirs) =
+            UnixStream::pair().map_err(|e| format!("create a socket pair: {e}"))?;
+        let mut cmd = std::process::Command::new(moat);
+        cmd.arg(SUBCOMMAND)
+            .env_clear()
+            .current_dir("/")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        sys::pass_fd_as(&mut cmd, OwnedFd::from(theirs), CTL_FD);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("start a sandbox template ({}): {e}", moat.display()))?;
+        let t = Template {
+            key: key(plan),
+            ctl: Mutex::new(ours),
+            process: Mutex::new(Some(child)),
+        };
+        {
+            let ctl = t.lock_ctl();
+            send_frame(ctl.as_fd(), &body, &[]).map_err(|e| format!("send the template: {e}"))?;
+            match recv_frame::<Reply>(ctl.as_fd()) {
+                Ok((Reply::Ready, _)) => {}
+                Ok((Reply::Failed { error }, _)) => return Err(error),
+                Ok(_) => return Err("the sandbox template answered out of turn".into()),
+                Err(e) => return Err(format!("the sandbox template did not start: {e}")),
+            }
+        }
+        Ok(t)
+    }
+
+    /// The template process has not exited.
+    fn alive(&self) -> bool {
+        let mut p = self.process.lock().unwrap_or_else(|p| p.into_inner());
+        matches!(p.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    fn lock_ctl(&self) -> std::sync::MutexGuard<'_, UnixStream> {
+        self.ctl.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs one execution of `plan` (whose [`key`] must be this template's)
+    /// forked from the template: the same contract as [`run::run`]. `stdin`
+    /// is the command's stdin (None: /dev/null), taken once the execution
+    /// has it (left for another template on [`TemplateError::Gone`]);
+    /// `control` carries its stop
+    /// (cancel) requests, as for [`run::run_with`]. Err: the
+    /// template could not start it (nothing ran; the caller may take the
+    /// one-shot path).
+    pub fn run(
+        &self,
+        plan: &Plan,
+        opts: &RunOptions,
+        observer: &mut dyn RunObserver,
+        stdin: &mut Option<OwnedFd>,
+        control: Control<'_>,
+    ) -> Result<RunOutcome, TemplateError> {
+        if key(plan) != self.key {
+            // Never a stale view: the plan computed for this execution
+            // must be the one the template was built from.
+            return Err(TemplateError::Refused(
+                "the plan is not this template's".into(),
+            ));
+        }
+        if let Some(why) = ineligible(plan, opts) {
+            return Err(TemplateError::Refused(format!(
+                "not eligible for a template: {why}"
+            )));
+        }
+        let start = Instant::now();
+        let mut out = RunOutcome::refused(String::new());
+        out.error = None;
+        out.backend = "namespaces";
+        out.launch = "template";
+        let refused = |e: String| {
+            let mut o = RunOutcome::refused(e);
+            o.launch = "template";
+            o
+        };
+        if opts.argv.is_empty() {
+            return Ok(refused("no command given; put it after --".into()));
+        }
+        let argv = run::cstrings(opts.argv.iter().map(|a| a.as_bytes().to_vec()));
+        let env = run::cstrings(
+            plan.env
+                .iter()
+                .map(|(k, v)| format!("{k}={v}").into_bytes()),
+        );
+        let (argv, env) = match (argv, env) {
+            (Ok(a), Ok(e)) => (a, e),
+            (Err(e), _) | (_, Err(e)) => return Ok(refused(e)),
+        };
+        let dev_null;
+        let stdin_fd = match stdin.as_ref() {
+            Some(fd) => fd.as_raw_fd(),
+            None => {
+                dev_null = std::fs::File::open("/dev/null")
+                    .map(OwnedFd::from)
+                    .map_err(|e| format!("open /dev/null: {e}"))?;
+                dev_null.as_raw_fd()
+            }
+        };
+        let wanted: &[(Stream, usize, Option<i32>)] = match opts.output {
+            OutputMode::Capture { limit } => {
+                &[(Stream::Stdout, limit, None), (Stream::Stderr, limit, None)]
+            }
+            _ => &[(Stream::Stdout, 0, None), (Stream::Stderr, 0, None)],
+        };
+        let mut captures = Vec::new();
+        let (mut stdout_w, mut stderr_w) = (None, None);
+        run::capture_pipes(wanted, &mut captures, &mut stdout_w, &mut stderr_w)?;
+        let (stdout_w, stderr_w) = match (stdout_w, stderr_w) {
+            (Some(o), Some(e)) => (o, e),
+            _ => return Err(TemplateError::Refused("output pipes missing".into())),
+        };
+        let (report_r, report_w) = run::pipe().map_err(|e| format!("create a pipe: {e}"))?;
+        let request = serde_json::to_vec(&Request::Exec {
+            argv: argv.iter().map(|c| c.as_bytes().to_vec()).collect(),
+            env: env.iter().map(|c| c.as_bytes().to_vec()).collect(),
+        })
+        .map_err(|e| format!("encode the execution: {e}"))?;
+        let (pid, pidfd) = {
+            let ctl = self.lock_ctl();
+            send_frame(
+                ctl.as_fd(),
+                &request,
+                &[
+                    stdin_fd,
+                    stdout_w.as_raw_fd(),
+                    stderr_w.as_raw_fd(),
+                    report_w.as_raw_fd(),
+                ],
+            )
+            .map_err(|e| TemplateError::Gone(e.to_string()))?;
+            // From here the execution may have its stdin: never run twice.
+            stdin.take();
+            match recv_frame::<Reply>(ctl.as_fd()) {
+                Ok((Reply::Started { pid }, mut fds)) if fds.len() == 1 => (pid, fds.remove(0)),
+                Ok((Reply::Failed { error }, _)) => return Err(TemplateError::Refused(error)),
+                Ok(_) => {
+                    return Err(TemplateError::Refused(
+                        "the sandbox template answered out of turn".into(),
+                    ))
+                }
+                Err(e) => {
+                    return Err(TemplateError::Refused(format!(
+                        "the sandbox template is gone: {e}"
+                    )))
+                }
+            }
+        };
+        // Only the execution holds the write ends now.
+        drop((stdout_w, stderr_w, report_w));
+        out.layers.namespaces = Enforcement::Full;
+        let init = InitHandle::Forked {
+            pid: nix::unistd::Pid::from_raw(pid),
+            pidfd,
+        };
+        if let Err(e) = run::supervise(
+            init,
+            plan,
+            opts,
+            &mut out,
+            captures,
+            report_r,
+            None,
+            start,
+            observer,
+            &Enforcer::default(),
+            control,
+        ) {
+            out.status = run::RunStatus::FailedToStart;
+            out.exit_code = 125;
+            out.error = Some(e);
+        }
+        out.duration = start.elapsed();
+        out.usage.duration_ms = out.duration.as_millis() as u64;
+        // Every process of the execution is gone (its pid namespace died
+        // with its init), so nothing races the sweep.
+        let report = crate::sweep::sweep(&plan.sweep, &opts.tag);
+        out.swept = report.swept;
+        out.sweep_failed = report.failed;
+        Ok(out)
+    }
+
+    /// Asks the template to exit once its running executions are done.
+    fn retire(&self) {
+        let request = serde_json::to_vec(&Request::Retire).unwrap_or_default();
+        let ctl = self.lock_ctl();
+        let _ = send_frame(ctl.as_fd(), &request, &[]);
+        let _ = ctl.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+impl Drop for Template {
+    fn drop(&mut self) {
+        self.retire();
+        let child = self
+            .process
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(mut child) = child {
+            // Reaped off the caller's path: it exits when its last
+            // execution does.
+            let _ = std::thread::Builder::new()
+                .name("moat-template-reaper".into())
+                .spawn(move || child.wait());
+        }
+    }
+}
+
+/// The templates of one service, by key.
+pub struct Templates {
+    moat: PathBuf,
+    map: Mutex<Vec<(String, Arc<Template>)>>,
+}
+
+impl Templates {
+    /// Templates started from moat's binary `moat`.
+    pub fn new(moat: PathBuf) -> Templates {
+        Templates {
+            moat,
+            map: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The template for `plan`, started when there is none for its key. A
+    /// template of the same cwd with another key is stale (the view's
+    /// inputs changed since it was built): it is retired.
+    pub fn get(&self, plan: &Plan) -> Result<Arc<Template>, String> {
+        let k = key(plan);
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = map.iter().position(|(x, _)| *x == k) {
+            let entry = map.remove(i);
+            // A template whose process died (killed, out of memory) is
+            // replaced, not asked.
+            if entry.1.alive() {
+                let t = entry.1.clone();
+                map.push(entry);
+                return Ok(t);
+            }
+        }
+        let t = Arc::new(Template::start(plan, &self.moat)?);
+        map.retain(|(_, old)| !same_place(old, plan));
+        map.push((k, t.clone()));
+        while map.len() > MAX_TEMPLATES {
+            map.remove(0);
+        }
+        Ok(t)
+    }
+
+    /// Forgets `t` (it failed to start an execution: its process may be
+    /// gone); the next execution of its plan gets a new template.
+    pub fn discard(&self, t: &Arc<Template>) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|(_, x)| !Arc::ptr_eq(x, t));
+    }
+
+    /// How many templates are alive (for status reports and tests).
+    pub fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// No template is alive.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn same_place(t: &Template, plan: &Plan) -> bool {
+    let cwd = serde_json::to_string(&plan.cwd).unwrap_or_default();
+    t.key.contains(&format!("\"cwd\":{cwd}"))
+}
+
+// ---------------------------------------------------------------------------
+// Framing: a u32 length and a JSON body; descriptors ride on the first byte.
+
+fn send_frame(sock: BorrowedFd<'_>, body: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
+    let len = (body.len() as u32).to_le_bytes();
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let iov = [IoSlice::new(&len), IoSlice::new(body)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    let sent = sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None)
+        .map_err(std::io::Error::from)?;
+    let total = len.len() + body.len();
+    if sent < total {
+        // The rest carries no descriptors.
+        let mut rest = Vec::with_capacity(total - sent);
+        rest.extend_from_slice(&len);
+        rest.extend_from_slice(body);
+        let mut stream = std::fs::File::from(sock.try_clone_to_owned()?);
+        stream.write_all(&rest[sent..])?;
+    }
+    Ok(())
+}
+
+fn recv_frame<T: serde::de::DeserializeOwned>(
+    sock: BorrowedFd<'_>,
+) -> std::io::Result<(T, Vec<OwnedFd>)> {
+    let mut len = [0u8; 4];
+    let (got, fds) = sys::recv_with_fds::<4>(sock, &mut len)?;
+    if got == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    let mut stream = std::fs::File::from(sock.try_clone_to_owned()?);
+    if got < 4 {
+        stream.read_exact(&mut len[got..])?;
+    }
+    let n = u32::from_le_bytes(len) as usize;
+    if n > MAX_FRAME {
+        return Err(std::io::Error::other("control message too large"));
+    }
+    let mut body = vec![0u8; n];
+    stream.read_exact(&mut body)?;
+    let value = serde_json::from_slice(&body).map_err(std::io::Error::other)?;
+    Ok((value, fds))
+}
+
+// ---------------------------------------------------------------------------
+// The template process.
+
+/// `moat __template`: becomes a sandbox template on the control socket at
+/// fd 3. Must be called while the process is single-threaded (first thing
+/// in main). Never returns.
+pub fn template_main() -> ! {
+    let Ok(ctl) = crate::process::take_inherited_fd(CTL_FD) else {
+        eprintln!("moat: `moat {SUBCOMMAND}` is internal: `moat serve` and `moat mcp` start it with its control socket");
+        sys::exit_now(125)
+    };
+    let ctl = UnixStream::from(ctl);
+    let spec = match recv_frame::<Spec>(ctl.as_fd()) {
+        Ok((s, _)) => s,
+        Err(_) => sys::exit_now(125),
+    };
+    let program: seccompiler::BpfProgram = spec
+        .seccomp
+        .iter()
+        .map(|&(code, jt, jf, k)| seccompiler::sock_filter { code, jt, jf, k })
+        .collect();
+    let plan = spec.plan;
+    let per_exec = crate::mounts::per_execution(&plan.mounts);
+    let scratch = match become_template(&plan, &per_exec) {
+        Ok(s) => s,
+        Err(error) => {
+            let body = serde_json::to_vec(&Reply::Failed { error }).unwrap_or_default();
+            let _ = send_frame(ctl.as_fd(), &body, &[]);
+            sys::exit_now(125);
+        }
+    };
+    let ready = serde_json::to_vec(&Reply::Ready).unwrap_or_default();
+    if send_frame(ctl.as_fd(), &ready, &[]).is_err() {
+        sys::exit_now(125);
+    }
+    serve(&ctl, &plan, &per_exec, &scratch, &program)
+}
+
+/// The namespaces and the shared part of the view, once.
+fn become_template(plan: &Plan, per_exec: &[bool]) -> Result<OwnedFd, String> {
+    // Executions are reaped by the kernel: the template only forks.
+    sys::ignore_signal(libc::SIGCHLD);
+    let mut flags = nix::sched::CloneFlags::CLONE_NEWUSER
+        | nix::sched::CloneFlags::CLONE_NEWNS
+        | nix::sched::CloneFlags::CLONE_NEWIPC
+        | nix::sched::CloneFlags::CLONE_NEWUTS
+        | nix::sched::CloneFlags::CLONE_NEWCGROUP;
+    if plan.new_netns {
+        flags |= nix::sched::CloneFlags::CLONE_NEWNET;
+    }
+    // The same refusal, with the same fix, as a one-shot run's clone.
+    nix::sched::unshare(flags).map_err(|e| crate::run::clone_error(e.into(), plan))?;
+    crate::mounts::set_identity(&Kernel, plan)?;
+    // Every execution's pid 1 is a fork of this process: its command line
+    // (moat's host path) is wiped as the one-shot init's is.
+    // SAFETY: the template process is single-threaded and reads its
+    // arguments no more (main dispatched on them before calling here).
+    unsafe { sys::wipe_argv_block() }
+        .map_err(|e| format!("clear the template's command line: {e}"))?;
+    crate::mounts::build_template_root(&Kernel, &plan.mounts, per_exec)
+        .map_err(|e| format!("build the sandbox view: {e}"))
+}
+
+/// Forks an execution per request until the service goes away (then every
+/// execution is killed) or retires the template (then it waits for them).
+/// The next execution's init is forked ahead of its request ("warm"): its
+/// namespaces and fresh filesystems are laid while nothing waits, and a
+/// request only hands it the command and its descriptors. Each init serves
+/// one execution.
+fn serve(
+    ctl: &UnixStream,
+    plan: &Plan,
+    per_exec: &[bool],
+    scratch: &OwnedFd,
+    program: &seccompiler::BpfProgram,
+) -> ! {
+    let mut running: Vec<OwnedFd> = Vec::new();
+    let mut warm: Option<Init> = None;
+    loop {
+        running.retain(|p| !exited(p.as_fd()));
+        if warm.is_none() {
+            warm = spawn_init(plan, per_exec, scratch, program).ok();
+        }
+        let (request, fds) = match recv_frame::<Request>(ctl.as_fd()) {
+            Ok(r) => r,
+            Err(_) => {
+                // The service is gone: nothing it started may outlive it.
+                for p in running.iter().chain(warm.as_ref().map(|w| &w.pidfd)) {
+                    let _ = sys::pidfd_send_signal(p.as_fd(), libc::SIGKILL);
+                }
+                sys::exit_now(0);
+            }
+        };
+        let (argv, env) = match request {
+            Request::Exec { argv, env } => (argv, env),
+            Request::Retire => {
+                for p in &running {
+                    let mut fds = [nix::poll::PollFd::new(
+                        p.as_fd(),
+                        nix::poll::PollFlags::POLLIN,
+                    )];
+                    while nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE).is_err() {}
+                }
+                // The warm init dies with this process (its parent-death signal).
+                sys::exit_now(0);
+            }
+        };
+        let reply = if fds.len() != 4 {
+            Err("an execution needs stdin, stdout, stderr and a report pipe".to_string())
+        } else {
+            let request = serde_json::to_vec(&Request::Exec { argv, env }).unwrap_or_default();
+            let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+            // The warm init, or (it died, or none could be made) a fresh one.
+            let handed = warm
+                .take()
+                .filter(|w| !exited(w.pidfd.as_fd()))
+                .ok_or_else(|| "no warm init".to_string())
+                .and_then(|w| w.hand_over(&request, &raw));
+            handed.or_else(|_| {
+                spawn_init(plan, per_exec, scratch, program)
+                    .and_then(|w| w.hand_over(&request, &raw))
+            })
+        };
+        drop(fds);
+        let (body, pidfd) = match reply {
+            Ok((pid, pidfd)) => (Reply::Started { pid }, Some(pidfd)),
+            Err(error) => (Reply::Failed { error }, None),
+        };
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let attached: Vec<RawFd> = pidfd.iter().map(|p| p.as_raw_fd()).collect();
+        let _ = send_frame(ctl.as_fd(), &body, &attached);
+        running.extend(pidfd);
+    }
+}
+
+fn exited(pidfd: BorrowedFd<'_>) -> bool {
+    let mut fds = [nix::poll::PollFd::new(pidfd, nix::poll::PollFlags::POLLIN)];
+    matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+/// An execution's init, forked and waiting for its command.
+struct Init {
+    pid: i32,
+    pidfd: OwnedFd,
+    sock: UnixStream,
+}
+
+impl Init {
+    /// Gives the init its command and descriptors; it is the execution now.
+    fn hand_over(self, request: &[u8], fds: &[RawFd]) -> Result<(i32, OwnedFd), String> {
+        send_frame(self.sock.as_fd(), request, fds)
+            .map_err(|e| format!("hand the execution to its init: {e}"))?;
+        Ok((self.pid, self.pidfd))
+    }
+}
+
+/// Forks an execution's init: pid 1 of its own pid namespace, in its own
+/// copy of the template's mounts (and ipc and uts namespaces).
+fn spawn_init(
+    plan: &Plan,
+    per_exec: &[bool],
+    scratch: &OwnedFd,
+    program: &seccompiler::BpfProgram,
+) -> Result<Init, String> {
+    let (ours, theirs) = UnixStream::pair().map_err(|e| format!("create a socket pair: {e}"))?;
+    let flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+    // SAFETY: the template process is single-threaded (see
+    // `template_main`), so the child may run ordinary Rust.
+    match unsafe { sys::clone_with_pidfd(flags) } {
+        Ok((Forked::Child, _)) => init_main(plan, per_exec, scratch, program, &theirs),
+        Ok((Forked::Parent(pid), Some(pidfd))) => Ok(Init {
+            pid,
+            pidfd,
+            sock: ours,
+        }),
+        Ok((Forked::Parent(_), None)) => Err("clone gave no pidfd".into()),
+        Err(e) => Err(format!("fork an execution: {e}")),
+    }
+}
+
+/// The execution's init. Lays its fresh filesystems, then waits for its
+/// command (argv, env; stdin, stdout, stderr and the report pipe), and
+/// runs it as the one-shot init does. Never returns.
+fn init_main(
+    plan: &Plan,
+    per_exec: &[bool],
+    scratch: &OwnedFd,
+    program: &seccompiler::BpfProgram,
+    sock: &UnixStream,
+) -> ! {
+    // The template ignores SIGCHLD (the kernel reaps executions); this init
+    // reaps its own tree. The command resets every signal itself.
+    sys::default_signal(libc::SIGCHLD);
+    if sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS).is_err()
+        || nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_err()
+    {
+        sys::exit_now(125);
+    }
+    // Keep stdio (the template's /dev/null), the socket and the scratch
+    // tmpfs: everything else the template holds (its control socket, other
+    // executions' pidfds) closes.
+    let (a, b) = {
+        let (x, y) = (sock.as_raw_fd() as u32, scratch.as_raw_fd() as u32);
+        (x.min(y), x.max(y))
+    };
+    // SAFETY: the owners of these fds are never dropped in this process,
+    // which execs or exits; `sock` and `scratch` are not among them.
+    let closed = unsafe { sys::close_range(3, a - 1) }
+        .and_then(|()| unsafe { sys::close_range(a + 1, b - 1) })
+        .and_then(|()| unsafe { sys::close_range(b + 1, u32::MAX) });
+    if closed.is_err() {
+        sys::exit_now(125);
+    }
+    // A failure here is reported once the execution's report pipe arrives.
+    let view = crate::mounts::finish_execution_root(&Kernel, &plan.mounts, per_exec, scratch)
+        .map_err(|e| format!("build the sandbox view: {e}"))
+        .and_then(|()| {
+            nix::unistd::chdir(&plan.cwd)
+                .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))
+        });
+    let (argv, env, fds) = match recv_frame::<Request>(sock.as_fd()) {
+        Ok((Request::Exec { argv, env }, fds)) if fds.len() == 4 => (argv, env, fds),
+        // The template is gone or retired this init unused.
+        _ => sys::exit_now(0),
+    };
+    for (i, fd) in fds.iter().enumerate() {
+        // SAFETY: fds 0-3 of this child are owned by no Rust object that is
+        // ever dropped (it execs or exits); a received fd numbered below
+        // `i` was duplicated to its own place already (see the loop order).
+        if unsafe { sys::dup2(fd.as_raw_fd(), i as RawFd) }.is_err() {
+            sys::exit_now(125);
+        }
+    }
+    let report_fd: RawFd = 3;
+    // SAFETY: as above: the socket, the scratch tmpfs and the received
+    // originals are never used again in this process.
+    if let Err(e) = unsafe { sys::close_range(4, u32::MAX) } {
+        init::fail(
+            report_fd,
+            SetupStage::Sandbox,
+            0,
+            &format!("close inherited fds: {e}"),
+        );
+    }
+    if let Err(e) = view {
+        init::fail(report_fd, SetupStage::Sandbox, 0, &e);
+    }
+    let (argv, envp) = match (run::cstrings(argv), run::cstrings(env)) {
+        (Ok(a), Ok(e)) => (a, e),
+        (Err(e), _) | (_, Err(e)) => init::fail(report_fd, SetupStage::Sandbox, 0, &e),
+    };
+    let args = InitArgs {
+        plan,
+        report_fd,
+        stdout_fd: None,
+        stderr_fd: None,
+        handoff_fd: None,
+        argv,
+        envp,
+        seccomp: Some(program.clone()),
+        rlimits: &[],
+        pty: None,
+    };
+    init::command_and_reap(&args, None)
+}
