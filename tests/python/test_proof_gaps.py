@@ -281,7 +281,8 @@ def look(s, t, ws, name):
     return out
 
 
-def test_nothing_of_one_execution_is_visible_to_the_next(tmp_path):
+@pytest.mark.parametrize("launch", ["template", "oneshot"])
+def test_nothing_of_one_execution_is_visible_to_the_next(tmp_path, launch):
     """Issue 11 §5 ("a test proves it"): files in /tmp and HOME, processes,
     environment, descriptors and abstract sockets of one execution are not
     visible to another running at the same time, nor to the next one.
@@ -290,7 +291,7 @@ def test_nothing_of_one_execution_is_visible_to_the_next(tmp_path):
 
     ws = os.path.realpath(str(tmp_path))
     t = str(random.randint(10**8, 10**9 - 1))
-    s = Server(["--policy", "workspace-write"], cwd=ws)
+    s = Server(["--policy", "workspace-write", "--launch", launch], cwd=ws)
     try:
         a = s.ok("execute", {"command": ["python3", "-c", LEAVER, t, ws], "env": {"LEAK_A": "1"}, "timeout_ms": 90000})
         wait_for(lambda: os.path.exists(os.path.join(ws, "ready-A")), "execution A to leave its traces")
@@ -307,7 +308,8 @@ def test_nothing_of_one_execution_is_visible_to_the_next(tmp_path):
         s.close()
 
 
-def test_finished_executions_hold_no_descriptors_of_the_service(tmp_path):
+@pytest.mark.parametrize("launch", ["template", "oneshot"])
+def test_finished_executions_hold_no_descriptors_of_the_service(tmp_path, launch):
     """Issue 11's benchmark bullet (1,000 executions, no fd growth) as a
     test at a smaller count: a finished execution leaves the service no open
     descriptor. It failed before the fix (one pidfd per finished execution
@@ -316,7 +318,7 @@ def test_finished_executions_hold_no_descriptors_of_the_service(tmp_path):
     pidfd when the execution ends)."""
     from rpc import Server
 
-    s = Server(["--policy", "workspace-contained"], cwd=os.path.realpath(str(tmp_path)))
+    s = Server(["--policy", "workspace-contained", "--launch", launch], cwd=os.path.realpath(str(tmp_path)))
 
     def fds():
         return sorted(os.listdir(f"/proc/{s.proc.pid}/fd"), key=int)
