@@ -37,6 +37,8 @@ pub const SAFETY_TIMEOUT: Duration = Duration::from_secs(90);
 /// PATH given to moat (and so, normally, to the sandboxed command).
 pub const HOST_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+pub mod runc_bundle;
+
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 /// A string unique to this process and call, for secrets and markers.
