@@ -506,6 +506,8 @@ impl Service {
                 })
                 .collect(),
             output: moat_linux::OutputMode::Stream,
+            // Events go to an unbounded channel: the run never waits on it.
+            output_backlog: None,
             audit: if self.no_audit {
                 moat_runtime::AuditTarget::Off
             } else {
