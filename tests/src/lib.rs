@@ -855,14 +855,28 @@ impl Pty {
         }
     }
 
+    /// What is queued on `fd`. A write to one side of a pty reaches the
+    /// other through the kernel's flush work, which a loaded machine runs
+    /// late: a bare non-blocking read right after the writer exited can
+    /// find nothing yet. So wait for data (a hang guard, not a timing
+    /// assertion), then read until the line has stayed quiet a while.
     fn drain(fd: i32) -> Vec<u8> {
         let mut out = Vec::new();
-        // SAFETY: non-blocking reads into a local buffer from an fd we own.
+        // SAFETY: poll and non-blocking reads into a local buffer from an fd we own.
         unsafe {
             let fl = libc::fcntl(fd, libc::F_GETFL);
             libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
             let mut b = [0u8; 256];
             loop {
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                let wait_ms = if out.is_empty() { 1000 } else { 200 };
+                if libc::poll(&mut p, 1, wait_ms) <= 0 || p.revents & libc::POLLIN == 0 {
+                    break;
+                }
                 let n = libc::read(fd, b.as_mut_ptr().cast(), b.len());
                 if n <= 0 {
                     break;

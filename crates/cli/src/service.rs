@@ -132,8 +132,9 @@ pub(crate) struct Record {
     /// Events kept for getAuditEvents/tailAudit: all but output chunks.
     pub(crate) events: Vec<Value>,
     /// Stops this execution (by pidfd or its control channel: never a
-    /// reused pid).
-    pub(crate) supervisor: Stopper,
+    /// reused pid); dropped when the execution ends, so a finished record
+    /// holds no descriptor (a long-lived service remembers 1000 of them).
+    pub(crate) supervisor: Option<Stopper>,
     /// The streamed stdin, when the request asked for one.
     pub(crate) input: Option<Input>,
     pub(crate) done: bool,
@@ -571,7 +572,7 @@ impl Service {
             stderr: Vec::new(),
             keep_output: req.keep_output,
             events: Vec::new(),
-            supervisor: sup.stopper(),
+            supervisor: Some(sup.stopper()),
             input: sup.input(),
             done: false,
         };
@@ -701,6 +702,7 @@ impl Service {
                 r.view.finished_at = Some(moat_audit::now_rfc3339());
             }
             r.done = true;
+            r.supervisor = None;
         });
         self.changed.notify_all();
     }
@@ -793,7 +795,7 @@ impl Service {
             } else {
                 r.view.cancel_requested = true;
                 r.view.status = "canceling".to_string();
-                Some(r.supervisor.clone())
+                r.supervisor.clone()
             }
         })?;
         let Some(supervisor) = pid else {
@@ -812,7 +814,7 @@ impl Service {
             .map(|r| {
                 r.iter()
                     .filter(|r| r.owner == owner && !r.done)
-                    .map(|r| (r.view.execution_id.clone(), r.supervisor.clone()))
+                    .filter_map(|r| Some((r.view.execution_id.clone(), r.supervisor.clone()?)))
                     .collect()
             })
             .unwrap_or_default();

@@ -316,18 +316,20 @@ fn mkdir_p<S: Syscall>(sys: &S, dir: &Path) -> Result<(), MountError> {
 /// Which of `ops` an execution forked from a sandbox template lays again in
 /// its own mount namespace: every fresh filesystem (tmpfs, proc, devpts —
 /// the places an execution can write to or that show its own processes),
-/// everything beneath one, and anything that covers one. Laying these in
-/// plan order after the shared ops gives the same stacking as
-/// [`build_root`]: a shared op never sits on or under a per-execution one.
+/// every mount that narrows what lies beneath it ([`narrows`]: a stand-in, a
+/// read-only remount, a read-only bind inside a writable one), everything
+/// beneath one of these, and anything that covers one. Laying these in plan
+/// order after the shared ops gives the same stacking as [`build_root`]: a
+/// shared op never sits on or under a per-execution one.
 pub(crate) fn per_execution(ops: &[MountOp]) -> Vec<bool> {
     let mut roots: Vec<&Path> = Vec::new();
     let mut out = Vec::with_capacity(ops.len());
-    for op in ops {
+    for (i, op) in ops.iter().enumerate() {
         let target = op.target();
         let fresh = matches!(
             op,
             MountOp::Tmpfs { .. } | MountOp::Proc { .. } | MountOp::Devpts { .. }
-        );
+        ) || narrows(ops, i);
         let overlaps = roots
             .iter()
             .any(|r| target.starts_with(r) || r.starts_with(target));
@@ -335,6 +337,58 @@ pub(crate) fn per_execution(ops: &[MountOp]) -> Vec<bool> {
             roots.push(target);
         }
         out.push(fresh || overlaps);
+    }
+    out
+}
+
+/// `ops[i]` narrows what a host bind shows beneath it: a stand-in on a
+/// path of a bind, or a read-only bind or remount inside a writable bind.
+/// Such a mount sits on a host dentry, and the host unlinking or renaming
+/// over that dentry (an editor's atomic save, `git config`, `rm` and
+/// re-create) detaches it in every mount namespace but the caller's, while
+/// the plan stays the same: in a template's shared view (or a warm init
+/// laid before its request) the new file would show through. So these are
+/// laid per execution, after its request ([`deferred`]). A stand-in on
+/// moat's own filesystems (a fresh /proc, a tmpfs) cannot be detached so.
+fn narrows(ops: &[MountOp], i: usize) -> bool {
+    let target = ops[i].target();
+    // The mount the op sits in: the deepest earlier op at or above it (a
+    // read-only remount is the same mount again: look beneath it).
+    let below = ops[..i]
+        .iter()
+        .filter(|o| !matches!(o, MountOp::ReadOnlyAgain { .. }))
+        .filter(|o| target.starts_with(o.target()))
+        .max_by_key(|o| o.target().components().count());
+    let Some(MountOp::Bind {
+        readonly: below_ro, ..
+    }) = below
+    else {
+        return false;
+    };
+    match &ops[i] {
+        MountOp::StandIn { .. } => true,
+        MountOp::ReadOnlyAgain { .. } | MountOp::Bind { readonly: true, .. } => !below_ro,
+        _ => false,
+    }
+}
+
+/// Which of the per-execution `ops` wait for the execution's request: the
+/// narrowing ones ([`narrows`]) and every later one that overlaps one of
+/// them (so plan order holds). The rest are laid ahead, in a warm init.
+pub(crate) fn deferred(ops: &[MountOp], per_exec: &[bool]) -> Vec<bool> {
+    let mut roots: Vec<&Path> = Vec::new();
+    let mut out = Vec::with_capacity(ops.len());
+    for (i, (op, own)) in ops.iter().zip(per_exec).enumerate() {
+        let target = op.target();
+        let late = *own
+            && (narrows(ops, i)
+                || roots
+                    .iter()
+                    .any(|r| target.starts_with(r) || r.starts_with(target)));
+        if late {
+            roots.push(target);
+        }
+        out.push(late);
     }
     out
 }
@@ -398,18 +452,37 @@ pub(crate) fn build_template_root<S: Syscall>(
     Ok(scratch)
 }
 
-/// Finishes an execution's own copy of a template's view (in its own mount
-/// and pid namespaces): lays the per-execution ops fresh, detaches the
-/// host's root and makes the root read-only, as [`build_root`] ends. The
-/// old root's empty directory stays (the template's mount sits on it).
-pub(crate) fn finish_execution_root<S: Syscall>(
+/// Starts an execution's own copy of a template's view (in its own mount
+/// and pid namespaces, ahead of its request): lays the per-execution ops
+/// that do not wait for the request (see [`deferred`]), in plan order.
+pub(crate) fn prepare_execution_root<S: Syscall>(
     sys: &S,
     ops: &[MountOp],
     per_exec: &[bool],
+    late: &[bool],
     scratch: &S::Handle,
 ) -> Result<(), MountError> {
-    for (op, own) in ops.iter().zip(per_exec) {
-        if *own {
+    for ((op, own), late) in ops.iter().zip(per_exec).zip(late) {
+        if *own && !late {
+            apply_op(sys, op, scratch, Path::new("d"), Path::new("f"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Finishes an execution's own copy of a template's view once its request
+/// came (the plan it was checked against is current): lays the deferred
+/// ops, detaches the host's root and makes the root read-only, as
+/// [`build_root`] ends. The old root's empty directory stays (the
+/// template's mount sits on it).
+pub(crate) fn finish_execution_root<S: Syscall>(
+    sys: &S,
+    ops: &[MountOp],
+    late: &[bool],
+    scratch: &S::Handle,
+) -> Result<(), MountError> {
+    for (op, late) in ops.iter().zip(late) {
+        if *late {
             apply_op(sys, op, scratch, Path::new("d"), Path::new("f"))?;
         }
     }
@@ -422,4 +495,61 @@ pub(crate) fn finish_execution_root<S: Syscall>(
     )
     .map_err(err("make root read-only", Path::new("/")))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bind(path: &str, readonly: bool) -> MountOp {
+        MountOp::Bind {
+            source: path.into(),
+            target: path.into(),
+            kind: Kind::Dir,
+            recursive: true,
+            readonly,
+            device: false,
+        }
+    }
+
+    #[test]
+    fn narrowing_mounts_on_host_binds_are_per_execution_and_wait_for_the_request() {
+        let ops = vec![
+            bind("/", true),
+            bind("/ws", false),
+            MountOp::StandIn {
+                target: "/ws/.env".into(),
+                kind: Kind::File,
+            },
+            bind("/ws/.git/config", true),
+            MountOp::StandIn {
+                target: "/etc/shadow".into(),
+                kind: Kind::File,
+            },
+            bind("/opt/tool", true),
+            MountOp::Tmpfs {
+                target: "/tmp".into(),
+                mode: 0o1777,
+                size: None,
+            },
+            MountOp::Proc {
+                target: "/proc".into(),
+            },
+            MountOp::ReadOnlyAgain {
+                target: "/proc/sys".into(),
+            },
+        ];
+        let per_exec = per_execution(&ops);
+        let late = deferred(&ops, &per_exec);
+        // The host binds are shared; what narrows them is laid per execution,
+        // after its request; moat's own filesystems ahead of it.
+        assert_eq!(
+            per_exec,
+            [false, false, true, true, true, false, true, true, true]
+        );
+        assert_eq!(
+            late,
+            [false, false, true, true, true, false, false, false, false]
+        );
+    }
 }

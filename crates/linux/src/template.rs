@@ -17,6 +17,7 @@
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -99,6 +100,10 @@ struct KeyView<'a> {
     new_netns: bool,
     sandboxed: bool,
     backend: moat_policy::Backend,
+    /// Each bind source's (device, inode) now: a host directory replaced
+    /// under the same path (the workspace moved away and made again) is a
+    /// new template, not the old tree served at that path.
+    sources: Vec<(u64, u64)>,
 }
 
 /// The template key of `plan`: its view's mounts, Landlock and seccomp
@@ -115,6 +120,18 @@ pub fn key(plan: &Plan) -> String {
         new_netns: plan.new_netns,
         sandboxed: plan.sandboxed,
         backend: plan.backend,
+        sources: plan
+            .mounts
+            .iter()
+            .filter_map(|op| match op {
+                MountOp::Bind { source, .. } => Some(
+                    std::fs::symlink_metadata(source)
+                        .map(|m| (m.dev(), m.ino()))
+                        .unwrap_or((0, 0)),
+                ),
+                _ => None,
+            })
+            .collect(),
     })
     .unwrap_or_default()
 }
@@ -780,18 +797,27 @@ fn init_main(
         sys::exit_now(125);
     }
     // A failure here is reported once the execution's report pipe arrives.
-    let view = crate::mounts::finish_execution_root(&Kernel, &plan.mounts, per_exec, scratch)
-        .map_err(|e| format!("build the sandbox view: {e}"))
-        .and_then(|()| {
-            nix::unistd::chdir(&plan.cwd)
-                .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))
-        });
+    // The mounts that narrow a host path wait for the request: the host may
+    // detach them (an unlink or rename over their dentry) while this init
+    // waits, and the request's plan is checked against the host as it is now.
+    let late = crate::mounts::deferred(&plan.mounts, per_exec);
+    let view =
+        crate::mounts::prepare_execution_root(&Kernel, &plan.mounts, per_exec, &late, scratch)
+            .map_err(|e| format!("build the sandbox view: {e}"));
     let (argv, env, fds) = match recv_frame::<Request>(sock.as_fd()) {
         Ok((Request::Exec { argv, env }, fds)) if fds.len() == 4 => (argv, env, fds),
         // The service closed this init's socket unused (its template
         // retired or went away).
         _ => sys::exit_now(0),
     };
+    let view = view.and_then(|()| {
+        crate::mounts::finish_execution_root(&Kernel, &plan.mounts, &late, scratch)
+            .map_err(|e| format!("build the sandbox view: {e}"))
+            .and_then(|()| {
+                nix::unistd::chdir(&plan.cwd)
+                    .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))
+            })
+    });
     for (i, fd) in fds.iter().enumerate() {
         // SAFETY: fds 0-3 of this child are owned by no Rust object that is
         // ever dropped (it execs or exits); a received fd numbered below
