@@ -306,9 +306,6 @@ impl Template {
                 // may run it.
                 Err(e) => return Err(TemplateError::Gone(e.to_string())),
             };
-            // Asked now, forked while this execution runs. A template gone
-            // by now is found at the next execution.
-            let _ = ctl.ask_warm();
             if !exited(init.pidfd.as_fd()) {
                 return Ok(init);
             }
@@ -443,6 +440,16 @@ impl Template {
             out.status = run::RunStatus::FailedToStart;
             out.exit_code = 125;
             out.error = Some(e);
+        }
+        // The next execution's init is asked for once this one is done:
+        // its clone and mounts then overlap the gap between requests, not
+        // this command (2 cores). A template gone by now is found at the
+        // next execution.
+        {
+            let mut ctl = self.lock_ctl();
+            if !ctl.warm_asked {
+                let _ = ctl.ask_warm();
+            }
         }
         out.duration = start.elapsed();
         out.usage.duration_ms = out.duration.as_millis() as u64;
