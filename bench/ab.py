@@ -12,9 +12,10 @@ verdict against the target that is one of:
                         target, zero): this run cannot resolve it.
 
   ab.py run OUT.json RUNS WARMUP NAME CMD [NAME CMD ...]
-  ab.py table OUT.json REF [RATIO_TARGET]   markdown rows: each command's
-        min/median/max and its ratio to REF (target: ratio <= RATIO_TARGET,
-        applied to rows whose name starts with "moat")
+  ab.py table OUT.json REF [RATIO_TARGET [TARGET_ROW]]   markdown rows:
+        each command's min/median/max and its ratio to REF (target: ratio
+        <= RATIO_TARGET, applied to the row named TARGET_ROW, or without
+        one to every row whose name starts with "moat")
   ab.py diff OUT.json A B TARGET_MS LABEL   one row: B's added time over A
   ab.py over OUT.json REF BASE CMD TARGET LABEL   one row: CMD's added time
         over BASE as a multiple of REF's time (median-based, paired rounds,
@@ -94,7 +95,7 @@ def verdict(lo, hi, target, good_below):
     return "within noise (interval straddles the target)"
 
 
-def table(path, ref, ratio_target=None):
+def table(path, ref, ratio_target=None, target_row=None):
     order, t = load(path)
     print(f"| command | min (ms) | median (ms) | max (ms) | median vs {ref} (95% CI) | verdict |")
     print("|---|---:|---:|---:|---:|---|")
@@ -105,7 +106,8 @@ def table(path, ref, ratio_target=None):
         else:
             p, lo, hi = ci(lambda a, b: b / a, t[ref], v)
             ratio = f"{p:.2f}× [{lo:.2f}, {hi:.2f}]"
-            if ratio_target is not None and n.startswith("moat"):
+            judged = n == target_row if target_row else n.startswith("moat")
+            if ratio_target is not None and judged:
                 verdict_s = f"target ≤ {ratio_target}×: " + verdict(lo, hi, ratio_target, True)
             else:
                 verdict_s = "—"
@@ -169,8 +171,8 @@ if __name__ == "__main__":
     a = sys.argv[1:]
     if a and a[0] == "run" and len(a) >= 6 and len(a) % 2 == 0:
         run(a[1], int(a[2]), int(a[3]), a[4:])
-    elif a and a[0] == "table" and len(a) in (3, 4):
-        table(a[1], a[2], float(a[3]) if len(a) == 4 else None)
+    elif a and a[0] == "table" and len(a) in (3, 4, 5):
+        table(a[1], a[2], float(a[3]) if len(a) >= 4 else None, a[4] if len(a) == 5 else None)
     elif a and a[0] == "diff" and len(a) == 6:
         diff(a[1], a[2], a[3], float(a[4]), a[5])
     elif a and a[0] == "over" and len(a) == 7:

@@ -72,6 +72,7 @@ impl Reporting {
 pub fn exec(args: ExecArgs) -> ExitCode {
     let reporting = Reporting::from(&args.report);
     let resolved = resolve_policy(&args.policy).map_err(|e| format!("{e:#}"));
+    moat_linux::timing::mark("resolve the policy (config, project file)");
     run_resolved(resolved, &reporting, &args.command)
 }
 
@@ -190,7 +191,10 @@ pub fn run_resolved(
             Box::new(crate::nested::Broker::new(outer)) as Box<dyn moat_runtime::NestedBroker>
         }))
         .run(&mut InProcess);
-    report(mode, reporting, &done)
+    moat_linux::timing::mark("run, denials, audit finish record");
+    let code = report(mode, reporting, &done);
+    moat_linux::timing::mark("report");
+    code
 }
 
 /// Says how a run ended, the way `mode` asks, and its exit code.

@@ -21,6 +21,7 @@ macro_rules! out {
 mod audit_cmd;
 mod exec;
 mod export_cmd;
+mod fastparse;
 mod hook;
 mod mcp;
 mod nested;
@@ -124,7 +125,7 @@ pub(crate) enum Command {
 }
 
 /// How a run reports and records itself: shared by `moat exec` and `moat run`.
-#[derive(Args, Clone, Default)]
+#[derive(Args, Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ReportArgs {
     /// Capture output and print one JSON result object on exit
     #[arg(long, conflicts_with = "events")]
@@ -167,6 +168,7 @@ fn main() -> ExitCode {
     {
         moat_linux::template::template_main();
     }
+    moat_linux::timing::init();
     // Invoked under a tool's name: a shim.
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let name = Path::new(&argv0)
@@ -176,10 +178,11 @@ fn main() -> ExitCode {
     if !name.is_empty() && !name.starts_with("moat") && tools::is_shim_name(&name) {
         return tools::shim_main(&name, std::env::args_os().skip(1).collect());
     }
-    let cli = match Cli::try_parse() {
+    let cli = match fastparse::parse(std::env::args_os().collect()) {
         Ok(c) => c,
         Err(e) => return bad_invocation(e),
     };
+    moat_linux::timing::mark("parse arguments");
     match cli.command {
         Command::Exec(_) if nested::inside_sandbox() => {
             nested::request(std::env::args_os().skip(1).collect())

@@ -3,6 +3,7 @@
 //! same ceiling and roots rule as `moat serve`.
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use clap::Args;
@@ -107,13 +108,28 @@ impl ServerHandler for Tools {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let params = json!({"name": request.name, "arguments": request.arguments});
         let service = self.service.clone();
+        // A call the client abandons (notifications/cancelled, sent when
+        // its own timeout fires) cancels its execution: otherwise the
+        // command would run on for the rest of the session, and each retry
+        // start another. The watcher outlives this future, which the SDK
+        // drops on cancellation.
+        let abandon = Arc::new(Abandon::default());
+        let watcher = {
+            let (ct, abandon, service) = (context.ct.clone(), abandon.clone(), service.clone());
+            tokio::spawn(async move {
+                ct.cancelled().await;
+                abandon.abandon(&service);
+            })
+        };
         // An execution blocks until its command ends: off the async workers.
-        let result = tokio::task::spawn_blocking(move || call_tool(&service, &params))
-            .await
+        let result =
+            tokio::task::spawn_blocking(move || call_tool(&service, &params, &abandon)).await;
+        watcher.abort();
+        let result = result
             .map_err(mcp_error)?
             .map_err(|e| ErrorData::invalid_params(e.message, Some(e.data)))?;
         let result: CallToolResult = serde_json::from_value(result).map_err(mcp_error)?;
@@ -190,7 +206,36 @@ fn refused(reason: &str, code: &str) -> Value {
     )
 }
 
-fn call_tool(service: &Arc<Service>, params: &Value) -> Result<Value, RpcError> {
+/// A call's execution, for cancelling it when the client abandons the call
+/// (before or after it started).
+#[derive(Default)]
+struct Abandon {
+    id: Mutex<Option<String>>,
+    gone: AtomicBool,
+}
+
+impl Abandon {
+    /// The client gave up: cancel the execution if it started.
+    fn abandon(&self, service: &Service) {
+        self.gone.store(true, Ordering::SeqCst);
+        let id = self.id.lock().ok().and_then(|g| g.clone());
+        if let Some(id) = id {
+            let _ = service.cancel(&id, 0);
+        }
+    }
+
+    /// The execution `id` started: cancel it at once if the client already gave up.
+    fn started(&self, id: &str, service: &Service) {
+        if let Ok(mut g) = self.id.lock() {
+            *g = Some(id.to_string());
+        }
+        if self.gone.load(Ordering::SeqCst) {
+            let _ = service.cancel(id, 0);
+        }
+    }
+}
+
+fn call_tool(service: &Arc<Service>, params: &Value, abandon: &Abandon) -> Result<Value, RpcError> {
     let args = &params["arguments"];
     match params["name"].as_str() {
         Some("capabilities") => {
@@ -201,7 +246,7 @@ fn call_tool(service: &Arc<Service>, params: &Value) -> Result<Value, RpcError> 
             Ok(v) => tool_result(v.to_string(), v, false),
             Err(e) => refused(&e.message, e.data["code"].as_str().unwrap_or_default()),
         }),
-        Some("exec") => Ok(exec_tool(service, args)),
+        Some("exec") => Ok(exec_tool(service, args, abandon)),
         other => Err(RpcError::invalid_params(
             "METHOD_NOT_FOUND",
             format!("unknown tool {other:?}: use exec, capabilities or explain_policy"),
@@ -209,7 +254,7 @@ fn call_tool(service: &Arc<Service>, params: &Value) -> Result<Value, RpcError> 
     }
 }
 
-fn exec_tool(service: &Arc<Service>, args: &Value) -> Value {
+fn exec_tool(service: &Arc<Service>, args: &Value, abandon: &Abandon) -> Value {
     let command: Vec<String> = match &args["command"] {
         Value::String(s) => {
             return refused(
@@ -225,6 +270,10 @@ fn exec_tool(service: &Arc<Service>, args: &Value) -> Value {
         },
         _ => return refused("command (an argv array) is required", "INVALID_REQUEST"),
     };
+    let timeout_ms = match crate::service::timeout_ms(args.get("timeout_ms")) {
+        Ok(t) => t,
+        Err(e) => return refused(&e.message, "INVALID_REQUEST"),
+    };
     let env = match crate::serve::env_map(&args["env"]) {
         Ok(e) => e,
         Err(e) => return refused(&e.message, "INVALID_REQUEST"),
@@ -239,7 +288,7 @@ fn exec_tool(service: &Arc<Service>, args: &Value) -> Value {
             s => moat_runtime::subprocess::StdinSource::Bytes(s.as_bytes().to_vec()),
         },
         metadata: None,
-        timeout_ms: args["timeout_ms"].as_u64(),
+        timeout_ms,
         keep_output: true,
     };
     let started: Arc<Mutex<Option<Result<String, RpcError>>>> = Arc::new(Mutex::new(None));
@@ -248,10 +297,13 @@ fn exec_tool(service: &Arc<Service>, args: &Value) -> Value {
         service.execute(
             req,
             0,
-            move |r| {
+            |r| {
+                let r = r.map(|v| v["execution_id"].as_str().unwrap_or_default().to_string());
+                if let Ok(id) = &r {
+                    abandon.started(id, service);
+                }
                 if let Ok(mut s) = started.lock() {
-                    *s =
-                        Some(r.map(|v| v["execution_id"].as_str().unwrap_or_default().to_string()));
+                    *s = Some(r);
                 }
             },
             None,

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
@@ -177,6 +177,20 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
 
 static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
 
+/// Socket clients served at once; past this a new connection is closed at
+/// once (see docs/protocol.md).
+pub(crate) const MAX_CLIENTS: usize = 32;
+
+/// One connected client in the listener's count, given back when its
+/// session ends.
+struct ClientCount(Arc<AtomicUsize>);
+
+impl Drop for ClientCount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Serves on a unix socket in a directory only this user can enter; each
 /// connection is checked with SO_PEERCRED before anything is read from it.
 fn listen(service: &Arc<Service>, path: &std::path::Path) -> Result<(), String> {
@@ -204,8 +218,26 @@ fn listen(service: &Arc<Service>, path: &std::path::Path) -> Result<(), String> 
             path.display()
         )
     })?;
+    let clients = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
-        let Ok(conn) = conn else { continue };
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of fds or memory: wait for some to come back rather
+                // than spin on the error.
+                eprintln!("moat serve: cannot accept a client: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
+        };
+        if clients.load(Ordering::SeqCst) >= MAX_CLIENTS {
+            // Each client holds fds and a thread: past the limit, a new
+            // one is closed at once so those already served keep the fds
+            // their executions need.
+            eprintln!("moat serve: a client was refused: {MAX_CLIENTS} clients are connected");
+            drop(conn);
+            continue;
+        }
         let peer = nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials);
         match peer {
             Ok(c) if c.uid() == me => {
@@ -222,12 +254,19 @@ fn listen(service: &Arc<Service>, path: &std::path::Path) -> Result<(), String> 
             }
         }
         let service = service.clone();
-        std::thread::spawn(move || {
+        clients.fetch_add(1, Ordering::SeqCst);
+        let counted = ClientCount(clients.clone());
+        let spawned = std::thread::Builder::new().spawn(move || {
+            let _counted = counted;
             let Ok(writer) = conn.try_clone() else { return };
             let out: Out = Arc::new(Mutex::new(Box::new(writer)));
             let owner = NEXT_OWNER.fetch_add(1, Ordering::Relaxed);
             session(&service, BufReader::new(conn), out, owner, "socket");
         });
+        if let Err(e) = spawned {
+            // The closure (and the connection, and its count) is dropped.
+            eprintln!("moat serve: cannot serve a client: {e}");
+        }
     }
     Ok(())
 }
@@ -303,10 +342,21 @@ fn session(service: &Arc<Service>, mut input: impl BufRead, out: Out, owner: u64
                     continue;
                 }
             };
-            let (service, out, sink) = (service.clone(), out.clone(), sink.clone());
-            std::thread::spawn(move || {
-                service.execute(req, owner, |r| reply(&out, &id, r), Some(sink));
+            let (service, out2, sink, id2) =
+                (service.clone(), out.clone(), sink.clone(), id.clone());
+            let spawned = std::thread::Builder::new().spawn(move || {
+                service.execute(req, owner, |r| reply(&out2, &id2, r), Some(sink));
             });
+            if let Err(e) = spawned {
+                // Out of threads: refused, nothing started; the session goes on.
+                reply(
+                    &out,
+                    &id,
+                    Err(RpcError::internal(format!(
+                        "cannot start a thread for the execution: {e}"
+                    ))),
+                );
+            }
             continue;
         }
         let r = call(service, &method, &params, transport, owner);
@@ -546,7 +596,7 @@ fn execution_request(p: &Value) -> Result<ProtocolRequest, RpcError> {
         policy: p.get("policy").cloned(),
         env,
         stdin,
-        timeout_ms: p["timeout_ms"].as_u64(),
+        timeout_ms: crate::service::timeout_ms(p.get("timeout_ms"))?,
         // The output is in the event stream; the result only counts it.
         keep_output: false,
         metadata,

@@ -26,6 +26,21 @@ pub(crate) const KEEP_OUTPUT: usize = crate::CAPTURE_LIMIT;
 /// Executions a server remembers: past this, the oldest finished ones are
 /// forgotten (a long-lived service must not grow with every run).
 pub(crate) const MAX_RECORDS: usize = 1000;
+/// Events kept per execution for getAuditEvents/tailAudit, and denials
+/// kept for its result: a command can cause network decisions and denials
+/// without end (a loop of refused connections), and kept without a bound
+/// they would grow the service until it is killed, with every client's
+/// executions. Past these, they are still streamed, not kept.
+pub(crate) const MAX_KEPT_EVENTS: usize = 1000;
+pub(crate) const MAX_KEPT_DENIALS: usize = 256;
+/// Events of an in-process execution that may wait for the client: past
+/// this the run waits (its output chunks are at most 64 KiB each).
+const IN_PROCESS_EVENTS: usize = 64;
+/// Executions one client may have running at once: past this, `execute`
+/// is refused (`EXECUTION_LIMIT_EXCEEDED`) until one ends, so one client
+/// (a model asking for thousands of runs) cannot exhaust the host's
+/// processes and memory and stop the service serving the others.
+pub(crate) const MAX_RUNNING_PER_CLIENT: usize = 16;
 
 /// The flags every server takes: the ceiling policy, the roots a request's
 /// `cwd` must lie in, and where the executions are recorded.
@@ -132,8 +147,8 @@ pub(crate) struct Record {
     /// Events kept for getAuditEvents/tailAudit: all but output chunks.
     pub(crate) events: Vec<Value>,
     /// Stops this execution (by pidfd or its control channel: never a
-    /// reused pid); dropped when the execution ends, so a finished record
-    /// holds no descriptor (a long-lived service remembers 1000 of them).
+    /// reused pid); None once it is over (a remembered execution holds
+    /// no fd).
     pub(crate) supervisor: Option<Stopper>,
     /// The streamed stdin, when the request asked for one.
     pub(crate) input: Option<Input>,
@@ -266,6 +281,14 @@ impl Source {
 }
 
 impl Record {
+    /// Keeps `ev` for getAuditEvents/tailAudit, up to [`MAX_KEPT_EVENTS`];
+    /// the last event (`last`) always.
+    fn keep_event(&mut self, ev: &Value, last: bool) {
+        if last || self.events.len() < MAX_KEPT_EVENTS {
+            self.events.push(ev.clone());
+        }
+    }
+
     /// The `Execution` object `execute` answers with.
     pub(crate) fn execution(&self) -> Value {
         Execution::of(&self.view).to_value()
@@ -293,6 +316,9 @@ pub(crate) struct Service {
     templates: Option<Arc<moat_linux::template::Templates>>,
     records: Mutex<Vec<Record>>,
     changed: Condvar,
+    /// Executions each client has started and not yet seen end (see
+    /// [`MAX_RUNNING_PER_CLIENT`]), counted from before `start`.
+    running: Mutex<BTreeMap<u64, usize>>,
 }
 
 impl Service {
@@ -319,6 +345,7 @@ impl Service {
             here,
             records: Mutex::new(Vec::new()),
             changed: Condvar::new(),
+            running: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -377,6 +404,18 @@ impl Service {
         reply: impl FnOnce(Result<Value, RpcError>),
         sink: Option<EventSink>,
     ) {
+        let Some(_slot) = self.take_slot(owner) else {
+            let mut e = RpcError::domain(
+                "EXECUTION_LIMIT_EXCEEDED",
+                format!(
+                    "this client already has {MAX_RUNNING_PER_CLIENT} executions running; wait for one to end or cancel one"
+                ),
+            );
+            e.data["reason"] = json!("too_many_running_executions");
+            e.data["limit"] = json!(MAX_RUNNING_PER_CLIENT);
+            reply(Err(e));
+            return;
+        };
         match self.start(req, owner) {
             Err(e) => reply(Err(e)),
             Ok((execution, sup, first)) => {
@@ -384,6 +423,21 @@ impl Service {
                 self.follow(sup, first, sink);
             }
         }
+    }
+
+    /// One of `owner`'s [`MAX_RUNNING_PER_CLIENT`] slots, given back when
+    /// the guard drops (the execution followed to its end, or refused).
+    fn take_slot(&self, owner: u64) -> Option<Slot<'_>> {
+        let mut running = self.running.lock().ok()?;
+        let n = running.entry(owner).or_insert(0);
+        if *n >= MAX_RUNNING_PER_CLIENT {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            running: &self.running,
+            owner,
+        })
     }
 
     /// The resolved policy of a request that runs forked from a sandbox
@@ -422,7 +476,10 @@ impl Service {
         let Some(templates) = self.templates.clone() else {
             return Err(std::io::Error::other("no templates"));
         };
-        let (tx, events) = std::sync::mpsc::channel::<Value>();
+        // Bounded: when the client reads slower than the command writes,
+        // the run waits (as a `moat exec` child waits on its full pipe)
+        // instead of the service buffering the output without end.
+        let (tx, events) = std::sync::mpsc::sync_channel::<Value>(IN_PROCESS_EVENTS);
         let tx = Mutex::new(tx);
         let sink: moat_runtime::EventSink = Arc::new(move |v: &Value| {
             if let Ok(t) = tx.lock() {
@@ -517,6 +574,22 @@ impl Service {
                 ),
             )
         })?;
+        // The directory opened must still be the one checked, by name: a
+        // rename (not a symlink) in between would give the run the name
+        // the directory has now, which the root's view may protect.
+        let opened = {
+            use std::os::fd::AsRawFd;
+            std::fs::read_link(format!("/proc/self/fd/{}", dir_fd.as_raw_fd()))
+        };
+        if opened.as_deref().ok() != Some(dir.as_path()) {
+            return Err(RpcError::domain(
+                "POLICY_DENIED",
+                format!(
+                    "cwd {} was moved while it was checked; nothing ran",
+                    dir.display()
+                ),
+            ));
+        }
         let template = match &req.stdin {
             // Streamed input goes through the child's stdin pipe.
             StdinSource::Stream => None,
@@ -580,7 +653,7 @@ impl Service {
         if let Ok(mut r) = self.records.lock() {
             r.push(record);
             while r.len() > MAX_RECORDS {
-                match r.iter().position(|x| x.done) {
+                match oldest_to_forget(&r) {
                     Some(i) => drop(r.remove(i)),
                     None => break,
                 }
@@ -635,8 +708,10 @@ impl Service {
                     forwarded["stream_offset"] = json!(chunk.offset);
                 }
                 Event::Denied(d) => {
-                    r.view.denials.push(d);
-                    r.events.push(ev.clone());
+                    if r.view.denials.len() < MAX_KEPT_DENIALS {
+                        r.view.denials.push(d);
+                    }
+                    r.keep_event(&ev, false);
                 }
                 Event::Finished(f) => {
                     finished = true;
@@ -663,7 +738,7 @@ impl Service {
                         "finished"
                     }
                     .to_string();
-                    r.events.push(ev.clone());
+                    r.keep_event(&ev, true);
                 }
                 Event::Failed { exit_code, reason } => {
                     finished = true;
@@ -672,9 +747,9 @@ impl Service {
                     r.view.finished_at = Some(envelope.time);
                     r.view.termination_reason = Some("failed_to_start".to_string());
                     r.view.status = "failed".to_string();
-                    r.events.push(ev.clone());
+                    r.keep_event(&ev, true);
                 }
-                _ => r.events.push(ev.clone()),
+                _ => r.keep_event(&ev, false),
             });
             if let Some(s) = sink {
                 s(&forwarded);
@@ -702,7 +777,10 @@ impl Service {
                 r.view.finished_at = Some(moat_audit::now_rfc3339());
             }
             r.done = true;
+            // Its fds go with it: a service remembering 1000 executions
+            // must not hold 1000 pidfds and pipes.
             r.supervisor = None;
+            r.input = None;
         });
         self.changed.notify_all();
     }
@@ -837,6 +915,11 @@ impl Service {
                 pid.kill();
             }
         }
+        // No one can ask about them any more (a client that comes back is
+        // a new client): what is over is forgotten now.
+        if let Ok(mut recs) = self.records.lock() {
+            recs.retain(|r| r.owner != owner || !r.done);
+        }
     }
 
     /// Releases a session's retained output and stops what is still running.
@@ -874,7 +957,7 @@ impl Service {
         let flags = self.narrowed_flags(
             params.get("policy"),
             params["cwd"].as_str(),
-            params["timeout_ms"].as_u64(),
+            timeout_ms(params.get("timeout_ms"))?,
             &BTreeMap::new(),
         )?;
         let home = std::env::var_os("HOME")
@@ -899,6 +982,56 @@ impl Service {
             "roots": self.ceiling.roots(),
             "view": view,
         }))
+    }
+}
+
+/// The record to forget when the service remembers too many: the oldest
+/// finished one of the client that has the most, so one client's flood of
+/// executions forgets its own results, not another client's.
+fn oldest_to_forget(records: &[Record]) -> Option<usize> {
+    let mut held: BTreeMap<u64, usize> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.done) {
+        *held.entry(r.owner).or_insert(0) += 1;
+    }
+    let (owner, _) = held.into_iter().max_by_key(|(_, n)| *n)?;
+    records.iter().position(|r| r.done && r.owner == owner)
+}
+
+/// A running execution's place in its client's count.
+struct Slot<'a> {
+    running: &'a Mutex<BTreeMap<u64, usize>>,
+    owner: u64,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut running) = self.running.lock() {
+            if let Some(n) = running.get_mut(&self.owner) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    running.remove(&self.owner);
+                }
+            }
+        }
+    }
+}
+
+/// A request's `timeout_ms`: absent or null, none; else a whole number of
+/// milliseconds moat takes. Anything else is refused, never dropped (a
+/// dropped timeout would let the command run on without one).
+pub(crate) fn timeout_ms(v: Option<&Value>) -> Result<Option<u64>, RpcError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(t) => match t.as_u64() {
+            Some(ms) if (1..=moat_policy::MAX_DURATION_MS).contains(&ms) => Ok(Some(ms)),
+            _ => Err(RpcError::invalid_params(
+                "INVALID_REQUEST",
+                format!(
+                    "timeout_ms must be a whole number of milliseconds from 1 to {}",
+                    moat_policy::MAX_DURATION_MS
+                ),
+            )),
+        },
     }
 }
 

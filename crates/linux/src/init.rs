@@ -91,7 +91,10 @@ pub(crate) fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::O
     let sandboxed = args.plan.namespaces();
     // The command: forked with glibc's fork so its thread state is right.
     let main_pid = match fork_command() {
-        Ok(None) => command(args, slave.as_ref()),
+        Ok(None) => {
+            crate::timing::mark("command: forked from the init");
+            command(args, slave.as_ref())
+        }
         Ok(Some(pid)) => {
             // Only the command holds the slave: its last close is the end
             // of the session for the supervisor's relay.
@@ -162,21 +165,21 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailu
         return Ok(slave);
     }
     // SAFETY: the init has one thread, and nothing in it reads its
-    // environment (the command's is prepared before the clone).
-    unsafe { sys::wipe_environ_block() }
-        .map_err(|e| format!("clear the init's environment: {e}"))?;
-    // SAFETY: as above, for its arguments.
-    unsafe { sys::wipe_argv_block() }.map_err(|e| format!("clear the init's command line: {e}"))?;
+    // environment or arguments (the command's are prepared before the clone).
+    unsafe { sys::wipe_environ_and_argv_blocks() }
+        .map_err(|e| format!("clear the init's environment and command line: {e}"))?;
     mounts::set_identity(&Kernel, plan)?;
     if let (Some(hfd), Some(_)) = (args.handoff_fd, &plan.proxy) {
         // First, so the supervisor can start serving while the view is built.
         crate::netns::create_and_send_listeners(hfd)?;
     }
+    crate::timing::mark("init: fds, id maps, hostname");
     let broker =
         mounts::build_root(&Kernel, &plan.mounts, plan.broker).map_err(|e| SetupFailure {
             errno: e.source.raw_os_error().unwrap_or(0),
             detail: format!("build the sandbox view: {e}"),
         })?;
+    crate::timing::mark("init: mounts (the view)");
     if let (Some(hfd), Some(listener)) = (args.handoff_fd, broker) {
         use std::os::fd::AsRawFd;
         crate::netns::send_fds(hfd, b'B', &[listener.as_raw_fd()])
@@ -256,7 +259,9 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
     if args.plan.sandboxed {
         let r = (|| -> Result<(), confine::ConfineError> {
             confine::drop_privileges()?;
+            crate::timing::mark("command: drop capabilities");
             layers[0] = confine::apply_landlock(&args.plan.landlock, args.plan.landlock_abi)?;
+            crate::timing::mark("command: Landlock");
             if let Some(p) = &args.seccomp {
                 layers[1] = confine::apply_seccomp(p)?;
             }
@@ -266,6 +271,7 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
             fail(fd, SetupStage::Confine, 0, &e.to_string());
         }
     }
+    crate::timing::mark("command: seccomp");
     let _ = sys::cloexec_from(3);
     init_msg::send(
         fd,

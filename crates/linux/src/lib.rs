@@ -36,6 +36,7 @@ pub(crate) mod sys;
 mod syscall;
 pub mod template;
 pub mod termfilter;
+pub mod timing;
 pub mod tree;
 pub mod view;
 

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::sweep::{PrefixGuard, SweepRoot};
 use crate::sys;
+use crate::timing::mark;
 
 /// What kind of filesystem object a path is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
@@ -21,12 +22,6 @@ pub enum Kind {
     Dir,
     File,
     Symlink,
-}
-
-impl Kind {
-    fn of(meta: &fs::Metadata) -> Kind {
-        dirent_kind(&meta.file_type())
-    }
 }
 
 /// One entry of the host's `/`.
@@ -173,10 +168,16 @@ fn passwd_homes() -> Vec<(u32, PathBuf)> {
 /// by whoever launched moat), every passwd entry's home that is a real
 /// directory (`/root`, `/var/lib/postgresql`, service accounts…), and
 /// every directory in /home (accounts from a directory service). Sorted,
-/// deduplicated.
-pub fn host_homes(uid: u32, policy_home: &Path, shown: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+/// deduplicated. `passwd` is [`passwd_homes`], read once per probe.
+fn host_homes(
+    passwd: &[(u32, PathBuf)],
+    uid: u32,
+    policy_home: &Path,
+    shown: impl Fn(&Path) -> bool,
+) -> Vec<PathBuf> {
     let mut homes = vec![policy_home.to_path_buf()];
-    for (owner, home) in passwd_homes() {
+    for (owner, home) in passwd {
+        let (owner, home) = (*owner, home.clone());
         if !shown(&home) {
             continue;
         }
@@ -283,15 +284,23 @@ impl HostFacts {
         }
         f.userns = policy.backend == moat_policy::Backend::Namespaces
             || crate::backend::userns_available();
-        f.probe_root();
-        f.probe_secrets(policy);
+        mark("probe: kernel features, moat's path");
+        let root_listed = f.probe_root();
+        mark("probe: /");
+        // Read once for both uses below (secrets of every home, homes
+        // inside a writable root).
+        let passwd = passwd_homes();
+        f.probe_secrets(policy, &passwd, root_listed);
+        mark("probe: secrets (homes, /etc)");
         f.probe_sockets();
         // moat's own dirs are created first: the workspace probe then
         // records them as existing, so the sweep never takes them for
         // something the command created.
         f.probe_moat_dirs();
-        f.probe_workspace(policy);
+        mark("probe: sockets, moat's dirs");
+        f.probe_workspace(policy, &passwd);
         f.probe_write_protected_in_grants(policy);
+        mark("probe: workspace walk, grants");
         f.workspace_missing = f
             .sweep
             .iter()
@@ -367,14 +376,23 @@ impl HostFacts {
         }
     }
 
-    fn probe_root(&mut self) {
+    /// Lists `/`; true when the listing is complete (every entry read).
+    fn probe_root(&mut self) -> bool {
+        let mut complete = false;
         if let Ok(rd) = fs::read_dir("/") {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let Ok(meta) = e.path().symlink_metadata() else {
+            complete = true;
+            for e in rd {
+                let Ok(e) = e else {
+                    complete = false;
                     continue;
                 };
-                let kind = Kind::of(&meta);
+                let name = e.file_name().to_string_lossy().into_owned();
+                // readdir's d_type: no lstat per entry (std falls back to
+                // one where the filesystem gives no type).
+                let Ok(ft) = e.file_type() else {
+                    continue;
+                };
+                let kind = dirent_kind(&ft);
                 let link = if kind == Kind::Symlink {
                     fs::read_link(e.path()).ok()
                 } else {
@@ -385,21 +403,30 @@ impl HostFacts {
         }
         self.root_entries.sort_by(|a, b| a.name.cmp(&b.name));
         self.var_run_is_dir = lstat_kind(Path::new("/var/run")) == Some(Kind::Dir);
+        complete
     }
 
-    fn probe_secrets(&mut self, policy: &Policy) {
+    /// `root_listed`: `root_entries` is a complete listing of `/` (a home
+    /// of several service accounts), so names there are looked up in it.
+    fn probe_secrets(&mut self, policy: &Policy, passwd: &[(u32, PathBuf)], root_listed: bool) {
         // Every home on the host, whoever runs moat: as root they are all
         // readable, and an unprivileged caller may still read a home (and a
         // secret in it) that another user left group/world-readable.
         let shown = |p: &Path| may_be_visible(policy, p);
-        let homes = host_homes(self.uid, &policy.home, shown);
+        let homes = host_homes(passwd, self.uid, &policy.home, shown);
         for home in &homes {
             // Most homes (service accounts) hold none of these: one lstat of
             // a missing first component (`.config`) rules out every path
             // under it, keeping the launch path short.
             let mut missing: Vec<&str> = Vec::new();
+            let listed_root = root_listed && home == Path::new("/");
             for rel in PROTECTED_HOME_PATHS {
-                if let Some((first, _)) = rel.split_once('/') {
+                let first = rel.split_once('/').map_or(*rel, |(first, _)| first);
+                if listed_root {
+                    if !self.root_entries.iter().any(|e| e.name == first) {
+                        continue;
+                    }
+                } else if rel.contains('/') {
                     if missing.contains(&first) {
                         continue;
                     }
@@ -554,28 +581,35 @@ impl HostFacts {
     /// names and the executable parts of git dirs are checked by the sweep
     /// after the run. Fixed names are looked up with lstat, never by
     /// listing; only the `.moat*` prefix needs the root listed.
+    /// `listing`, when given, is `root`'s entries, listed just before by
+    /// the workspace walk: the names are looked up in it instead.
     fn write_protected_at(
         &mut self,
         root: &Path,
         is_home: bool,
         nested_git: Option<&[PathBuf]>,
+        listing: Option<&RootListing>,
     ) -> Result<(), String> {
         let mut sr = SweepRoot {
             root: root.to_path_buf(),
             ..Default::default()
         };
+        let listed;
+        let listing = match listing {
+            Some(l) => l,
+            None => {
+                listed = list_dir(root)?;
+                &listed
+            }
+        };
         for n in WRITE_PROTECTED_WORKSPACE_NAMES {
             if let Some(prefix) = n.strip_suffix('*') {
                 let mut existing = Vec::new();
-                let rd = fs::read_dir(root).map_err(|e| unlistable(root, &e))?;
-                for e in rd {
-                    let e = e.map_err(|e| unlistable(root, &e))?;
-                    let name = e.file_name().to_string_lossy().into_owned();
+                for (name, kind) in listing {
+                    let name = name.to_string_lossy().into_owned();
                     if name.starts_with(prefix) {
-                        if let Ok(ft) = e.file_type() {
-                            self.workspace_write_protected
-                                .insert(e.path(), dirent_kind(&ft));
-                        }
+                        self.workspace_write_protected
+                            .insert(root.join(&name), *kind);
                         existing.push(name);
                     }
                 }
@@ -585,7 +619,12 @@ impl HostFacts {
                 });
                 continue;
             }
-            match lstat_kind(&root.join(n)) {
+            let kind = if n.contains('/') {
+                lstat_kind(&root.join(n))
+            } else {
+                listing.get(std::ffi::OsStr::new(n)).copied()
+            };
+            match kind {
                 Some(k) => {
                     self.workspace_write_protected.insert(root.join(n), k);
                 }
@@ -680,9 +719,13 @@ impl HostFacts {
     /// command could exhaust one to unhide a `.env`), and a directory that
     /// cannot be listed stops the run unless the command could not enter
     /// it either. Uses only readdir's d_type: no stat per entry.
-    fn walk_workspace(&mut self, ws: &Path) -> Result<Vec<PathBuf>, String> {
+    /// Also returns the workspace root's own entries with their kind (from
+    /// the same listing), so the write-protected names there are looked up
+    /// without a second listing or an lstat each.
+    fn walk_workspace(&mut self, ws: &Path) -> Result<(Vec<PathBuf>, Option<RootListing>), String> {
         use std::os::unix::ffi::OsStrExt;
         let mut nested_git = Vec::new();
+        let mut root_listing = None;
         let mut stack = vec![ws.to_path_buf()];
         while let Some(dir) = stack.pop() {
             let rd = match fs::read_dir(&dir) {
@@ -696,10 +739,17 @@ impl HostFacts {
                 }
                 Err(e) => return Err(unlistable(&dir, &e)),
             };
+            let mut listing = (dir == *ws).then(RootListing::new);
             for e in rd {
                 let e = e.map_err(|e| unlistable(&dir, &e))?;
                 let name = e.file_name();
                 let nb = name.as_bytes();
+                if let Some(l) = listing.as_mut() {
+                    // d_type, or an lstat where the filesystem gives none.
+                    if let Ok(ft) = e.file_type() {
+                        l.insert(name.clone(), dirent_kind(&ft));
+                    }
+                }
                 if nb == b".env" || nb == b".envrc" || nb.starts_with(b".env.") {
                     // Hide the resolved target: a `.env` symlink pointing out
                     // of the workspace is covered wherever it points.
@@ -729,19 +779,26 @@ impl HostFacts {
                     stack.push(e.path());
                 }
             }
+            if listing.is_some() {
+                root_listing = listing;
+            }
         }
-        Ok(nested_git)
+        Ok((nested_git, root_listing))
     }
 
-    fn probe_workspace(&mut self, policy: &Policy) {
-        if let Err(e) = self.probe_workspace_complete(policy) {
+    fn probe_workspace(&mut self, policy: &Policy, passwd: &[(u32, PathBuf)]) {
+        if let Err(e) = self.probe_workspace_complete(policy, passwd) {
             self.incomplete = Some(e);
         }
     }
 
-    fn probe_workspace_complete(&mut self, policy: &Policy) -> Result<(), String> {
+    fn probe_workspace_complete(
+        &mut self,
+        policy: &Policy,
+        passwd: &[(u32, PathBuf)],
+    ) -> Result<(), String> {
         let ws = &policy.workspace;
-        let nested_git = self.walk_workspace(ws)?;
+        let (nested_git, ws_listing) = self.walk_workspace(ws)?;
         // Roots the command may write: the workspace at the writable
         // levels, and every writable grant at any level (a grant, from the
         // command line or a project file, never reaches a write-protected
@@ -765,7 +822,7 @@ impl HostFacts {
         // Home directories inside a writable root get the home lists too
         // (a workspace of /home must not let the command write
         // /home/u/.bashrc). Homes come from the passwd database and /home.
-        let homes = host_homes(self.uid, &policy.home, |h| {
+        let homes = host_homes(passwd, self.uid, &policy.home, |h| {
             roots.iter().any(|r| h.starts_with(r))
         });
         let mut all: Vec<(PathBuf, bool)> = roots
@@ -779,10 +836,30 @@ impl HostFacts {
         }
         for (root, is_home) in &all {
             let nested = (root == ws).then_some(nested_git.as_slice());
-            self.write_protected_at(root, *is_home, nested)?;
+            let listing = if root == ws {
+                ws_listing.as_ref()
+            } else {
+                None
+            };
+            self.write_protected_at(root, *is_home, nested, listing)?;
         }
         Ok(())
     }
+}
+
+/// A directory's entries (names as listed) with their kind.
+type RootListing = BTreeMap<std::ffi::OsString, Kind>;
+
+/// Lists `dir` (every entry, with d_type's kind).
+fn list_dir(dir: &Path) -> Result<RootListing, String> {
+    let mut out = RootListing::new();
+    for e in fs::read_dir(dir).map_err(|e| unlistable(dir, &e))? {
+        let e = e.map_err(|e| unlistable(dir, &e))?;
+        if let Ok(ft) = e.file_type() {
+            out.insert(e.file_name(), dirent_kind(&ft));
+        }
+    }
+    Ok(out)
 }
 
 /// The error for a workspace directory moat cannot list.

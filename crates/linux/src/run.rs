@@ -417,9 +417,11 @@ pub fn run_with(
             out.error.get_or_insert(e);
         }
     }
+    crate::timing::mark("supervise until the init is gone");
     // Every process of the command is gone (the pid namespace died with
     // its init), so nothing races the sweep.
     let report = crate::sweep::sweep(&plan.sweep, &opts.tag);
+    crate::timing::mark("sweep");
     out.swept = report.swept;
     out.sweep_failed = report.failed;
     out
@@ -517,6 +519,7 @@ fn launch(
             return Err(e);
         }
     }
+    crate::timing::mark("seccomp filter, pipes, signal mask");
     // SAFETY: every caller runs this from a single-threaded process, so the
     // init may run ordinary code: `moat exec`'s supervisor (the proxy's
     // threads start after the clone, when the init hands its listeners
@@ -544,7 +547,10 @@ fn launch(
             rlimits: &enforcer.rlimits,
             pty,
         }),
-        Ok(Forked::Parent(pid)) => Pid::from_raw(pid),
+        Ok(Forked::Parent(pid)) => {
+            crate::timing::mark("clone the init (new namespaces)");
+            Pid::from_raw(pid)
+        }
         Err(e) => {
             sys::restore_sigmask(&old_mask);
             if let Some(cg) = &enforcer.cgroup {
@@ -845,7 +851,9 @@ pub(crate) fn supervise(
                     .is_ok_and(|m| m.iter().any(|m| matches!(m, InitMessage::Confined { .. })))
             {
                 started_seen = true;
+                crate::timing::mark("supervisor: the command is confined, about to exec");
                 observer.started(command_host_pid(child));
+                crate::timing::mark("supervisor: execution.started recorded");
             }
         }
         for (k, c) in captures.iter_mut().filter(|c| c.open).enumerate() {

@@ -710,6 +710,22 @@ pub fn check_nested(outer: &View, inner_policy: &Policy, inner: &View) -> Result
             }
         }
     }
+    if let Some((p, o)) = reaches_further(outer, inner) {
+        let why = if o == 0 {
+            format!("the outer run cannot read {}", p.display())
+        } else {
+            format!("the outer run cannot write {}", p.display())
+        };
+        return Err(widening(grant_name(&p), why));
+    }
+    Ok(())
+}
+
+/// The first host path where `inner` reaches further than `outer` (shows
+/// what `outer` hides, or writes what `outer` only reads), with `outer`'s
+/// reach there (0: nothing, 1: read); None when `inner` is within `outer`
+/// at every path either view decides.
+pub fn reaches_further(outer: &View, inner: &View) -> Option<(PathBuf, u8)> {
     let mut points: Vec<&Path> = outer
         .entries
         .iter()
@@ -723,15 +739,10 @@ pub fn check_nested(outer: &View, inner_policy: &Policy, inner: &View) -> Result
         let i = inner.host_mode(p).map(|x| x.mode.reach()).unwrap_or(0);
         let o = outer.host_mode(p).map(|x| x.mode.reach()).unwrap_or(0);
         if i > o {
-            let why = if o == 0 {
-                format!("the outer run cannot read {}", p.display())
-            } else {
-                format!("the outer run cannot write {}", p.display())
-            };
-            return Err(widening(grant_name(p), why));
+            return Some((p.to_path_buf(), o));
         }
     }
-    Ok(())
+    None
 }
 
 #[cfg(test)]

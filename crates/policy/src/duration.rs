@@ -5,6 +5,10 @@
 #[error("invalid duration {0:?}: use e.g. 500ms, 2s, 1m or plain seconds (30)")]
 pub struct DurationError(pub String);
 
+/// The longest duration moat takes, in milliseconds (about 31,700 years:
+/// anything longer is a mistake or an overflow).
+pub const MAX_DURATION_MS: u64 = 1_000_000_000_000_000;
+
 /// Parses a duration into milliseconds. Zero is refused: a run that may not
 /// run at all is a mistake, not a policy.
 pub fn parse_duration(s: &str) -> Result<u64, DurationError> {
@@ -27,7 +31,7 @@ pub fn parse_duration(s: &str) -> Result<u64, DurationError> {
     }
     let v: f64 = n.parse().map_err(|_| err())?;
     let ms = (v * scale).round();
-    if !(1.0..=1e15).contains(&ms) {
+    if !(1.0..=MAX_DURATION_MS as f64).contains(&ms) {
         return Err(err());
     }
     Ok(ms as u64)

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-pub use duration::{parse_duration, DurationError};
+pub use duration::{parse_duration, DurationError, MAX_DURATION_MS};
 pub use env::{
     is_secret_env_name, strip_url_credentials, strip_url_userinfo, tool_config_env, SAFE_BASE_ENV,
     TOOL_CONFIG_ENV_PREFIXES,

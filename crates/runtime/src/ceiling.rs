@@ -179,19 +179,44 @@ impl PolicyRef {
                     )));
                 }
                 let mut r = PolicyRef::default();
+                // A field of another shape than the one read is refused, never
+                // skipped: skipped, a narrowing the client asked for would be
+                // dropped and the run would get the server's wider policy.
                 for key in ["policy_id", "level", "sandbox_level"] {
-                    if let Some(s) = o.get(key).and_then(Value::as_str) {
-                        let (l, n) = policy_name(s)?;
-                        r.level = Some(l);
-                        r.network = r.network.or(n);
+                    match o.get(key) {
+                        None | Some(Value::Null) => {}
+                        Some(Value::String(s)) => {
+                            let (l, n) = policy_name(s)?;
+                            r.level = Some(l);
+                            r.network = r.network.or(n);
+                        }
+                        Some(_) => {
+                            return Err(Refusal::invalid(format!(
+                                "policy field {key} must be a name"
+                            )))
+                        }
                     }
                 }
                 let net_name = match o.get("network") {
+                    None | Some(Value::Null) => None,
                     Some(Value::String(s)) => Some(s.clone()),
                     Some(Value::Object(n)) => {
-                        n.get("mode").and_then(Value::as_str).map(str::to_string)
+                        if let Some(k) = n.keys().find(|k| k.as_str() != "mode") {
+                            return Err(Refusal::invalid(format!(
+                                "network field {k:?} is not supported by this server; the network object may set mode (allow_domains and deny_domains go in the policy object)"
+                            )));
+                        }
+                        match n.get("mode") {
+                            None | Some(Value::Null) => None,
+                            Some(Value::String(m)) => Some(m.clone()),
+                            Some(_) => return Err(Refusal::invalid("network.mode must be a name")),
+                        }
                     }
-                    _ => None,
+                    Some(_) => {
+                        return Err(Refusal::invalid(
+                            "policy field network must be a mode name or {\"mode\": NAME}",
+                        ))
+                    }
                 };
                 if let Some(s) = net_name {
                     r.network = Some(NetworkMode::parse(&s).ok_or_else(|| {
@@ -268,6 +293,8 @@ pub struct Ceiling {
     flags: PolicyFlags,
     policy: Policy,
     roots: Vec<PathBuf>,
+    here: PathBuf,
+    home: PathBuf,
 }
 
 impl Ceiling {
@@ -312,6 +339,8 @@ impl Ceiling {
             flags,
             policy,
             roots: canonical,
+            here: here.to_path_buf(),
+            home: home.to_path_buf(),
         })
     }
 
@@ -427,7 +456,77 @@ impl Ceiling {
             }
             flags.env.push((k.clone(), v.clone()));
         }
+        self.check_cwd_view(&flags)?;
         Ok(flags)
+    }
+
+    /// Refuses a `cwd` whose view, as the execution's workspace, reaches
+    /// further than the same execution's view at a root containing it: a
+    /// directory the root's view keeps read-only or hidden (its `.git`
+    /// hooks, `.claude`, `.vscode`, a `.env.d`, a `--ro` grant inside it, a
+    /// home path that runs code) would otherwise become a writable or
+    /// visible workspace, since moat protects those relative to the
+    /// workspace (Codex's CVE-2025-59532 is the same step). Checked against
+    /// every root that contains it (the strictest wins), with the
+    /// comparison nested runs use; a `cwd` that is a root needs no check.
+    fn check_cwd_view(&self, flags: &PolicyFlags) -> Result<(), Refusal> {
+        let Some(dir) = flags.cwd.as_deref() else {
+            return Ok(());
+        };
+        if flags.policy.unwrap_or(self.policy.level) == Level::DangerFullAccess {
+            return Ok(());
+        }
+        let containing: Vec<&PathBuf> = self
+            .roots
+            .iter()
+            .filter(|r| dir.starts_with(r) && r.as_path() != dir)
+            .collect();
+        if containing.is_empty() {
+            return Ok(());
+        }
+        let inner = self.view_of(flags)?;
+        for root in containing {
+            let mut at_root = flags.clone();
+            at_root.cwd = Some(root.clone());
+            let outer = self.view_of(&at_root)?;
+            if let Some((path, reach)) = moat_linux::view::reaches_further(&outer, &inner) {
+                let what = if reach == 0 {
+                    "hides"
+                } else {
+                    "keeps read-only"
+                };
+                return Err(Refusal {
+                    code: RefusalCode::PolicyDenied,
+                    message: format!(
+                        "cwd {} would open {}, which the server's policy {what} at its root {}; run in the root or a plain directory inside it",
+                        dir.display(),
+                        path.display(),
+                        root.display()
+                    ),
+                    reason: Some("cwd_in_protected_path"),
+                    detail: Some(format!("{} {what}", path.display())),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The view an execution with `flags` gets on this host now.
+    fn view_of(&self, flags: &PolicyFlags) -> Result<moat_linux::view::View, Refusal> {
+        let (policy, _) = resolve_policy_in(flags, &self.here, &self.home)
+            .map_err(|e| Refusal::new(RefusalCode::PolicyDenied, e.to_string()))?;
+        let env = std::env::vars_os()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.to_string_lossy().into_owned(),
+                )
+            })
+            .collect();
+        Ok(moat_linux::view::compute(
+            &policy,
+            &moat_linux::HostFacts::probe(&policy, env),
+        ))
     }
 }
 
@@ -670,5 +769,39 @@ mod tests {
             })
             .unwrap_err();
         assert_eq!(bad.code, RefusalCode::InvalidRequest);
+    }
+
+    #[test]
+    fn a_narrowing_of_another_shape_is_refused_not_dropped() {
+        for p in [
+            json!({"level": ["read-only"]}),
+            json!({"sandbox_level": {"name": "read-only"}}),
+            json!({"network": 0}),
+            json!({"network": {"mode": "proxy", "allow_domains": ["a.example.com"]}}),
+            json!({"network": {"mode": 1}}),
+        ] {
+            let bad = PolicyRef::parse(Some(&p)).unwrap_err();
+            assert_eq!(bad.code, RefusalCode::PolicyInvalid, "{p}");
+        }
+    }
+
+    #[test]
+    fn a_cwd_that_would_open_what_the_root_protects_is_refused() {
+        let (_guard, root) = tmp();
+        std::fs::create_dir_all(root.join(".git/hooks")).unwrap();
+        std::fs::create_dir_all(root.join("src/pkg")).unwrap();
+        let c = ceiling(&root, flags(Level::WorkspaceWrite, NetworkMode::Disabled));
+        let at = |cwd: &str| {
+            c.narrow(&RequestPolicy {
+                cwd: Some(cwd.to_string()),
+                ..RequestPolicy::default()
+            })
+        };
+        for cwd in [".git", ".git/hooks"] {
+            let bad = at(cwd).unwrap_err();
+            assert_eq!(bad.code, RefusalCode::PolicyDenied, "{cwd}");
+            assert_eq!(bad.reason, Some("cwd_in_protected_path"), "{cwd}");
+        }
+        assert_eq!(at("src/pkg").unwrap().cwd, Some(root.join("src/pkg")));
     }
 }

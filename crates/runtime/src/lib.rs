@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use moat_audit::{AuditLog, RunContext};
+use moat_linux::timing::mark;
 use moat_linux::{
     HostFacts, OutputMode, Plan, RunObserver, RunOptions, RunOutcome, RunStatus, Stream,
 };
@@ -336,11 +337,13 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
         message,
         policy: Box::new(policy.clone()),
     };
+    // Hashed once: serialising the policy canonically costs on every launch.
+    let policy_hash = policy.hash();
     let ctx = RunContext {
         execution_id: req.execution_id.clone(),
         session_id: req.session_id.clone(),
-        policy_hash: policy.hash(),
-        policy_epoch: policy.hash(),
+        policy_hash: policy_hash.clone(),
+        policy_epoch: policy_hash,
         moat_version: env!("CARGO_PKG_VERSION").to_string(),
     };
     // The log is opened before anything runs: a run that cannot be recorded
@@ -365,8 +368,11 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
             }
         }
     };
+    mark("open the audit log");
     let resolved = policy_resolved(&policy, req.metadata.clone()).stamp(&ctx);
+    mark("the start event (canonical policy)");
     let mut facts = HostFacts::probe(&policy, req.env.clone());
+    mark("probe the host");
     if policy.level.is_sandboxed() {
         // The user's tool configuration, credentials removed, where the
         // tools look under the sandbox HOME.
@@ -375,13 +381,16 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
             .map(|r| (r.rel, r.contents))
             .collect();
     }
+    mark("redacted copies of the user's tool config");
     if let Some(log) = &audit {
         facts.add_hidden_file(log.path());
     }
     if let Some(h) = &req.nested {
         nested::apply_handoff(h, &mut facts);
     }
-    let plan = match moat_linux::build_plan(&policy, &facts) {
+    let plan = moat_linux::build_plan(&policy, &facts);
+    mark("plan");
+    let plan = match plan {
         Ok(p) => p,
         Err(e) => {
             let failed = Event::Failed {
@@ -415,6 +424,7 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
     // The start of the run is on record (appended and read back) before
     // anything runs: a run that cannot be recorded does not happen.
     session.record_required(&[resolved]).map_err(refused)?;
+    mark("audit: start record appended and verified");
     let opts = RunOptions {
         argv: req.argv,
         output: req.output,
