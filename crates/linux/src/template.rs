@@ -397,7 +397,9 @@ impl Template {
             env: env.iter().map(|c| c.as_bytes().to_vec()).collect(),
         })
         .map_err(|e| format!("encode the execution: {e}"))?;
+        crate::timing::mark("template: key checked, argv, env, pipes");
         let init = self.take_warm()?;
+        crate::timing::mark("template: warm init taken");
         // Straight to the init: the template is not on this path.
         let sent = send_frame(
             init.sock.as_fd(),
@@ -416,6 +418,7 @@ impl Template {
                 "hand the execution to its init: {e}"
             )));
         }
+        crate::timing::mark("template: handed to the init");
         let (pid, pidfd) = (init.pid, init.pidfd);
         // Only the execution holds the write ends now.
         drop((stdout_w, stderr_w, report_w));
