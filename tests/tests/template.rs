@@ -196,3 +196,24 @@ fn template_and_oneshot_launch_each_report_which_ran() {
         assert_eq!(r["launch"], launch, "{r}");
     }
 }
+
+#[test]
+fn template_nested_moat_exec_fails_closed_and_says_how_to_get_nested_runs() {
+    let fx = Fixture::new();
+    let t = unique("nest");
+    let mut s = Serve::start(&fx, &["--policy", "workspace-write"]);
+    let (out, r) = s.run(&format!(
+        "echo NESTED-START; moat exec --no-audit -- sh -c 'echo x > {w}/ran-{t}' 2>&1; echo NESTED-EXIT=$?",
+        w = fx.ws.display()
+    ));
+    assert_eq!(r["launch"], "template", "{r}");
+    assert!(out.contains("NESTED-START"), "{out} {r}");
+    // Fails closed: moat's own failure, and the inner command never ran.
+    assert!(out.contains("NESTED-EXIT=125"), "{out}");
+    assert!(!fx.ws.join(format!("ran-{t}")).exists(), "{out}");
+    // The message names the cause and the fix, not a foreign seccomp filter.
+    assert!(
+        out.contains("nested runs are not available") && out.contains("--launch oneshot"),
+        "{out}"
+    );
+}
