@@ -1112,3 +1112,103 @@ pub fn host_ipv4() -> Option<std::net::Ipv4Addr> {
         None
     })
 }
+
+/// A `moat serve --stdio` session in the fixture's workspace, as a harness
+/// drives it (the template tests' client).
+pub struct ServeSession {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    out: std::io::BufReader<std::process::ChildStdout>,
+    next: u64,
+}
+
+impl ServeSession {
+    /// Starts `moat serve --stdio --no-audit ARGS` in the fixture.
+    pub fn start(fx: &Fixture, args: &[&str]) -> ServeSession {
+        let mut a = vec!["serve", "--stdio", "--no-audit"];
+        a.extend_from_slice(args);
+        let mut child = fx
+            .moat(a)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moat serve");
+        let stdin = child.stdin.take().expect("stdin");
+        let out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        ServeSession {
+            child,
+            stdin,
+            out,
+            next: 0,
+        }
+    }
+
+    /// The next message the service sends.
+    pub fn read(&mut self) -> serde_json::Value {
+        let mut line = String::new();
+        assert!(
+            std::io::BufRead::read_line(&mut self.out, &mut line).unwrap_or(0) > 0,
+            "moat serve ended"
+        );
+        serde_json::from_str(&line).expect("a JSON line")
+    }
+
+    /// A request and its answer (notifications in between are skipped).
+    pub fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        self.next += 1;
+        let id = self.next;
+        let msg =
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        std::io::Write::write_all(&mut self.stdin, format!("{msg}\n").as_bytes())
+            .expect("write a request");
+        loop {
+            let m = self.read();
+            if m["id"] == serde_json::json!(id) && m.get("method").is_none() {
+                return m;
+            }
+        }
+    }
+
+    /// Runs `script` under `sh -c` to its end: (its stdout, its result).
+    pub fn run(&mut self, script: &str) -> (String, serde_json::Value) {
+        use base64::Engine as _;
+        self.next += 1;
+        let id = self.next;
+        let msg = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "execute",
+                         "params": {"command": ["sh", "-c", script]}});
+        std::io::Write::write_all(&mut self.stdin, format!("{msg}\n").as_bytes())
+            .expect("write a request");
+        let mut stdout = Vec::new();
+        let mut eid = None;
+        loop {
+            let m = self.read();
+            if m["id"] == serde_json::json!(id) {
+                assert!(m.get("result").is_some(), "execute refused: {m}");
+                eid = Some(m["result"]["execution_id"].clone());
+                continue;
+            }
+            let p = &m["params"];
+            match p["type"].as_str() {
+                Some("execution.stdout") => stdout.extend(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(p["data"].as_str().unwrap_or(""))
+                        .unwrap_or_default(),
+                ),
+                Some("execution.finished") | Some("execution.failed") => break,
+                _ => {}
+            }
+        }
+        let eid = eid.expect("the execute answer came before the end");
+        let result =
+            self.call("getExecution", serde_json::json!({"execution_id": eid}))["result"].clone();
+        (String::from_utf8_lossy(&stdout).into_owned(), result)
+    }
+}
+
+impl Drop for ServeSession {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -4,109 +4,13 @@
 //! template was built stays hidden. (The abstract-socket, cancel, killed
 //! template and same-result cases are in tests/python/test_template.py.)
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Stdio};
-
-use base64::Engine;
 use moat_conformance::*;
-use serde_json::{json, Value};
-
-/// A `moat serve --stdio` session in the fixture's workspace.
-struct Serve {
-    child: Child,
-    stdin: ChildStdin,
-    out: BufReader<ChildStdout>,
-    next: u64,
-}
-
-impl Serve {
-    fn start(fx: &Fixture, args: &[&str]) -> Serve {
-        let mut a = vec!["serve", "--stdio", "--no-audit"];
-        a.extend_from_slice(args);
-        let mut child = fx
-            .moat(a)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moat serve");
-        let stdin = child.stdin.take().expect("stdin");
-        let out = BufReader::new(child.stdout.take().expect("stdout"));
-        Serve {
-            child,
-            stdin,
-            out,
-            next: 0,
-        }
-    }
-
-    fn read(&mut self) -> Value {
-        let mut line = String::new();
-        assert!(
-            self.out.read_line(&mut line).unwrap_or(0) > 0,
-            "moat serve ended"
-        );
-        serde_json::from_str(&line).expect("a JSON line")
-    }
-
-    fn call(&mut self, method: &str, params: Value) -> Value {
-        self.next += 1;
-        let id = self.next;
-        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        writeln!(self.stdin, "{msg}").expect("write a request");
-        loop {
-            let m = self.read();
-            if m["id"] == json!(id) && m.get("method").is_none() {
-                return m;
-            }
-        }
-    }
-
-    /// Runs `script` under `sh -c` to its end: (its stdout, its result).
-    fn run(&mut self, script: &str) -> (String, Value) {
-        self.next += 1;
-        let id = self.next;
-        let msg = json!({"jsonrpc": "2.0", "id": id, "method": "execute",
-                         "params": {"command": ["sh", "-c", script]}});
-        writeln!(self.stdin, "{msg}").expect("write a request");
-        let mut stdout = Vec::new();
-        let mut eid = None;
-        loop {
-            let m = self.read();
-            if m["id"] == json!(id) {
-                assert!(m.get("result").is_some(), "execute refused: {m}");
-                eid = Some(m["result"]["execution_id"].clone());
-                continue;
-            }
-            let p = &m["params"];
-            match p["type"].as_str() {
-                Some("execution.stdout") => stdout.extend(
-                    base64::engine::general_purpose::STANDARD
-                        .decode(p["data"].as_str().unwrap_or(""))
-                        .unwrap_or_default(),
-                ),
-                Some("execution.finished") | Some("execution.failed") => break,
-                _ => {}
-            }
-        }
-        let eid = eid.expect("the execute answer came before the end");
-        let result = self.call("getExecution", json!({"execution_id": eid}))["result"].clone();
-        (String::from_utf8_lossy(&stdout).into_owned(), result)
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[test]
 fn template_execution_sees_no_file_process_env_or_fd_of_the_previous_one() {
     let fx = Fixture::new();
     let t = unique("tpl");
-    let mut s = Serve::start(&fx, &["--policy", "workspace-contained"]);
+    let mut s = ServeSession::start(&fx, &["--policy", "workspace-contained"]);
     let (out, r) = s.run(&format!(
         "echo x > /tmp/tmpleft-{t}; echo x > $HOME/homeleft-{t}; echo x > /dev/shm/shmleft-{t}; \
          exec 7>/tmp/fdleft-{t}; export LEFT_{n}=envleft; sh -c 'sleep 1000' {t} & echo FIRST-RAN",
@@ -155,7 +59,7 @@ fn template_execution_sees_no_file_process_env_or_fd_of_the_previous_one() {
 fn template_secret_created_after_the_template_was_built_stays_hidden() {
     // The workspace is HOME, so a protected home path can appear in it.
     let fx = Fixture::home_as_workspace();
-    let mut s = Serve::start(&fx, &["--policy", "workspace-write"]);
+    let mut s = ServeSession::start(&fx, &["--policy", "workspace-write"]);
     let (out, r) = s.run("echo BUILT");
     assert_eq!(r["launch"], "template", "{r}");
     assert!(out.contains("BUILT"), "{out} {r}");
@@ -189,10 +93,31 @@ fn template_secret_created_after_the_template_was_built_stays_hidden() {
 fn template_and_oneshot_launch_each_report_which_ran() {
     let fx = Fixture::new();
     for launch in ["template", "oneshot"] {
-        let mut s = Serve::start(&fx, &["--policy", "workspace-write", "--launch", launch]);
+        let mut s = ServeSession::start(&fx, &["--policy", "workspace-write", "--launch", launch]);
         let (out, r) = s.run("echo RAN; exit 3");
         assert!(out.contains("RAN"), "{out} {r}");
         assert_eq!(r["exit_code"], 3, "{r}");
         assert_eq!(r["launch"], launch, "{r}");
     }
+}
+
+#[test]
+fn template_nested_moat_exec_fails_closed_and_says_how_to_get_nested_runs() {
+    let fx = Fixture::new();
+    let t = unique("nest");
+    let mut s = ServeSession::start(&fx, &["--policy", "workspace-write"]);
+    let (out, r) = s.run(&format!(
+        "echo NESTED-START; moat exec --no-audit -- sh -c 'echo x > {w}/ran-{t}' 2>&1; echo NESTED-EXIT=$?",
+        w = fx.ws.display()
+    ));
+    assert_eq!(r["launch"], "template", "{r}");
+    assert!(out.contains("NESTED-START"), "{out} {r}");
+    // Fails closed: moat's own failure, and the inner command never ran.
+    assert!(out.contains("NESTED-EXIT=125"), "{out}");
+    assert!(!fx.ws.join(format!("ran-{t}")).exists(), "{out}");
+    // The message names the cause and the fix, not a foreign seccomp filter.
+    assert!(
+        out.contains("nested runs are not available") && out.contains("--launch oneshot"),
+        "{out}"
+    );
 }

@@ -4,6 +4,7 @@
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use moat_linux::OutputMode;
@@ -30,6 +31,101 @@ fn stdout_sink(events: bool) -> EventSink {
             let _ = out.flush();
         }
     })
+}
+
+/// Bytes of events queued for stdout past which the run stops reading the
+/// command's output until the reader catches up.
+const EVENTS_BACKLOG: usize = 1 << 20;
+
+/// `--events` on stdout, written by a thread of its own: the run's sink
+/// never blocks on a reader that stopped reading (the timeout and stop
+/// requests must still fire); the run is told when the queue is long.
+struct QueuedStdout {
+    tx: Mutex<std::sync::mpsc::Sender<Vec<u8>>>,
+    queued: Arc<AtomicUsize>,
+    written: Arc<AtomicU64>,
+}
+
+impl QueuedStdout {
+    fn start() -> Arc<QueuedStdout> {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let written = Arc::new(AtomicU64::new(0));
+        let (q, w) = (queued.clone(), written.clone());
+        std::thread::spawn(move || {
+            let mut out = std::io::stdout();
+            for line in rx {
+                let _ = out.write_all(&line);
+                let _ = out.flush();
+                q.fetch_sub(line.len(), Ordering::Relaxed);
+                w.fetch_add(line.len() as u64, Ordering::Relaxed);
+            }
+        });
+        Arc::new(QueuedStdout {
+            tx: Mutex::new(tx),
+            queued,
+            written,
+        })
+    }
+
+    fn send(&self, ev: &Value) {
+        let mut line = ev.to_string().into_bytes();
+        line.push(b'\n');
+        if let Ok(tx) = self.tx.lock() {
+            self.queued.fetch_add(line.len(), Ordering::Relaxed);
+            let _ = tx.send(line);
+        }
+    }
+
+    fn behind(&self) -> bool {
+        self.queued.load(Ordering::Relaxed) > EVENTS_BACKLOG
+    }
+
+    /// Wait until every event is written. A stopped run (timeout, stop,
+    /// limit) gives up once the reader made no progress for the kill
+    /// grace: its last events are best effort, and moat exits.
+    fn flush(&self, bounded: bool) {
+        let mut last = (
+            self.written.load(Ordering::Relaxed),
+            std::time::Instant::now(),
+        );
+        while self.queued.load(Ordering::Relaxed) > 0 {
+            let now = self.written.load(Ordering::Relaxed);
+            if now != last.0 {
+                last = (now, std::time::Instant::now());
+            }
+            if bounded && last.1.elapsed() >= moat_linux::run::KILL_GRACE {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
+/// A stopped run does not wait forever to say so on a stderr nobody reads
+/// (the relay gave up on that reader already): when stderr takes nothing
+/// for the kill grace, the report goes to /dev/null and moat exits with
+/// the run's code.
+fn abandon_stalled_stderr() {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let stderr = std::io::stderr();
+    let grace = moat_linux::run::KILL_GRACE.as_millis().min(60_000) as u16;
+    let mut fds = [PollFd::new(stderr.as_fd(), PollFlags::POLLOUT)];
+    if matches!(poll(&mut fds, PollTimeout::from(grace)), Ok(n) if n > 0) {
+        return;
+    }
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2_stderr(&null);
+    }
+}
+
+/// `code`, once every queued event is on stdout.
+fn flushed(queued: &Option<Arc<QueuedStdout>>, code: ExitCode) -> ExitCode {
+    if let Some(q) = queued {
+        q.flush(false);
+    }
+    code
 }
 
 /// How one run reports and records itself, independent of how its policy
@@ -114,17 +210,29 @@ pub fn run_resolved(
         })
         .collect();
     let mode = reporting.mode();
-    let sink = stdout_sink(reporting.events);
+    let queued = reporting.events.then(QueuedStdout::start);
+    let sink: EventSink = match &queued {
+        Some(q) => {
+            let q = q.clone();
+            Arc::new(move |ev: &Value| q.send(ev))
+        }
+        None => moat_runtime::no_sink(),
+    };
     let (policy, timeout) = match resolved {
         Ok(p) => p,
-        Err(e) => return refuse(mode, &id, &session_id, None, &e, &sink),
+        Err(e) => return flushed(&queued, refuse(mode, &id, &session_id, None, &e, &sink)),
     };
     // A nested run: the broker checked the request, and this process checks
     // the view it actually builds against the outer run's view.
     let (mut policy, timeout) = (policy, timeout);
     let handoff = match crate::nested::read_handoff() {
         None => None,
-        Some(Err(e)) => return refuse(mode, &id, &session_id, Some(&policy), &e, &sink),
+        Some(Err(e)) => {
+            return flushed(
+                &queued,
+                refuse(mode, &id, &session_id, Some(&policy), &e, &sink),
+            )
+        }
         Some(Ok(h)) => {
             // A nested run dies with the outer supervisor that launched it,
             // even if that one is SIGKILLed (its init then takes the sandbox).
@@ -144,7 +252,10 @@ pub fn run_resolved(
                 );
             }
             if crate::nested::inherit_policy(&h, &mut policy).is_err() {
-                return refuse(mode, &id, &session_id, Some(&policy), CHANGED, &sink);
+                return flushed(
+                    &queued,
+                    refuse(mode, &id, &session_id, Some(&policy), CHANGED, &sink),
+                );
             }
             Some(h)
         }
@@ -156,7 +267,12 @@ pub fn run_resolved(
     }) {
         None => None,
         Some(Ok(m)) => Some(m),
-        Some(Err(e)) => return refuse(mode, &id, &session_id, Some(&policy), &e, &sink),
+        Some(Err(e)) => {
+            return flushed(
+                &queued,
+                refuse(mode, &id, &session_id, Some(&policy), &e, &sink),
+            )
+        }
     };
     let request = ExecutionRequest {
         argv: command.to_vec(),
@@ -181,10 +297,18 @@ pub fn run_resolved(
         live_refusals: !reporting.quiet,
         parent_execution_id: std::env::var("MOAT_PARENT_EXECUTION_ID").ok(),
         metadata,
+        output_backlog: queued
+            .clone()
+            .map(|q| Arc::new(move || q.behind()) as moat_runtime::OutputBacklog),
     };
     let prepared = match moat_runtime::prepare(request, sink.clone()) {
         Ok(p) => p,
-        Err(r) => return refuse(mode, &id, &session_id, Some(&r.policy), &r.message, &sink),
+        Err(r) => {
+            return flushed(
+                &queued,
+                refuse(mode, &id, &session_id, Some(&r.policy), &r.message, &sink),
+            )
+        }
     };
     let done = prepared
         .with_broker(Box::new(|outer| {
@@ -192,6 +316,13 @@ pub fn run_resolved(
         }))
         .run(&mut InProcess);
     moat_linux::timing::mark("run, denials, audit finish record");
+    let stopped = done.outcome.timed_out || done.outcome.termination_reason.is_some();
+    if let Some(q) = &queued {
+        q.flush(stopped);
+    }
+    if stopped && mode == Mode::Plain {
+        abandon_stalled_stderr();
+    }
     let code = report(mode, reporting, &done);
     moat_linux::timing::mark("report");
     code

@@ -34,7 +34,8 @@ pub(crate) const MAX_RECORDS: usize = 1000;
 pub(crate) const MAX_KEPT_EVENTS: usize = 1000;
 pub(crate) const MAX_KEPT_DENIALS: usize = 256;
 /// Events of an in-process execution that may wait for the client: past
-/// this the run waits (its output chunks are at most 64 KiB each).
+/// this the run stops reading the command's output (its output chunks are
+/// at most 64 KiB each) and the command waits, as on a full pipe.
 const IN_PROCESS_EVENTS: usize = 64;
 /// Executions one client may have running at once: past this, `execute`
 /// is refused (`EXECUTION_LIMIT_EXCEEDED`) until one ends, so one client
@@ -196,6 +197,8 @@ pub(crate) enum Source {
     /// a channel (the events `moat exec --events` writes).
     InProcess {
         events: std::sync::mpsc::Receiver<Value>,
+        /// Events sent and not yet taken from `events`.
+        queued: Arc<std::sync::atomic::AtomicUsize>,
         thread: Option<std::thread::JoinHandle<()>>,
         control: Arc<Mutex<Option<moat_linux::control::ControlSender>>>,
     },
@@ -205,8 +208,9 @@ impl Source {
     fn next_event(&mut self) -> Option<(Value, Envelope, Event)> {
         match self {
             Source::Child(s) => s.next_event(),
-            Source::InProcess { events, .. } => {
+            Source::InProcess { events, queued, .. } => {
                 let v = events.recv().ok()?;
+                queued.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 let (env, ev) = Event::read(&v);
                 Some((v, env, ev))
             }
@@ -227,6 +231,7 @@ impl Source {
                 control,
                 thread,
                 events,
+                ..
             } => {
                 Stopper::InProcess(control.clone()).terminate();
                 while events.recv().is_ok() {}
@@ -245,6 +250,7 @@ impl Source {
                 thread,
                 events,
                 control,
+                ..
             } => {
                 drop(events);
                 if let Some(t) = thread {
@@ -476,16 +482,24 @@ impl Service {
         let Some(templates) = self.templates.clone() else {
             return Err(std::io::Error::other("no templates"));
         };
-        // Bounded: when the client reads slower than the command writes,
-        // the run waits (as a `moat exec` child waits on its full pipe)
-        // instead of the service buffering the output without end.
-        let (tx, events) = std::sync::mpsc::sync_channel::<Value>(IN_PROCESS_EVENTS);
+        // Paced: when the client reads slower than the command writes, the
+        // run stops reading the command's output (which waits as a `moat
+        // exec` child's does on its full pipe) instead of the service
+        // buffering the output without end. The sink itself never blocks:
+        // the run's timeout and cancel must fire while the client stalls.
+        let (tx, events) = std::sync::mpsc::channel::<Value>();
         let tx = Mutex::new(tx);
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = queued.clone();
         let sink: moat_runtime::EventSink = Arc::new(move |v: &Value| {
             if let Ok(t) = tx.lock() {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let _ = t.send(v.clone());
             }
         });
+        let behind = queued.clone();
+        let output_backlog: moat_runtime::OutputBacklog =
+            Arc::new(move || behind.load(std::sync::atomic::Ordering::Relaxed) > IN_PROCESS_EVENTS);
         let (control, receiver) = moat_linux::control::channel()?;
         let stdin = match &req.stdin {
             StdinSource::Bytes(b) => b.clone(),
@@ -506,6 +520,7 @@ impl Service {
                 })
                 .collect(),
             output: moat_linux::OutputMode::Stream,
+            output_backlog: Some(output_backlog),
             audit: if self.no_audit {
                 moat_runtime::AuditTarget::Off
             } else {
@@ -537,6 +552,7 @@ impl Service {
             })?;
         Ok(Source::InProcess {
             events,
+            queued,
             thread: Some(thread),
             control: Arc::new(Mutex::new(Some(control))),
         })

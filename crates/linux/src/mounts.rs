@@ -70,14 +70,16 @@ pub(crate) fn set_identity<S: Syscall>(sys: &S, plan: &Plan) -> Result<(), Strin
         .map_err(|e| format!("set hostname: {e}"))
 }
 
-/// Builds the whole view and leaves the process inside it, at `/`. With
-/// `broker`, also binds the nested-run socket at [`crate::netns::BROKER_SOCKET`]
-/// (before the root becomes read-only) and returns its listener.
-pub(crate) fn build_root<S: Syscall>(
-    sys: &S,
-    ops: &[MountOp],
-    broker: bool,
-) -> Result<Option<S::Listener>, MountError> {
+/// The empty directory and file every stand-in is bound from, in the
+/// detached scratch tmpfs.
+const SCRATCH_DIR: &str = "d";
+const SCRATCH_FILE: &str = "f";
+
+/// What every sandbox root starts with, one-shot or template: mounts made
+/// private, a fresh tmpfs pivoted to as `/` (the host's root under
+/// `OLD_ROOT`), and the detached, read-only scratch tmpfs holding the empty
+/// directory and file that stand-ins are bound from.
+fn enter_staging_root<S: Syscall>(sys: &S) -> Result<S::Handle, MountError> {
     // Our mount events must never propagate to the host (and host events
     // should not trickle into the sandbox mid-run).
     sys.mount(
@@ -103,18 +105,27 @@ pub(crate) fn build_root<S: Syscall>(
         .map_err(err("pivot_root", staging))?;
     sys.chdir(Path::new("/"))
         .map_err(err("chdir", Path::new("/")))?;
-
-    // Empty stand-ins come from a tmpfs that is mounted nowhere.
     let scratch = sys
         .detached_tmpfs(c"0555")
         .map_err(err("create scratch tmpfs", Path::new("(detached)")))?;
-    let empty_dir = Path::new("d");
-    let empty_file = Path::new("f");
-    sys.mkdir_at(&scratch, empty_dir, 0o555)
-        .and_then(|()| sys.create_at(&scratch, empty_file, 0o444))
+    sys.mkdir_at(&scratch, Path::new(SCRATCH_DIR), 0o555)
+        .and_then(|()| sys.create_at(&scratch, Path::new(SCRATCH_FILE), 0o444))
         .map_err(err("fill scratch tmpfs", Path::new("(detached)")))?;
     sys.make_superblock_readonly(&scratch)
         .map_err(err("make scratch tmpfs read-only", Path::new("(detached)")))?;
+    Ok(scratch)
+}
+
+/// Builds the whole view and leaves the process inside it, at `/`. With
+/// `broker`, also binds the nested-run socket at [`crate::netns::BROKER_SOCKET`]
+/// (before the root becomes read-only) and returns its listener.
+pub(crate) fn build_root<S: Syscall>(
+    sys: &S,
+    ops: &[MountOp],
+    broker: bool,
+) -> Result<Option<S::Listener>, MountError> {
+    let scratch = enter_staging_root(sys)?;
+    let (empty_dir, empty_file) = (Path::new(SCRATCH_DIR), Path::new(SCRATCH_FILE));
 
     for op in ops {
         apply_op(sys, op, &scratch, empty_dir, empty_file)?;
@@ -405,40 +416,16 @@ pub(crate) fn build_template_root<S: Syscall>(
     ops: &[MountOp],
     per_exec: &[bool],
 ) -> Result<S::Handle, MountError> {
-    sys.mount(
-        None,
-        Path::new("/"),
-        None,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None,
-    )
-    .map_err(err("make mounts private", Path::new("/")))?;
-    let staging = Path::new(STAGING);
-    sys.mount(
-        Some("tmpfs"),
-        staging,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=0755,size=16m"),
-    )
-    .map_err(err("mount root tmpfs", staging))?;
-    let old = staging.join(OLD_ROOT.trim_start_matches('/'));
-    sys.mkdir(&old, 0o700).map_err(err("mkdir", &old))?;
-    sys.pivot_root(staging, &old)
-        .map_err(err("pivot_root", staging))?;
-    sys.chdir(Path::new("/"))
-        .map_err(err("chdir", Path::new("/")))?;
-    let scratch = sys
-        .detached_tmpfs(c"0555")
-        .map_err(err("create scratch tmpfs", Path::new("(detached)")))?;
-    sys.mkdir_at(&scratch, Path::new("d"), 0o555)
-        .and_then(|()| sys.create_at(&scratch, Path::new("f"), 0o444))
-        .map_err(err("fill scratch tmpfs", Path::new("(detached)")))?;
-    sys.make_superblock_readonly(&scratch)
-        .map_err(err("make scratch tmpfs read-only", Path::new("(detached)")))?;
+    let scratch = enter_staging_root(sys)?;
     for (op, own) in ops.iter().zip(per_exec) {
         if !own {
-            apply_op(sys, op, &scratch, Path::new("d"), Path::new("f"))?;
+            apply_op(
+                sys,
+                op,
+                &scratch,
+                Path::new(SCRATCH_DIR),
+                Path::new(SCRATCH_FILE),
+            )?;
         } else if matches!(
             op,
             MountOp::Tmpfs { .. } | MountOp::Proc { .. } | MountOp::Devpts { .. }
@@ -464,7 +451,13 @@ pub(crate) fn prepare_execution_root<S: Syscall>(
 ) -> Result<(), MountError> {
     for ((op, own), late) in ops.iter().zip(per_exec).zip(late) {
         if *own && !late {
-            apply_op(sys, op, scratch, Path::new("d"), Path::new("f"))?;
+            apply_op(
+                sys,
+                op,
+                scratch,
+                Path::new(SCRATCH_DIR),
+                Path::new(SCRATCH_FILE),
+            )?;
         }
     }
     Ok(())
@@ -483,7 +476,13 @@ pub(crate) fn finish_execution_root<S: Syscall>(
 ) -> Result<(), MountError> {
     for (op, late) in ops.iter().zip(late) {
         if *late {
-            apply_op(sys, op, scratch, Path::new("d"), Path::new("f"))?;
+            apply_op(
+                sys,
+                op,
+                scratch,
+                Path::new(SCRATCH_DIR),
+                Path::new(SCRATCH_FILE),
+            )?;
         }
     }
     let old = Path::new(OLD_ROOT);

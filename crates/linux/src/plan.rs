@@ -174,6 +174,8 @@ pub enum PlanError {
     NoLandlock(Level),
     #[error("moat is running inside another sandbox whose seccomp filter hides Landlock and forbids new namespaces (moat in moat, or a container's default profile); run moat outside it")]
     Nested,
+    #[error("nested runs are not available in an execution forked from a sandbox template (moat serve/mcp's default launch): it has no nested-run broker, and its seccomp filter forbids new namespaces. Fix: start the service with --launch oneshot to run moat inside its executions")]
+    NestedInTemplate,
     #[error("--network unmanaged needs Landlock ABI 6 (Linux >= 6.12) to keep host abstract unix sockets out of reach, and this kernel has ABI {0}; use --network disabled")]
     NoAbstractScoping(i32),
     #[error("the net-connect class needs Landlock ABI 4 (Linux >= 6.7) to refuse TCP binds, and this kernel has ABI {0}; use net-denied or net-listen")]
@@ -279,7 +281,16 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         return Ok(plan);
     }
     if host.landlock_abi < 1 && host.under_seccomp {
-        return Err(PlanError::Nested);
+        // The template marks its executions (the mark only picks this
+        // message; the refusal is the same).
+        let in_template = host.env.iter().any(|(k, v)| {
+            k == crate::template::LAUNCH_ENV && v == crate::template::LAUNCHED_FROM_TEMPLATE
+        });
+        return Err(if in_template {
+            PlanError::NestedInTemplate
+        } else {
+            PlanError::Nested
+        });
     }
     if host.landlock_abi < 1 {
         return Err(PlanError::NoLandlock(policy.level));

@@ -56,6 +56,14 @@ pub trait RunObserver {
     fn started(&mut self, _pid: Option<i32>) {}
     /// A chunk of output (only in [`OutputMode::Stream`]).
     fn output(&mut self, _stream: Stream, _offset: u64, _data: &[u8]) {}
+    /// Whether the consumer of [`RunObserver::output`] is behind (its
+    /// reader stopped reading). While it is, the supervisor stops reading
+    /// the command's output (the command blocks as on a full pipe) and
+    /// keeps enforcing the timeout and stop requests: `output` must never
+    /// block on the reader.
+    fn output_backlog(&self) -> bool {
+        false
+    }
     /// The proxy endpoints created inside the sandbox's network namespace
     /// (only when the plan has a proxy); the observer serves them.
     fn proxy_listeners(&mut self, _http: std::net::TcpListener, _socks: std::net::TcpListener) {}
@@ -204,15 +212,150 @@ pub(crate) struct Capture {
     /// Keep a tail for reading refusals back (stderr).
     tail: bool,
     open: bool,
+    /// The thread that writes the relayed bytes (started on the first).
+    writer: Option<RelayWriter>,
+    /// A relayed chunk the writer had no room for yet: while one waits,
+    /// the command's pipe is not read.
+    pending: Option<Vec<u8>>,
+}
+
+/// Chunks a relay may queue for its writer before the supervisor stops
+/// reading the command's pipe (each up to 64 KiB).
+const RELAY_QUEUE: usize = 16;
+
+/// Writes relayed output to one of moat's own descriptors on a thread of
+/// its own, so a reader that stops reading blocks that thread, never the
+/// supervisor (which must still enforce the timeout and stop requests).
+/// moat's stdout/stderr are shared open files: making them non-blocking
+/// would change them for every other process holding them, so the write
+/// stays blocking, off the supervisor's thread.
+struct RelayWriter {
+    tx: std::sync::mpsc::SyncSender<Vec<u8>>,
+    /// Bytes written so far: tells a slow reader from a stalled one.
+    written: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Disconnected once the thread has written everything and ended.
+    done: std::sync::mpsc::Receiver<()>,
+}
+
+impl RelayWriter {
+    fn start(fd: i32) -> RelayWriter {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(RELAY_QUEUE);
+        let (done_tx, done) = std::sync::mpsc::channel::<()>();
+        let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let count = written.clone();
+        std::thread::spawn(move || {
+            let _done = done_tx;
+            for chunk in rx {
+                sys::write_all_fd(fd, &chunk);
+                count.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        RelayWriter { tx, written, done }
+    }
+
+    /// Queue a chunk; hands it back when the queue is full.
+    fn offer(&self, chunk: Vec<u8>) -> Option<Vec<u8>> {
+        match self.tx.try_send(chunk) {
+            Ok(()) => None,
+            Err(std::sync::mpsc::TrySendError::Full(c)) => Some(c),
+            // The thread is gone (cannot happen while tx lives): drop it.
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => None,
+        }
+    }
+
+    /// Let the thread write what is queued (and `rest`). A run that ended
+    /// normally waits for its reader however slow, as any filter would; a
+    /// run that was stopped (timeout, stop request, limit) gives up once
+    /// the reader made no progress for [`KILL_GRACE`], so moat exits.
+    fn finish(self, rest: Option<Vec<u8>>, bounded: bool) {
+        let RelayWriter { tx, written, done } = self;
+        let mut rest = rest;
+        let mut last = (
+            written.load(std::sync::atomic::Ordering::Relaxed),
+            Instant::now(),
+        );
+        let tick = Duration::from_millis(20);
+        loop {
+            if let Some(chunk) = rest.take() {
+                if let Err(std::sync::mpsc::TrySendError::Full(c)) = tx.try_send(chunk) {
+                    rest = Some(c);
+                }
+            }
+            if rest.is_none() {
+                break;
+            }
+            if bounded && !progressed(&written, &mut last) {
+                return;
+            }
+            std::thread::sleep(tick);
+        }
+        drop(tx);
+        loop {
+            match done.recv_timeout(tick) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if bounded && !progressed(&written, &mut last) {
+                        return;
+                    }
+                }
+                _ => return,
+            }
+        }
+    }
+}
+
+/// Whether the writer wrote anything in the last [`KILL_GRACE`].
+fn progressed(written: &std::sync::atomic::AtomicU64, last: &mut (u64, Instant)) -> bool {
+    let now = written.load(std::sync::atomic::Ordering::Relaxed);
+    if now != last.0 {
+        *last = (now, Instant::now());
+    }
+    last.1.elapsed() < KILL_GRACE
 }
 
 impl Capture {
+    /// Hand a waiting chunk to the writer again; then whether the pipe may
+    /// be read now (not while a chunk waits, nor while the observer that
+    /// takes this stream is behind: `paused`).
+    fn readable(&mut self, paused: bool) -> bool {
+        if let (Some(chunk), Some(w)) = (self.pending.take(), &self.writer) {
+            self.pending = w.offer(chunk);
+        }
+        let streamed = self.relay.is_none() && self.limit == 0;
+        self.open && self.pending.is_none() && !(paused && streamed)
+    }
+
+    /// After the run: wait until the writer takes the waiting chunk
+    /// (bounded as in [`RelayWriter::finish`]); whether it did.
+    fn wait_room(&mut self, bounded: bool) -> bool {
+        let Some(w) = &self.writer else {
+            self.pending = None;
+            return true;
+        };
+        let mut last = (
+            w.written.load(std::sync::atomic::Ordering::Relaxed),
+            Instant::now(),
+        );
+        while let Some(chunk) = self.pending.take() {
+            self.pending = w.offer(chunk);
+            if self.pending.is_some() {
+                if bounded && !progressed(&w.written, &mut last) {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        true
+    }
+
     fn read_some(
         &mut self,
         observer: &mut dyn RunObserver,
         tail: &mut Vec<u8>,
         budget: &mut Budget,
     ) {
+        if self.pending.is_some() {
+            return;
+        }
         let mut chunk = [0u8; 65536];
         match nix::unistd::read(&self.fd, &mut chunk) {
             Ok(0) => self.open = false,
@@ -234,7 +377,8 @@ impl Capture {
                 }
                 let data = &chunk[..n];
                 if let Some(fd) = self.relay {
-                    sys::write_all_fd(fd, data);
+                    let writer = self.writer.get_or_insert_with(|| RelayWriter::start(fd));
+                    self.pending = writer.offer(data.to_vec());
                 }
                 if self.limit > 0 {
                     let room = self.limit.saturating_sub(self.buf.len());
@@ -279,6 +423,8 @@ pub(crate) fn capture_pipes(
             relay,
             tail: stream == Stream::Stderr,
             open: true,
+            writer: None,
+            pending: None,
         });
         match stream {
             Stream::Stdout => *stdout_end = Some(w),
@@ -753,6 +899,16 @@ pub(crate) fn supervise(
             }
             None => PollTimeout::NONE,
         };
+        // A stream whose reader is behind is not read (the command blocks as
+        // on a full pipe); look again soon, the rest of the loop stays live.
+        let paused = observer.output_backlog();
+        let polled: Vec<bool> = captures.iter_mut().map(|c| c.readable(paused)).collect();
+        let throttled = captures.iter().zip(&polled).any(|(c, p)| c.open && !p);
+        let timeout = match timeout {
+            _ if !throttled => timeout,
+            PollTimeout::NONE => PollTimeout::from(10u16),
+            t => t.min(PollTimeout::from(10u16)),
+        };
         // Input waits for moat to reach the terminal's foreground: look again soon.
         let timeout = match relay.as_mut().map(|r| r.take_input_if_foreground()) {
             Some(true) if timeout == PollTimeout::NONE => PollTimeout::from(250u16),
@@ -783,7 +939,7 @@ pub(crate) fn supervise(
             fds.push(PollFd::new(b.as_fd(), PollFlags::POLLIN));
         }
         let cap_index = fds.len();
-        for c in captures.iter().filter(|c| c.open) {
+        for (c, _) in captures.iter().zip(&polled).filter(|(_, p)| **p) {
             fds.push(PollFd::new(c.fd.as_fd(), PollFlags::POLLIN));
         }
         let relay_index = fds.len();
@@ -807,7 +963,7 @@ pub(crate) fn supervise(
         let report_ready = report_open && ready(2);
         let handoff_ready = handoff.is_some() && ready(handoff_index);
         let broker_ready = broker.is_some() && ready(broker_index);
-        let cap_ready: Vec<bool> = (0..captures.iter().filter(|c| c.open).count())
+        let cap_ready: Vec<bool> = (0..polled.iter().filter(|p| **p).count())
             .map(|i| ready(cap_index + i))
             .collect();
         let (master_ready, stdin_ready) = match (relay_has_master, relay_set.len()) {
@@ -856,7 +1012,12 @@ pub(crate) fn supervise(
                 crate::timing::mark("supervisor: execution.started recorded");
             }
         }
-        for (k, c) in captures.iter_mut().filter(|c| c.open).enumerate() {
+        let polled_captures = captures
+            .iter_mut()
+            .zip(&polled)
+            .filter(|(_, p)| **p)
+            .map(|(c, _)| c);
+        for (k, c) in polled_captures.enumerate() {
             if cap_ready.get(k).copied().unwrap_or(false) {
                 c.read_some(observer, &mut tail, &mut budget);
             }
@@ -967,10 +1128,16 @@ pub(crate) fn supervise(
     if report_open {
         read_report(&report_r, &mut report_buf);
     }
+    // A stopped run (timeout, stop request, limit) does not wait on a
+    // reader that stopped reading: its last output is best effort.
+    let bounded = out.timed_out || stage > 0;
     for c in captures.iter_mut() {
         set_nonblocking(&c.fd);
         let mut spins = 0;
         while c.open && spins < 100_000 {
+            if c.pending.is_some() && !c.wait_room(bounded) {
+                break;
+            }
             let before = c.offset;
             c.read_some(observer, &mut tail, &mut budget);
             if budget.exceeded && c.offset == before {
@@ -982,6 +1149,9 @@ pub(crate) fn supervise(
                 break;
             }
             spins += 1;
+        }
+        if let Some(w) = c.writer.take() {
+            w.finish(c.pending.take(), bounded);
         }
     }
     if tail.len() > STDERR_TAIL {

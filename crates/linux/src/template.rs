@@ -38,6 +38,12 @@ use crate::syscall::Kernel;
 
 /// The hidden subcommand that starts a template process (`moat __template`).
 pub const SUBCOMMAND: &str = "__template";
+/// Set to [`LAUNCHED_FROM_TEMPLATE`] in every template execution's
+/// environment: a `moat exec` inside one (which has no nested-run broker)
+/// then says why it cannot run and what to do instead.
+pub const LAUNCH_ENV: &str = "MOAT_LAUNCH";
+/// [`LAUNCH_ENV`]'s value in a template execution.
+pub const LAUNCHED_FROM_TEMPLATE: &str = "template";
 /// The control socket's descriptor number in the template process.
 const CTL_FD: RawFd = 3;
 /// A control message larger than this is refused (a broken peer).
@@ -157,9 +163,12 @@ struct Spec {
     seccomp: Vec<(u16, u8, u8, u32)>,
 }
 
-/// One execution asked of a template (fds: stdin, stdout, stderr, report).
+/// A request to a template, or (`Exec`) to an execution's init.
 #[derive(Serialize, Deserialize)]
 enum Request {
+    /// Fork the next execution's init and pass it over (`Reply::Warm`).
+    Warm,
+    /// To an init: run this command (fds: stdin, stdout, stderr, report).
     Exec {
         argv: Vec<Vec<u8>>,
         env: Vec<Vec<u8>>,
@@ -172,8 +181,9 @@ enum Request {
 #[derive(Serialize, Deserialize)]
 enum Reply {
     Ready,
-    /// The execution's init, with its pidfd attached.
-    Started {
+    /// An execution's init, waiting for its command, with its pidfd and
+    /// its end of the init's socket attached.
+    Warm {
         pid: i32,
     },
     Failed {
@@ -184,8 +194,26 @@ enum Reply {
 /// A running template process and its control socket.
 pub struct Template {
     key: String,
-    ctl: Mutex<UnixStream>,
+    ctl: Mutex<Ctl>,
     process: Mutex<Option<std::process::Child>>,
+}
+
+/// The service's side of a template's control socket.
+struct Ctl {
+    sock: UnixStream,
+    /// A `Warm` request was sent and its answer not yet read: the next
+    /// execution's init is being forked (or waits) while nothing waits
+    /// for it.
+    warm_asked: bool,
+}
+
+/// An execution's init, forked and waiting for its command: the service
+/// hands it the request itself, so a warm execution costs no round trip
+/// through the template.
+struct WarmInit {
+    pid: i32,
+    pidfd: OwnedFd,
+    sock: UnixStream,
 }
 
 impl Template {
@@ -213,18 +241,25 @@ impl Template {
             .map_err(|e| format!("start a sandbox template ({}): {e}", moat.display()))?;
         let t = Template {
             key: key(plan),
-            ctl: Mutex::new(ours),
+            ctl: Mutex::new(Ctl {
+                sock: ours,
+                warm_asked: false,
+            }),
             process: Mutex::new(Some(child)),
         };
         {
-            let ctl = t.lock_ctl();
-            send_frame(ctl.as_fd(), &body, &[]).map_err(|e| format!("send the template: {e}"))?;
-            match recv_frame::<Reply>(ctl.as_fd()) {
+            let mut ctl = t.lock_ctl();
+            let sock = ctl.sock.as_fd();
+            send_frame(sock, &body, &[]).map_err(|e| format!("send the template: {e}"))?;
+            match recv_frame::<Reply>(sock) {
                 Ok((Reply::Ready, _)) => {}
                 Ok((Reply::Failed { error }, _)) => return Err(error),
                 Ok(_) => return Err("the sandbox template answered out of turn".into()),
                 Err(e) => return Err(format!("the sandbox template did not start: {e}")),
             }
+            // The first execution's init, forked while nothing waits.
+            ctl.ask_warm()
+                .map_err(|e| format!("the sandbox template is gone: {e}"))?;
         }
         Ok(t)
     }
@@ -235,8 +270,49 @@ impl Template {
         matches!(p.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
     }
 
-    fn lock_ctl(&self) -> std::sync::MutexGuard<'_, UnixStream> {
+    fn lock_ctl(&self) -> std::sync::MutexGuard<'_, Ctl> {
         self.ctl.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next execution's init (the one forked ahead when there is one;
+    /// one that died waiting is replaced), and the one after it asked for.
+    fn take_warm(&self) -> Result<WarmInit, TemplateError> {
+        let mut ctl = self.lock_ctl();
+        for _ in 0..2 {
+            if !ctl.warm_asked {
+                ctl.ask_warm()
+                    .map_err(|e| TemplateError::Gone(e.to_string()))?;
+            }
+            ctl.warm_asked = false;
+            let init = match recv_frame::<Reply>(ctl.sock.as_fd()) {
+                Ok((Reply::Warm { pid }, fds)) if fds.len() == 2 => {
+                    let mut fds = fds.into_iter();
+                    match (fds.next(), fds.next()) {
+                        (Some(pidfd), Some(sock)) => WarmInit {
+                            pid,
+                            pidfd,
+                            sock: UnixStream::from(sock),
+                        },
+                        _ => return Err(TemplateError::Refused("descriptors missing".into())),
+                    }
+                }
+                Ok((Reply::Failed { error }, _)) => return Err(TemplateError::Refused(error)),
+                Ok(_) => {
+                    return Err(TemplateError::Refused(
+                        "the sandbox template answered out of turn".into(),
+                    ))
+                }
+                // Nothing of this execution was sent yet: another template
+                // may run it.
+                Err(e) => return Err(TemplateError::Gone(e.to_string())),
+            };
+            if !exited(init.pidfd.as_fd()) {
+                return Ok(init);
+            }
+        }
+        Err(TemplateError::Refused(
+            "the execution's init died before it was used".into(),
+        ))
     }
 
     /// Runs one execution of `plan` (whose [`key`] must be this template's)
@@ -284,7 +360,9 @@ impl Template {
         let env = run::cstrings(
             plan.env
                 .iter()
-                .map(|(k, v)| format!("{k}={v}").into_bytes()),
+                .filter(|(k, _)| k != LAUNCH_ENV)
+                .map(|(k, v)| format!("{k}={v}").into_bytes())
+                .chain([format!("{LAUNCH_ENV}={LAUNCHED_FROM_TEMPLATE}").into_bytes()]),
         );
         let (argv, env) = match (argv, env) {
             (Ok(a), Ok(e)) => (a, e),
@@ -319,36 +397,29 @@ impl Template {
             env: env.iter().map(|c| c.as_bytes().to_vec()).collect(),
         })
         .map_err(|e| format!("encode the execution: {e}"))?;
-        let (pid, pidfd) = {
-            let ctl = self.lock_ctl();
-            send_frame(
-                ctl.as_fd(),
-                &request,
-                &[
-                    stdin_fd,
-                    stdout_w.as_raw_fd(),
-                    stderr_w.as_raw_fd(),
-                    report_w.as_raw_fd(),
-                ],
-            )
-            .map_err(|e| TemplateError::Gone(e.to_string()))?;
-            // From here the execution may have its stdin: never run twice.
-            stdin.take();
-            match recv_frame::<Reply>(ctl.as_fd()) {
-                Ok((Reply::Started { pid }, mut fds)) if fds.len() == 1 => (pid, fds.remove(0)),
-                Ok((Reply::Failed { error }, _)) => return Err(TemplateError::Refused(error)),
-                Ok(_) => {
-                    return Err(TemplateError::Refused(
-                        "the sandbox template answered out of turn".into(),
-                    ))
-                }
-                Err(e) => {
-                    return Err(TemplateError::Refused(format!(
-                        "the sandbox template is gone: {e}"
-                    )))
-                }
-            }
-        };
+        crate::timing::mark("template: key checked, argv, env, pipes");
+        let init = self.take_warm()?;
+        crate::timing::mark("template: warm init taken");
+        // Straight to the init: the template is not on this path.
+        let sent = send_frame(
+            init.sock.as_fd(),
+            &request,
+            &[
+                stdin_fd,
+                stdout_w.as_raw_fd(),
+                stderr_w.as_raw_fd(),
+                report_w.as_raw_fd(),
+            ],
+        );
+        // From here the execution may have its stdin: never run twice.
+        stdin.take();
+        if let Err(e) = sent {
+            return Err(TemplateError::Refused(format!(
+                "hand the execution to its init: {e}"
+            )));
+        }
+        crate::timing::mark("template: handed to the init");
+        let (pid, pidfd) = (init.pid, init.pidfd);
         // Only the execution holds the write ends now.
         drop((stdout_w, stderr_w, report_w));
         out.layers.namespaces = Enforcement::Full;
@@ -373,6 +444,16 @@ impl Template {
             out.exit_code = 125;
             out.error = Some(e);
         }
+        // The next execution's init is asked for once this one is done:
+        // its clone and mounts then overlap the gap between requests, not
+        // this command (2 cores). A template gone by now is found at the
+        // next execution.
+        {
+            let mut ctl = self.lock_ctl();
+            if !ctl.warm_asked {
+                let _ = ctl.ask_warm();
+            }
+        }
         out.duration = start.elapsed();
         out.usage.duration_ms = out.duration.as_millis() as u64;
         // Every process of the execution is gone (its pid namespace died
@@ -387,8 +468,18 @@ impl Template {
     fn retire(&self) {
         let request = serde_json::to_vec(&Request::Retire).unwrap_or_default();
         let ctl = self.lock_ctl();
-        let _ = send_frame(ctl.as_fd(), &request, &[]);
-        let _ = ctl.shutdown(std::net::Shutdown::Write);
+        let _ = send_frame(ctl.sock.as_fd(), &request, &[]);
+        let _ = ctl.sock.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+impl Ctl {
+    /// Asks the template for the next execution's init (answered later).
+    fn ask_warm(&mut self) -> std::io::Result<()> {
+        let request = serde_json::to_vec(&Request::Warm).unwrap_or_default();
+        send_frame(self.sock.as_fd(), &request, &[])?;
+        self.warm_asked = true;
+        Ok(())
     }
 }
 
@@ -580,12 +671,14 @@ fn become_template(plan: &Plan, per_exec: &[bool]) -> Result<OwnedFd, String> {
         .map_err(|e| format!("build the sandbox view: {e}"))
 }
 
-/// Forks an execution per request until the service goes away (then every
-/// execution is killed) or retires the template (then it waits for them).
-/// The next execution's init is forked ahead of its request ("warm"): its
-/// namespaces and fresh filesystems are laid while nothing waits, and a
-/// request only hands it the command and its descriptors. Each init serves
-/// one execution.
+/// Forks an execution's init per `Warm` request until the service goes
+/// away (then every execution is killed) or retires the template (then it
+/// waits for them). The service asks for the next init as soon as it takes
+/// one ("warm"): its namespaces and fresh filesystems are laid while
+/// nothing waits, and the service hands it the command and its descriptors
+/// over the init's own socket, without a round trip through this process.
+/// Each init serves one execution; one never used exits when the service
+/// closes its socket.
 fn serve(
     ctl: &UnixStream,
     plan: &Plan,
@@ -594,24 +687,28 @@ fn serve(
     program: &seccompiler::BpfProgram,
 ) -> ! {
     let mut running: Vec<OwnedFd> = Vec::new();
-    let mut warm: Option<Init> = None;
     loop {
         running.retain(|p| !exited(p.as_fd()));
-        if warm.is_none() {
-            warm = spawn_init(plan, per_exec, scratch, program).ok();
-        }
-        let (request, fds) = match recv_frame::<Request>(ctl.as_fd()) {
-            Ok(r) => r,
+        let request = match recv_frame::<Request>(ctl.as_fd()) {
+            Ok((r, _)) => r,
             Err(_) => {
                 // The service is gone: nothing it started may outlive it.
-                for p in running.iter().chain(warm.as_ref().map(|w| &w.pidfd)) {
+                for p in &running {
                     let _ = sys::pidfd_send_signal(p.as_fd(), libc::SIGKILL);
                 }
                 sys::exit_now(0);
             }
         };
-        let (argv, env) = match request {
-            Request::Exec { argv, env } => (argv, env),
+        match request {
+            Request::Warm => {}
+            Request::Exec { .. } => {
+                let body = serde_json::to_vec(&Reply::Failed {
+                    error: "a template forks inits; the command goes to an init".into(),
+                })
+                .unwrap_or_default();
+                let _ = send_frame(ctl.as_fd(), &body, &[]);
+                continue;
+            }
             Request::Retire => {
                 for p in &running {
                     let mut fds = [nix::poll::PollFd::new(
@@ -620,35 +717,22 @@ fn serve(
                     )];
                     while nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE).is_err() {}
                 }
-                // The warm init dies with this process (its parent-death signal).
                 sys::exit_now(0);
             }
-        };
-        let reply = if fds.len() != 4 {
-            Err("an execution needs stdin, stdout, stderr and a report pipe".to_string())
-        } else {
-            let request = serde_json::to_vec(&Request::Exec { argv, env }).unwrap_or_default();
-            let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-            // The warm init, or (it died, or none could be made) a fresh one.
-            let handed = warm
-                .take()
-                .filter(|w| !exited(w.pidfd.as_fd()))
-                .ok_or_else(|| "no warm init".to_string())
-                .and_then(|w| w.hand_over(&request, &raw));
-            handed.or_else(|_| {
-                spawn_init(plan, per_exec, scratch, program)
-                    .and_then(|w| w.hand_over(&request, &raw))
-            })
-        };
-        drop(fds);
-        let (body, pidfd) = match reply {
-            Ok((pid, pidfd)) => (Reply::Started { pid }, Some(pidfd)),
+        }
+        let (body, init) = match spawn_init(plan, per_exec, scratch, program) {
+            Ok(init) => (Reply::Warm { pid: init.pid }, Some(init)),
             Err(error) => (Reply::Failed { error }, None),
         };
         let body = serde_json::to_vec(&body).unwrap_or_default();
-        let attached: Vec<RawFd> = pidfd.iter().map(|p| p.as_raw_fd()).collect();
+        let attached: Vec<RawFd> = init
+            .iter()
+            .flat_map(|i| [i.pidfd.as_raw_fd(), i.sock.as_raw_fd()])
+            .collect();
         let _ = send_frame(ctl.as_fd(), &body, &attached);
-        running.extend(pidfd);
+        // The service holds the init's socket now; this process keeps its
+        // pidfd, to kill it should the service go away.
+        running.extend(init.map(|i| i.pidfd));
     }
 }
 
@@ -657,20 +741,12 @@ fn exited(pidfd: BorrowedFd<'_>) -> bool {
     matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
-/// An execution's init, forked and waiting for its command.
+/// An execution's init, forked and waiting for its command (the template's
+/// side: its socket goes to the service).
 struct Init {
     pid: i32,
     pidfd: OwnedFd,
     sock: UnixStream,
-}
-
-impl Init {
-    /// Gives the init its command and descriptors; it is the execution now.
-    fn hand_over(self, request: &[u8], fds: &[RawFd]) -> Result<(i32, OwnedFd), String> {
-        send_frame(self.sock.as_fd(), request, fds)
-            .map_err(|e| format!("hand the execution to its init: {e}"))?;
-        Ok((self.pid, self.pidfd))
-    }
 }
 
 /// Forks an execution's init: pid 1 of its own pid namespace, in its own
@@ -740,7 +816,8 @@ fn init_main(
             .map_err(|e| format!("build the sandbox view: {e}"));
     let (argv, env, fds) = match recv_frame::<Request>(sock.as_fd()) {
         Ok((Request::Exec { argv, env }, fds)) if fds.len() == 4 => (argv, env, fds),
-        // The template is gone or retired this init unused.
+        // The service closed this init's socket unused (its template
+        // retired or went away).
         _ => sys::exit_now(0),
     };
     let view = view.and_then(|()| {

@@ -79,7 +79,14 @@ pub struct ExecutionRequest {
     /// The caller's metadata, already checked and redacted
     /// ([`metadata::sanitize`]): recorded in `policy.resolved`.
     pub metadata: Option<serde_json::Map<String, Value>>,
+    /// Whether the sink's reader is behind (see
+    /// `RunObserver::output_backlog`); None: never.
+    pub output_backlog: Option<OutputBacklog>,
 }
+
+/// Tells the supervisor that the sink's reader is behind, so it stops
+/// reading the command's output (never blocking on that reader).
+pub type OutputBacklog = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// A run refused before anything ran (exit 125), with the policy it would
 /// have run under.
@@ -120,6 +127,7 @@ struct Session {
     ctx: RunContext,
     audit: Option<AuditLog>,
     sink: EventSink,
+    output_backlog: Option<OutputBacklog>,
     argv: Vec<String>,
     cwd: String,
     parent_execution_id: Option<String>,
@@ -156,6 +164,7 @@ impl Session {
             ctx,
             audit,
             sink,
+            output_backlog: req.output_backlog.clone(),
             argv: moat_audit::redact_argv(
                 &req.argv
                     .iter()
@@ -232,6 +241,10 @@ impl RunObserver for Session {
             Stream::Stderr => Event::Stderr(chunk),
         };
         (self.sink)(&self.stamp(&ev));
+    }
+
+    fn output_backlog(&self) -> bool {
+        self.output_backlog.as_ref().is_some_and(|behind| behind())
     }
 
     fn broker_connection(&mut self, conn: std::os::unix::net::UnixStream) {
