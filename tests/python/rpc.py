@@ -1,11 +1,16 @@
 """A small JSON-RPC 2.0 client for `moat serve --stdio`, written against
-RunSeal's RFC-0006 text: one message per line, `event` notifications."""
+RunSeal's RFC-0006 text: one message per line, `event` notifications; and
+the socket client and `moat serve --socket` fixture the service tests share."""
 
 import json
 import os
+import socket
 import subprocess
+import tempfile
 import threading
 import time
+
+import pytest
 
 MOAT = os.environ.get("MOAT_BIN", "moat")
 # Hang guard only: no test asserts on elapsed time.
@@ -131,3 +136,71 @@ class Server:
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
+
+
+class SocketClient:
+    """One connection to `moat serve --socket`, every message it reads queued."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(path)
+        self.file = self.sock.makefile("rwb")
+        self.log = []
+        self.taken = set()
+        self.next_id = 0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for raw in self.file:
+            self.log.append(json.loads(raw))
+
+    def call(self, method, params=None):
+        self.next_id += 1
+        rid = self.next_id
+        msg = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}}
+        self.file.write((json.dumps(msg) + "\n").encode())
+        self.file.flush()
+        deadline = time.monotonic() + HANG
+        while time.monotonic() < deadline:
+            for i, m in enumerate(list(self.log)):
+                if i not in self.taken and m.get("id") == rid and "method" not in m:
+                    self.taken.add(i)
+                    return m
+            time.sleep(0.01)
+        raise AssertionError(f"no answer to {method}")
+
+    def ok(self, method, params=None):
+        r = self.call(method, params)
+        assert "result" in r, r
+        return r["result"]
+
+    def events_of(self, execution_id):
+        return [
+            m["params"]
+            for m in list(self.log)
+            if m.get("method") == "event" and m["params"].get("execution_id") == execution_id
+        ]
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def socket_server(ws):
+    """`moat serve --socket` at workspace-write in the requesting module's `ws`,
+    in a directory only this user can enter; yields the socket's path."""
+    d = tempfile.mkdtemp(prefix="moat-serve-sock-")
+    os.chmod(d, 0o700)
+    path = os.path.join(d, "moat.sock")
+    p = subprocess.Popen(
+        [MOAT, "serve", "--no-audit", "--policy", "workspace-write", "--socket", path],
+        cwd=ws,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(lambda: os.path.exists(path) or p.poll() is not None, "the socket")
+        assert p.poll() is None, p.stderr.read().decode(errors="replace")
+        yield path
+    finally:
+        p.kill()
+        p.wait()

@@ -11,8 +11,7 @@ import tempfile
 
 import pytest
 
-from rpc import MOAT, Server, host_pids_with, wait_for
-from test_service_isolation import SocketClient
+from rpc import MOAT, Server, SocketClient, host_pids_with, socket_server, wait_for  # noqa: F401 (a fixture)
 
 
 @pytest.fixture
@@ -138,25 +137,6 @@ def hang_up(c):
 
 # docs/protocol.md: what one client may have running at once.
 MAX_RUNNING_PER_CLIENT = 16
-
-
-@pytest.fixture
-def socket_server(ws):
-    d = tempfile.mkdtemp(prefix="moat-rt4-sock-")
-    os.chmod(d, 0o700)
-    path = os.path.join(d, "moat.sock")
-    p = subprocess.Popen(
-        [MOAT, "serve", "--no-audit", "--policy", "workspace-write", "--socket", path],
-        cwd=ws,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_for(lambda: os.path.exists(path) or p.poll() is not None, "the socket")
-        assert p.poll() is None, p.stderr.read().decode(errors="replace")
-        yield path
-    finally:
-        p.kill()
-        p.wait()
 
 
 def test_one_client_cannot_flood_the_service_with_executions(ws, socket_server):

@@ -5,87 +5,19 @@ closeExecutionInput) reaches the command."""
 import base64
 import json
 import os
-import socket
 import subprocess
 import tempfile
-import threading
 import time
 
 import pytest
 
-from rpc import HANG, MOAT, Server, wait_for
+from rpc import HANG, MOAT, Server, SocketClient, socket_server, wait_for  # noqa: F401 (a fixture)
 
 
 @pytest.fixture
 def ws():
     with tempfile.TemporaryDirectory(prefix="moat-iso-") as d:
         yield os.path.realpath(d)
-
-
-class SocketClient:
-    """One connection to `moat serve --socket`, every message it reads queued."""
-
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.connect(path)
-        self.file = self.sock.makefile("rwb")
-        self.log = []
-        self.taken = set()
-        self.next_id = 0
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for raw in self.file:
-            self.log.append(json.loads(raw))
-
-    def call(self, method, params=None):
-        self.next_id += 1
-        rid = self.next_id
-        msg = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}}
-        self.file.write((json.dumps(msg) + "\n").encode())
-        self.file.flush()
-        deadline = time.monotonic() + HANG
-        while time.monotonic() < deadline:
-            for i, m in enumerate(list(self.log)):
-                if i not in self.taken and m.get("id") == rid and "method" not in m:
-                    self.taken.add(i)
-                    return m
-            time.sleep(0.01)
-        raise AssertionError(f"no answer to {method}")
-
-    def ok(self, method, params=None):
-        r = self.call(method, params)
-        assert "result" in r, r
-        return r["result"]
-
-    def events_of(self, execution_id):
-        return [
-            m["params"]
-            for m in list(self.log)
-            if m.get("method") == "event" and m["params"].get("execution_id") == execution_id
-        ]
-
-    def close(self):
-        self.sock.close()
-
-
-@pytest.fixture
-def socket_server(ws):
-    d = tempfile.mkdtemp(prefix="moat-iso-sock-")
-    os.chmod(d, 0o700)
-    path = os.path.join(d, "moat.sock")
-    p = subprocess.Popen(
-        [MOAT, "serve", "--no-audit", "--policy", "workspace-write", "--socket", path],
-        cwd=ws,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_for(lambda: os.path.exists(path) or p.poll() is not None, "the socket")
-        assert p.poll() is None, p.stderr.read().decode(errors="replace")
-        yield path
-    finally:
-        p.kill()
-        p.wait()
 
 
 def normalized_error(r, execution_id):
