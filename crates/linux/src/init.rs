@@ -255,23 +255,8 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
             );
         }
     }
-    let mut layers = [Enforcement::None; 2];
-    if args.plan.sandboxed {
-        let r = (|| -> Result<(), confine::ConfineError> {
-            confine::drop_privileges()?;
-            crate::timing::mark("command: drop capabilities");
-            layers[0] = confine::apply_landlock(&args.plan.landlock, args.plan.landlock_abi)?;
-            crate::timing::mark("command: Landlock");
-            if let Some(p) = &args.seccomp {
-                layers[1] = confine::apply_seccomp(p)?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = r {
-            fail(fd, SetupStage::Confine, 0, &e.to_string());
-        }
-    }
-    crate::timing::mark("command: seccomp");
+    let layers = confine_command(args.plan, args.seccomp.as_ref())
+        .unwrap_or_else(|e| fail(fd, SetupStage::Confine, 0, &e.to_string()));
     let _ = sys::cloexec_from(3);
     init_msg::send(
         fd,
@@ -280,17 +265,38 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
             seccomp: layers[1],
         },
     );
-    exec_search(args)
+    exec_search(fd, &args.argv, &args.envp)
 }
 
-/// execvpe, resolved inside the view with the command's own PATH.
-fn exec_search(args: &InitArgs<'_>) -> ! {
-    let fd = args.report_fd;
-    let mut argv: Vec<*const libc::c_char> = args.argv.iter().map(|a| a.as_ptr()).collect();
+/// The command's confinement, in its own process: capabilities dropped,
+/// its Landlock domain, the seccomp filter. Returns what each layer gave.
+/// (A template's execution does this ahead of its request.)
+pub(crate) fn confine_command(
+    plan: &Plan,
+    seccomp: Option<&seccompiler::BpfProgram>,
+) -> Result<[Enforcement; 2], confine::ConfineError> {
+    let mut layers = [Enforcement::None; 2];
+    if plan.sandboxed {
+        confine::drop_privileges()?;
+        crate::timing::mark("command: drop capabilities");
+        layers[0] = confine::apply_landlock(&plan.landlock, plan.landlock_abi)?;
+        crate::timing::mark("command: Landlock");
+        if let Some(p) = seccomp {
+            layers[1] = confine::apply_seccomp(p)?;
+        }
+    }
+    crate::timing::mark("command: seccomp");
+    Ok(layers)
+}
+
+/// execvpe, resolved inside the view with the command's own PATH; failures
+/// are reported on `fd`.
+pub(crate) fn exec_search(fd: RawFd, args_argv: &[CString], args_envp: &[CString]) -> ! {
+    let mut argv: Vec<*const libc::c_char> = args_argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = args.envp.iter().map(|a| a.as_ptr()).collect();
+    let mut envp: Vec<*const libc::c_char> = args_envp.iter().map(|a| a.as_ptr()).collect();
     envp.push(std::ptr::null());
-    let Some(prog) = args.argv.first() else {
+    let Some(prog) = args_argv.first() else {
         init_msg::send(
             fd,
             &InitMessage::ExecFailed {
@@ -304,8 +310,7 @@ fn exec_search(args: &InitArgs<'_>) -> ! {
     if prog_bytes.contains(&b'/') {
         candidates.push(prog.clone());
     } else {
-        let path = args
-            .envp
+        let path = args_envp
             .iter()
             .find_map(|e| e.as_bytes().strip_prefix(b"PATH="))
             .unwrap_or(b"/usr/local/bin:/usr/bin:/bin");
@@ -323,7 +328,7 @@ fn exec_search(args: &InitArgs<'_>) -> ! {
     let mut last = libc::ENOENT;
     for c in &candidates {
         // SAFETY: argv and envp are NULL-terminated arrays of pointers into
-        // `args.argv`/`args.envp`, which outlive the call.
+        // `args_argv`/`args_envp`, which outlive the call.
         let e = unsafe { sys::execve(c, &argv, &envp) }
             .raw_os_error()
             .unwrap_or(libc::ENOENT);
@@ -348,7 +353,7 @@ fn exec_search(args: &InitArgs<'_>) -> ! {
 }
 
 /// Waits for the command, relays signals, and tears the tree down. Never returns.
-fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
+pub(crate) fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
     let kill_all = |sig: libc::c_int| {
         if pid_namespace {
             // As pid 1, kill(-1) reaches every other process of the namespace.

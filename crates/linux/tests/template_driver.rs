@@ -89,6 +89,7 @@ fn files_processes_env_and_fds_of_one_execution_are_invisible_to_the_next() {
             )),
             &mut obs,
             &mut None,
+            None,
             Control::Channel(&idle()),
         )
         .unwrap();
@@ -108,6 +109,7 @@ fn files_processes_env_and_fds_of_one_execution_are_invisible_to_the_next() {
             ),
             &mut obs,
             &mut None,
+            None,
             Control::Channel(&idle()),
         )
         .unwrap();
@@ -199,6 +201,7 @@ fn an_abstract_socket_of_a_running_execution_cannot_be_reached_from_the_next() {
                 )),
                 &mut w,
                 &mut None,
+                None,
                 Control::Channel(&stop_r),
             )
             .unwrap()
@@ -221,6 +224,7 @@ except OSError as e:
                 )),
                 &mut obs,
                 &mut None,
+                None,
                 Control::Channel(&idle()),
             )
             .unwrap();
@@ -259,6 +263,7 @@ fn stop_kills_a_setsid_grandchild() {
                 )),
                 &mut w,
                 &mut None,
+                None,
                 Control::Channel(&stop_r),
             )
             .unwrap()
@@ -290,6 +295,7 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
             &opts("echo BUILT"),
             &mut obs,
             &mut None,
+            None,
             Control::Channel(&idle()),
         )
         .unwrap();
@@ -304,6 +310,7 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
             &opts("cat .env"),
             &mut obs,
             &mut None,
+            None,
             Control::Channel(&idle())
         )
         .is_err());
@@ -315,6 +322,7 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
             &opts("cat .env; echo CAT-RAN"),
             &mut obs,
             &mut None,
+            None,
             Control::Channel(&idle()),
         )
         .unwrap();
@@ -350,7 +358,7 @@ fn timing() {
     for _ in 0..200 {
         let s = std::time::Instant::now();
         let out = t
-            .run(&p, &o, &mut obs, &mut None, Control::Channel(&idle()))
+            .run(&p, &o, &mut obs, &mut None, None, Control::Channel(&idle()))
             .unwrap();
         assert_eq!(out.exit_code, 0);
         xs.push(s.elapsed().as_secs_f64() * 1e3);
