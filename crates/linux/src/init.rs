@@ -409,6 +409,9 @@ pub(crate) fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> !
                     cpu_ms,
                 },
             );
+            // The report's end now, not after the exit has torn this
+            // process's memory down: the supervisor is done at its EOF.
+            let _ = nix::unistd::close(fd);
             sys::exit_now(0);
         }
     }
