@@ -239,3 +239,54 @@ fn git_works_with_a_sanitized_gitconfig_positive_control() {
     out.expect_stdout_has("PROBE_DONE");
     out.expect_stdout_has("NAME=Ada Lovelace");
 }
+
+/// Credential daemons listening under HOME: git's credential cache (either
+/// place git picks), the 1Password and Bitwarden SSH agents. A connection is
+/// a credential read (`git credential-cache get`), so none may reach them.
+const CREDENTIAL_SOCKETS: &[&str] = &[
+    ".cache/git/credential/socket",
+    ".git-credential-cache/socket",
+    ".1password/agent.sock",
+    ".bitwarden-ssh-agent.sock",
+];
+
+#[test]
+fn credential_daemon_sockets_under_home_are_unreachable() {
+    let fx = Fixture::new();
+    let listeners: Vec<(&str, Listener)> = CREDENTIAL_SOCKETS
+        .iter()
+        .map(|rel| {
+            let p = fx.home.join(rel);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            (*rel, Listener::unix(&p))
+        })
+        .collect();
+    let code = "import socket,sys\n\
+                for p in sys.argv[1:]:\n\
+                \x20   s=socket.socket(socket.AF_UNIX)\n\
+                \x20   try:\n\
+                \x20       s.connect(p); s.sendall(b'protocol=https\\nhost=github.com\\n\\n'); print('CONNECTED', p)\n\
+                \x20   except OSError as e:\n\
+                \x20       print('REFUSED', p, e.errno)\n\
+                print('PROBE_DONE')\n";
+    let paths: Vec<String> = CREDENTIAL_SOCKETS
+        .iter()
+        .map(|r| fx.home.join(r).display().to_string())
+        .collect();
+    let args: Vec<&str> = paths.iter().map(String::as_str).collect();
+    for level in LEVELS {
+        let out = run(fx.py(level, &[], code, &args));
+        out.expect_stdout_has("PROBE_DONE");
+        assert!(!out.stdout.contains("CONNECTED"), "{level}\n{}", out.dump());
+        assert_eq!(
+            out.tagged("REFUSED").len(),
+            CREDENTIAL_SOCKETS.len(),
+            "{level}\n{}",
+            out.dump()
+        );
+    }
+    for (rel, l) in listeners {
+        let (hits, data) = l.finish();
+        assert_eq!(hits, 0, "~/{rel} was reached: {data:?}");
+    }
+}

@@ -95,6 +95,13 @@ pub const PROTECTED_HOME_PATHS: &[&str] = &[
     ".ngrok2",
     ".cloudflared",
     ".circleci/cli.yml",
+    // Credential daemons' sockets: a connection is a credential read
+    // (`git credential-cache get`, an SSH agent signing). git's cache
+    // listens in either directory; 1Password's and Bitwarden's SSH agents.
+    ".cache/git/credential",
+    ".git-credential-cache",
+    ".1password",
+    ".bitwarden-ssh-agent.sock",
     // Password managers, key rings, other private keys.
     ".config/op",
     ".local/share/keyrings",
