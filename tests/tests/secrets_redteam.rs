@@ -290,3 +290,64 @@ fn credential_daemon_sockets_under_home_are_unreachable() {
         assert_eq!(hits, 0, "~/{rel} was reached: {data:?}");
     }
 }
+
+/// Dotfile managers keep `~/.gitconfig` as a symlink into a dotfiles
+/// checkout and the token in a file it includes (`~/.gitconfig.local`, a
+/// relative include beside the target). Neither the target nor an include
+/// may be readable; the identity still reaches git.
+#[test]
+fn gitconfig_includes_and_symlinked_configs_are_unreadable() {
+    let fx = Fixture::new();
+    let in_main = unique("MAINSECRET");
+    let in_local = unique("LOCALSECRET");
+    let in_relative = unique("RELSECRET");
+    write(
+        fx.home.join("dotfiles/git/gitconfig"),
+        &format!(
+            "[user]\n\tname = Ada Lovelace\n[include]\n\tpath = ~/.gitconfig.local\n\
+             [includeIf \"gitdir:~/\"]\n\tpath = corp.inc\n\
+             [http]\n\textraHeader = Authorization: Bearer {in_main}\n"
+        ),
+    );
+    std::os::unix::fs::symlink(
+        fx.home.join("dotfiles/git/gitconfig"),
+        fx.home.join(".gitconfig"),
+    )
+    .expect("symlink");
+    write(
+        fx.home.join(".gitconfig.local"),
+        &format!("[github]\n\tuser = ada\n\tpassword = {in_local}\n"),
+    );
+    write(
+        fx.home.join("dotfiles/git/corp.inc"),
+        &format!("[url \"https://{in_relative}@git.corp.example/\"]\n\tinsteadOf = corp:\n"),
+    );
+    let script = format!(
+        "echo \"NAME=$(git config user.name)\"; git config --list 2>&1; \
+         cat ~/.gitconfig 2>&1; {}",
+        read_everything_script(
+            &fx,
+            &[
+                ".gitconfig",
+                ".gitconfig.local",
+                "dotfiles/git/corp.inc",
+                "dotfiles/git/gitconfig"
+            ]
+        )
+    );
+    for level in LEVELS {
+        let out = run(fx.sh(level, &[], &script));
+        out.expect_stdout_has("PROBE_DONE");
+        out.expect_stdout_has("NAME=Ada Lovelace");
+        out.expect_stdout_has(&fx.home_public);
+        out.expect_absent(&in_main, &format!("{level}: the symlinked ~/.gitconfig"));
+        out.expect_absent(
+            &in_local,
+            &format!("{level}: ~/.gitconfig.local (included)"),
+        );
+        out.expect_absent(
+            &in_relative,
+            &format!("{level}: dotfiles/git/corp.inc (included, relative)"),
+        );
+    }
+}

@@ -28,6 +28,7 @@ const GIT_CONFIGS: &[&str] = &[".gitconfig", ".config/git/config"];
 /// Sections of a git config dropped whole: credential helpers (`!echo
 /// password=…`, `store --file`), usernames per URL, and includes, which
 /// point at files moat does not follow (a secret kept beside the config).
+/// The include sections come last ([`git_include_targets`] reads them).
 const GIT_DROPPED_SECTIONS: &[&str] = &["credential", "include", "includeif"];
 
 /// Largest file copied (a configuration file is small).
@@ -326,6 +327,63 @@ pub fn redact_git_config(text: &str) -> Option<(String, Vec<String>)> {
     Some((gitconfig::render(&kept), removed))
 }
 
+/// The files the user's git config files include (`[include] path`,
+/// `[includeIf "…"] path`), as git would resolve them: `~/` from `home`, a
+/// relative path from the including file's directory. The sanitized copy
+/// drops the includes; the files themselves are where users keep what
+/// they did not want in their main config (a token, a signing key's
+/// passphrase helper), so the caller hides each existing one like a
+/// protected path. One level: a file an included file includes is not
+/// followed (git inside never loads either).
+pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for rel in GIT_CONFIGS {
+        let path = home.join(rel);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if !meta.is_file() || meta.len() > MAX_SIZE {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let Ok(entries) = moat_policy::gitconfig::parse(&text) else {
+            continue;
+        };
+        // A relative include is relative to the including file; for a
+        // symlinked config (dotfile managers) both its directory and the
+        // target's are candidates, whichever git version resolves which.
+        let mut dirs = vec![path.parent().unwrap_or(home).to_path_buf()];
+        if let Some(d) = std::fs::canonicalize(&path)
+            .ok()
+            .and_then(|c| c.parent().map(Path::to_path_buf))
+        {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+        for e in entries {
+            if !GIT_DROPPED_SECTIONS[1..].contains(&e.section.as_str()) || e.key != "path" {
+                continue;
+            }
+            let Some(v) = e.value.filter(|v| !v.is_empty()) else {
+                continue;
+            };
+            let targets = match v.strip_prefix("~/") {
+                Some(r) => vec![home.join(r)],
+                None => dirs.iter().map(|d| d.join(&v)).collect(),
+            };
+            for target in targets {
+                if !out.contains(&target) {
+                    out.push(target);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// `text` without URL userinfo and query strings, and what went: the names
 /// ("userinfo", "query") of what was removed, never values.
 fn url_credentials_removed(text: &str) -> (String, Vec<&'static str>) {
@@ -611,6 +669,29 @@ mod tests {
         for r in ["section credential", "section include", "http.extraheader"] {
             assert!(removed.iter().any(|x| x == r), "{r}: {removed:?}");
         }
+    }
+
+    #[test]
+    fn git_include_targets_resolve_like_git() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path();
+        std::fs::write(
+            h.join(".gitconfig"),
+            "[include]\n\tpath = ~/.gitconfig.local\n\tpath = rel.inc\n\
+             [includeIf \"gitdir:~/work/\"]\n\tpath = /etc/corp.gitconfig\n[user]\n\tname = A\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(h.join(".config/git")).unwrap();
+        std::fs::write(h.join(".config/git/config"), "[include]\n\tpath = tok\n").unwrap();
+        assert_eq!(
+            git_include_targets(h),
+            vec![
+                h.join(".gitconfig.local"),
+                h.join("rel.inc"),
+                PathBuf::from("/etc/corp.gitconfig"),
+                h.join(".config/git/tok"),
+            ]
+        );
     }
 
     #[test]
