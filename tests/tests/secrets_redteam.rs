@@ -70,6 +70,19 @@ const CREDENTIAL_FILES: &[(&str, &str)] = &[
     (".config/sops/age/keys.txt", "AGE-SECRET-KEY-{S}\n"),
     (".age/key.txt", "AGE-SECRET-KEY-{S}\n"),
     (".kube/config", "token: {S}\n"),
+    (".mylogin.cnf", "{S}\n"),
+    (".config/github-copilot/hosts.json", "{\"github.com\":{\"oauth_token\":\"{S}\"}}\n"),
+    (".gemini/oauth_creds.json", "{\"refresh_token\":\"{S}\"}\n"),
+    (".aider.conf.yml", "openai-api-key: {S}\n"),
+    (
+        ".cursor/mcp.json",
+        "{\"mcpServers\":{\"gh\":{\"env\":{\"GITHUB_PERSONAL_ACCESS_TOKEN\":\"{S}\"}}}}\n",
+    ),
+    (".mc/config.json", "{\"aliases\":{\"s3\":{\"secretKey\":\"{S}\"}}}\n"),
+    (".kaggle/kaggle.json", "{\"key\":\"{S}\"}\n"),
+    (".snowsql/config", "[connections]\npassword = {S}\n"),
+    (".tsh/keys/proxy/ada", "{S}\n"),
+    (".local/share/atuin/history.db", "export TOKEN={S}\n"),
     // Histories: pasted tokens.
     (".bash_history", "export GITHUB_TOKEN={S}\n"),
     (".zsh_history", ": 1700000000:0;export OPENAI_API_KEY={S}\n"),
@@ -349,5 +362,31 @@ fn gitconfig_includes_and_symlinked_configs_are_unreadable() {
             &in_relative,
             &format!("{level}: dotfiles/git/corp.inc (included, relative)"),
         );
+    }
+}
+
+/// An agent started in HOME (`cd ~ && agent`): the workspace is the home
+/// itself, writable, and every credential in it must still be a stand-in.
+#[test]
+fn credentials_stay_hidden_when_home_is_the_workspace() {
+    let fx = Fixture::home_as_workspace();
+    let secrets = plant_credentials(&fx);
+    let git_secrets: Vec<String> = (0..10).map(|_| unique("GITSECRET")).collect();
+    write(
+        fx.home.join(".gitconfig"),
+        &gitconfig_with_secrets(&git_secrets),
+    );
+    let mut rels: Vec<&str> = CREDENTIAL_FILES.iter().map(|(r, _)| *r).collect();
+    rels.push(".gitconfig");
+    let script = format!(
+        "echo \"NAME=$(git config user.name)\"; {}",
+        read_everything_script(&fx, &rels)
+    );
+    let out = run(fx.sh("workspace-write", &[], &script));
+    out.expect_stdout_has(&fx.home_public);
+    out.expect_stdout_has("NAME=Ada Lovelace");
+    assert_none_leaked(&out, "workspace-write, HOME as workspace", &secrets, &rels);
+    for s in &git_secrets {
+        out.expect_absent(s, "workspace-write, HOME as workspace: ~/.gitconfig");
     }
 }

@@ -95,6 +95,26 @@ pub const PROTECTED_HOME_PATHS: &[&str] = &[
     ".ngrok2",
     ".cloudflared",
     ".circleci/cli.yml",
+    ".travis",
+    ".cf",
+    ".config/scw",
+    ".config/linode-cli",
+    ".tsh",
+    ".mc",
+    ".snowsql",
+    ".snowflake",
+    ".kaggle",
+    ".huggingface/token",
+    ".continuum",
+    ".wakatime.cfg",
+    ".mylogin.cnf",
+    // Coding assistants' logins and user-level MCP server configs, whose
+    // `env` blocks carry API tokens (`GITHUB_PERSONAL_ACCESS_TOKEN`).
+    ".config/github-copilot",
+    ".gemini",
+    ".aider.conf.yml",
+    ".cursor/mcp.json",
+    ".codeium",
     // Credential daemons' sockets: a connection is a credential read
     // (`git credential-cache get`, an SSH agent signing). git's cache
     // listens in either directory; 1Password's and Bitwarden's SSH agents.
@@ -145,6 +165,9 @@ pub const PROTECTED_HOME_PATHS: &[&str] = &[
     ".irb_history",
     ".lesshst",
     ".viminfo",
+    ".local/share/atuin",
+    ".mycli-history",
+    ".config/pgcli",
 ];
 
 /// Workspace entries (by name, at the workspace root) that run code later.
