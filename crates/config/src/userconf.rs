@@ -629,7 +629,13 @@ mod tests {
                     [alias]\n\tst = status -sb\n\tlg = log --graph --pretty=format:'%h %s'\n\
                     [core]\n\teditor = vim\n\tautocrlf = input\n\
                     [remote \"origin\"]\n\turl = git@github.com:ada/engine.git\n\
-                    [init]\n\tdefaultBranch = main\n[pull]\n\trebase\n";
+                    [init]\n\tdefaultBranch = main\n[pull]\n\trebase\n\
+                    [url \"git@github.com:\"]\n\tinsteadOf = https://github.com/\n\
+                    [filter \"lfs\"]\n\tclean = git-lfs clean -- %f\n\trequired = true\n\
+                    [core]\n\tpager = delta\n\tsshCommand = ssh -i ~/.ssh/work -o IdentitiesOnly=yes\n\
+                    [alias]\n\tpushf = push --force-with-lease\n\tamend = commit --amend --no-edit\n\
+                    \tl = log --pretty=format:\\\"%C(yellow)%h %an\\\"\n\
+                    [commit]\n\tgpgsign = true\n";
         let (out, removed) = redact_git_config(text).unwrap();
         assert!(removed.is_empty(), "{removed:?}");
         assert_eq!(
