@@ -83,6 +83,12 @@ const CREDENTIAL_FILES: &[(&str, &str)] = &[
     (".snowsql/config", "[connections]\npassword = {S}\n"),
     (".tsh/keys/proxy/ada", "{S}\n"),
     (".local/share/atuin/history.db", "export TOKEN={S}\n"),
+    (".authinfo", "machine h login u password {S}\n"),
+    (".Xauthority", "{S}\n"),
+    (".config/solana/id.json", "[{S}]\n"),
+    (".config/Postman/environments.json", "{\"token\":\"{S}\"}\n"),
+    (".local/share/Trash/files/.env", "API_KEY={S}\n"),
+    (".pki/nssdb/key4.db", "{S}\n"),
     // Histories: pasted tokens.
     (".bash_history", "export GITHUB_TOKEN={S}\n"),
     (".zsh_history", ": 1700000000:0;export OPENAI_API_KEY={S}\n"),

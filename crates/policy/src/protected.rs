@@ -123,6 +123,28 @@ pub const PROTECTED_HOME_PATHS: &[&str] = &[
     ".1password",
     ".bitwarden-ssh-agent.sock",
     // Password managers, key rings, other private keys.
+    ".authinfo",
+    ".authinfo.gpg",
+    ".pki",
+    ".passwd-s3fs",
+    // X11 session cookies: with the host network (`--network unmanaged`)
+    // the display's abstract socket is reachable, and the cookie is what
+    // lets a client read keystrokes.
+    ".Xauthority",
+    ".ICEauthority",
+    // Wallets' keys.
+    ".electrum",
+    ".ethereum/keystore",
+    ".config/solana",
+    // API clients' and database GUIs' saved connections and environments.
+    ".config/Postman",
+    ".config/Insomnia",
+    ".local/share/DBeaverData",
+    ".config/JetBrains",
+    ".config/remmina",
+    ".config/filezilla",
+    // Deleted files keep their content (an old key, a `.env`).
+    ".local/share/Trash",
     ".config/op",
     ".local/share/keyrings",
     ".local/share/kwalletd",
@@ -167,6 +189,11 @@ pub const PROTECTED_HOME_PATHS: &[&str] = &[
     ".viminfo",
     ".local/share/atuin",
     ".mycli-history",
+    ".dbshell",
+    ".mongosh",
+    ".pry_history",
+    ".julia/logs/repl_history.jl",
+    ".local/state/nvim/shada",
     ".config/pgcli",
 ];
 
