@@ -396,3 +396,44 @@ fn credentials_stay_hidden_when_home_is_the_workspace() {
         out.expect_absent(s, "workspace-write, HOME as workspace: ~/.gitconfig");
     }
 }
+
+/// The workspace's own `.git/config` is shown as it is (the project's file;
+/// git inside needs it). `explain-policy` names what in it is a credential
+/// the command can read (a token in a remote URL, a CI checkout's persisted
+/// `extraheader`), and never prints the value.
+#[test]
+fn explain_policy_names_credentials_in_the_workspace_git_config() {
+    let fx = Fixture::new();
+    git(&fx, &["init", "-q", "."]);
+    let url_secret = unique("WSURLSECRET");
+    let header_secret = unique("WSHEADERSECRET");
+    git(
+        &fx,
+        &[
+            "remote",
+            "add",
+            "origin",
+            &format!("https://x-access-token:{url_secret}@github.com/o/r.git"),
+        ],
+    );
+    git(
+        &fx,
+        &[
+            "config",
+            "http.https://github.com/.extraheader",
+            &format!("AUTHORIZATION: basic {header_secret}"),
+        ],
+    );
+    for level in LEVELS {
+        let out = run(fx.moat(["explain-policy", "--policy", level]));
+        out.expect_code(0);
+        let notes = out.json()["notes"].to_string();
+        assert!(
+            notes.contains("userinfo of remote.*.url") && notes.contains("http.*.extraheader"),
+            "{level}: {notes}\n{}",
+            out.dump()
+        );
+        out.expect_absent(&url_secret, "explain-policy: the remote URL's token")
+            .expect_absent(&header_secret, "explain-policy: the extraheader");
+    }
+}

@@ -384,6 +384,28 @@ pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// What in the workspace's own `.git/config` the git-config redaction
+/// would remove (names only, never values): a token in a remote URL, a
+/// persisted `http.*.extraheader` (CI checkouts). moat shows that file as
+/// it is (the project's file, which git inside needs), so `explain-policy`
+/// reports these for the user to move into a credential helper.
+pub fn workspace_git_config_credentials(workspace: &Path) -> Vec<String> {
+    let path = workspace.join(".git/config");
+    let Ok(meta) = std::fs::symlink_metadata(&path) else {
+        return Vec::new();
+    };
+    if !meta.is_file() || meta.len() > MAX_SIZE {
+        return Vec::new();
+    }
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Vec::new();
+    };
+    match redact_git_config(&text) {
+        Some((_, removed)) => removed,
+        None => vec!["an unreadable git config (not checked)".into()],
+    }
+}
+
 /// `text` without URL userinfo and query strings, and what went: the names
 /// ("userinfo", "query") of what was removed, never values.
 fn url_credentials_removed(text: &str) -> (String, Vec<&'static str>) {
@@ -697,6 +719,26 @@ mod tests {
                 PathBuf::from("/etc/corp.gitconfig"),
                 h.join(".config/git/tok"),
             ]
+        );
+    }
+
+    #[test]
+    fn workspace_git_config_credentials_are_named_not_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path();
+        assert!(workspace_git_config_credentials(ws).is_empty());
+        std::fs::create_dir_all(ws.join(".git")).unwrap();
+        std::fs::write(
+            ws.join(".git/config"),
+            "[core]\n\tbare = false\n[remote \"origin\"]\n\turl = https://x:WSSECRET@h.example/r\n\
+             [http \"https://h.example/\"]\n\textraheader = AUTHORIZATION: basic WSSECRET2\n",
+        )
+        .unwrap();
+        let found = workspace_git_config_credentials(ws);
+        assert_eq!(
+            found,
+            vec!["userinfo of remote.*.url", "http.*.extraheader"],
+            "{found:?}"
         );
     }
 
