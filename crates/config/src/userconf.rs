@@ -254,6 +254,13 @@ pub fn redact_config(text: &str, syntax: Continuation) -> Option<(String, Vec<St
             continue;
         }
         let (value, had) = url_credentials_removed(value.trim());
+        // A value that still reads as a credential to the audit log's
+        // redaction (a `ghp_…` token, `password=…` in a command line) under
+        // an innocent key.
+        if moat_audit::redact_arg(&value) != value {
+            removed.push(format!("{key} (its value looks like a credential)"));
+            continue;
+        }
         removed.extend(had.into_iter().map(|what| format!("{what} of {key}")));
         out.push_str(&format!("{key} = {value}\n"));
     }
@@ -598,6 +605,7 @@ mod tests {
     fn npmrc_keeps_settings_and_drops_credentials() {
         let (out, removed) = redact_config_text(
             "registry=https://npm.corp.example/\nfund=false\ninit-author-name=Ada\n\
+             init-author-url=ghp_ABCDEFGHIJKLMNOPQRSTUVWX\n\
              //npm.corp.example/:_authToken=NPMSECRET\n_auth=QUJDU0VDUkVU\n\
              //npm.corp.example/:_password=PWSECRET\nemail=ada@example.com\n\
              @corp:registry=https://user:URLSECRET@npm.corp.example/\n",
@@ -611,7 +619,13 @@ mod tests {
         ] {
             assert!(out.contains(kept), "{kept}: {out}");
         }
-        for secret in ["NPMSECRET", "QUJDU0VDUkVU", "PWSECRET", "URLSECRET"] {
+        for secret in [
+            "NPMSECRET",
+            "QUJDU0VDUkVU",
+            "PWSECRET",
+            "URLSECRET",
+            "ghp_ABCDEFGHIJKLMNOPQRSTUVWX",
+        ] {
             assert!(!out.contains(secret), "{secret}: {out}");
             assert!(!removed.iter().any(|r| r.contains(secret)));
         }
