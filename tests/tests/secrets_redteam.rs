@@ -89,6 +89,11 @@ const CREDENTIAL_FILES: &[(&str, &str)] = &[
     (".config/Postman/environments.json", "{\"token\":\"{S}\"}\n"),
     (".local/share/Trash/files/.env", "API_KEY={S}\n"),
     (".pki/nssdb/key4.db", "{S}\n"),
+    (".muttrc", "set imap_pass = \"{S}\"\n"),
+    (".msmtprc", "account default\npassword {S}\n"),
+    (".smbcredentials", "username=ada\npassword={S}\n"),
+    (".local/share/TelegramDesktop/tdata/key_datas", "{S}\n"),
+    (".config/weechat/sec.conf", "[data]\n__passphrase__ = on\nkey = \"{S}\"\n"),
     // Histories: pasted tokens.
     (".bash_history", "export GITHUB_TOKEN={S}\n"),
     (".zsh_history", ": 1700000000:0;export OPENAI_API_KEY={S}\n"),
