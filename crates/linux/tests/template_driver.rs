@@ -335,6 +335,61 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
     assert_eq!(templates.len(), 1, "the stale template was not retired");
 }
 
+/// The (device, inode) of `p`, as the service takes it from the directory
+/// it checked against its roots.
+fn identity(p: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).unwrap();
+    (m.dev(), m.ino())
+}
+
+#[test]
+fn the_command_starts_only_in_the_directory_the_caller_checked() {
+    let d = dirs("cwd");
+    let p = plan(&d.ws, &d.home);
+    let templates = Templates::new(moat_bin());
+    let t = templates.get(&p).unwrap();
+    let mut obs = moat_linux::NoObserver;
+    let script = "pwd; touch ./ran-here; echo CMD-RAN";
+    // The caller checked the workspace: the command runs there.
+    let ok = t
+        .run(
+            &p,
+            &opts(script),
+            &mut obs,
+            &mut None,
+            Some(identity(&d.ws)),
+            Control::Channel(&idle()),
+        )
+        .unwrap();
+    let o = stdout(&ok);
+    assert!(o.contains("CMD-RAN"), "{o} {:?}", ok.error);
+    let ws = std::fs::canonicalize(&d.ws).unwrap();
+    assert!(o.contains(&*ws.to_string_lossy()), "{o}");
+    std::fs::remove_file(d.ws.join("ran-here")).unwrap();
+    // The caller checked another directory than the one the view's cwd is
+    // now (a rename in between): the command must not start.
+    let moved = t
+        .run(
+            &p,
+            &opts(script),
+            &mut obs,
+            &mut None,
+            Some(identity(&d.home)),
+            Control::Channel(&idle()),
+        )
+        .unwrap();
+    let o = stdout(&moved);
+    assert!(!o.contains("CMD-RAN"), "the command ran: {o}");
+    assert!(
+        !d.ws.join("ran-here").exists(),
+        "the command ran in the workspace"
+    );
+    assert_eq!(moved.exit_code, 125, "{o} {:?}", moved.error);
+    let e = moved.error.clone().unwrap_or_default();
+    assert!(e.contains("was moved"), "{e}");
+}
+
 /// The run's end of a channel nobody sends on (no stop request).
 fn idle() -> ControlReceiver {
     channel().unwrap().1
