@@ -4,8 +4,10 @@
 //! shared mounts, the compiled seccomp filter), and forks each execution
 //! from it. Each execution gets its own mount, pid, ipc and uts namespace,
 //! fresh copies of every writable or per-process filesystem of the view
-//! (/tmp, HOME, /dev, /dev/shm, /proc …), and its own Landlock domain; the
-//! service supervises it through a pidfd exactly as the one-shot supervisor
+//! (/tmp, HOME, /dev, /dev/shm, /proc …), and its own Landlock domain — all
+//! of it, and the command's confinement, done ahead of the request, so only
+//! a check of what the host could have changed since, the cwd and the exec
+//! remain on an execution's path; the service supervises it through a pidfd exactly as the one-shot supervisor
 //! does ([`crate::run::supervise`]), so the outcome is the one-shot
 //! outcome. See ARCHITECTURE.md, "Sandbox templates".
 //!
@@ -713,11 +715,11 @@ fn become_template(plan: &Plan, per_exec: &[bool]) -> Result<OwnedFd, String> {
 /// Forks an execution's init per `Warm` request until the service goes
 /// away (then every execution is killed) or retires the template (then it
 /// waits for them). The service asks for the next init as soon as it takes
-/// one ("warm"): its namespaces and fresh filesystems are laid while
-/// nothing waits, and the service hands it the command and its descriptors
-/// over the init's own socket, without a round trip through this process.
-/// Each init serves one execution; one never used exits when the service
-/// closes its socket.
+/// one ("warm"): its namespaces and its whole view are laid, and its
+/// command forked and confined, while nothing waits ([`init_main`]); the
+/// service hands the request and its descriptors to that command over its
+/// own socket, without a round trip through this process. Each init serves
+/// one execution; one never used exits when the service closes its socket.
 fn serve(
     ctl: &UnixStream,
     plan: &Plan,
