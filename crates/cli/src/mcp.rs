@@ -38,6 +38,8 @@ pub(crate) fn mcp(args: McpArgs) -> ExitCode {
         eprintln!("moat mcp: a command after -- needs --wrap");
         return ExitCode::from(crate::EXIT_MOAT_FAILED);
     }
+    // As `moat serve` (see there).
+    moat_linux::limits::raise_open_files();
     let service = match Service::new(&args.server) {
         Ok(s) => Arc::new(s),
         Err(e) => {

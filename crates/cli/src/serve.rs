@@ -153,6 +153,9 @@ pub(crate) fn parse_message(line: &[u8]) -> Incoming {
 }
 
 pub(crate) fn serve(args: ServeArgs) -> ExitCode {
+    // Several descriptors per running execution, many executions at once:
+    // the commands still get the soft limit the user started moat with.
+    moat_linux::limits::raise_open_files();
     let service = match Service::new(&args.server) {
         Ok(s) => Arc::new(s),
         Err(e) => {
