@@ -503,20 +503,15 @@ fn call(
         "getAuditEvents" => {
             let keep = type_filter(params);
             let id = exec_id(params)?;
-            let events: Vec<Value> = service.with(id, owner, |r| {
-                r.events.iter().filter(|e| keep(e)).cloned().collect()
-            })?;
+            let events: Vec<Value> =
+                service.with(id, owner, |r| r.kept_events().filter(|e| keep(e)).collect())?;
             Ok(json!({"execution_id": id, "count": events.len(), "events": events}))
         }
         "tailAudit" => {
             let keep = type_filter(params);
             let events: Vec<Value> = service
                 .all(owner, |r| {
-                    r.events
-                        .iter()
-                        .filter(|e| keep(e))
-                        .cloned()
-                        .collect::<Vec<_>>()
+                    r.kept_events().filter(|e| keep(e)).collect::<Vec<_>>()
                 })
                 .into_iter()
                 .flatten()
