@@ -413,6 +413,34 @@ pub fn workspace_git_config_credentials(workspace: &Path) -> Vec<String> {
     }
 }
 
+/// What the command sees of one of the workspace's own git config files
+/// (`.git/config`, a common dir's or a submodule's `config`): None when
+/// the git-config redaction removes nothing (the file is shown as it is);
+/// otherwise the redacted file (rendered from what git's syntax parsed:
+/// URL userinfo and query strings, `[credential]`, `[include]`,
+/// `*.extraheader` and every entry `moat_audit::redact_arg` flags gone),
+/// headed by a comment naming what was removed (names only). A file that
+/// does not read as git config (not UTF-8, a parse error) is shown as that
+/// comment alone: moat cannot tell what in it is secret.
+pub fn workspace_git_config_view(text: &[u8]) -> Option<String> {
+    let parsed = std::str::from_utf8(text).ok().and_then(redact_git_config);
+    let Some((contents, removed)) = parsed else {
+        return Some(format!(
+            "{WORKSPACE_GIT_CONFIG_MARK} this git config is not shown: moat could not read it as git config; opt in with --ro PATH to see the file\n"
+        ));
+    };
+    if removed.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{WORKSPACE_GIT_CONFIG_MARK} a copy with credentials removed; the original stays on the host (opt in with --ro PATH to see it)\n{WORKSPACE_GIT_CONFIG_MARK} removed: {}\n{contents}",
+        removed.join(", ")
+    ))
+}
+
+/// How the first line of a redacted workspace git config starts.
+pub const WORKSPACE_GIT_CONFIG_MARK: &str = "# moat:";
+
 /// `text` without URL userinfo and query strings, and what went: the names
 /// ("userinfo", "query") of what was removed, never values.
 fn url_credentials_removed(text: &str) -> (String, Vec<&'static str>) {

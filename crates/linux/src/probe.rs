@@ -82,6 +82,10 @@ pub struct HostFacts {
     /// The user's tool configuration files, redacted (relative to HOME,
     /// contents): copied under the sandbox HOME. Filled in by the caller.
     pub home_config_copies: Vec<(PathBuf, String)>,
+    /// Host files shown as moat's redacted copy instead of an empty
+    /// stand-in (the workspace's git configs with credentials in them), by
+    /// host path; each is also in `secrets`. Filled in by the caller.
+    pub redacted_files: BTreeMap<PathBuf, String>,
     /// moat's config/state directories that do not exist and could not be
     /// created (the plan refuses if the command could create them).
     pub moat_missing: Vec<PathBuf>,
@@ -941,7 +945,10 @@ mod tests {
                 assert!(found.contains(&p), "{rel} exists but was not found");
             }
         }
-        assert!(expected >= 6, "the fixture plants what it says ({expected})");
+        assert!(
+            expected >= 6,
+            "the fixture plants what it says ({expected})"
+        );
         fs::set_permissions(home.join(".aws"), fs::Permissions::from_mode(0o755)).unwrap();
         let _ = fs::remove_dir_all(&home);
         let _ = fs::remove_dir_all(&elsewhere);

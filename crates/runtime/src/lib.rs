@@ -404,6 +404,18 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
                 }
             }
         }
+        // The workspace's own git configs (`.git/config`, a linked
+        // worktree's common dir's, submodules'): one with credentials in it
+        // (a token in a remote URL, a persisted `extraheader`) is shown as
+        // its redacted copy; a grant naming the file exactly shows it raw.
+        for f in moat_linux::gitconfigs::workspace_git_configs(&policy.workspace) {
+            if let Some(contents) = moat_config::workspace_git_config_view(&f.text) {
+                facts
+                    .secrets
+                    .insert(f.path.clone(), moat_linux::probe::Kind::File);
+                facts.redacted_files.insert(f.path, contents);
+            }
+        }
     }
     mark("redacted copies of the user's tool config");
     if let Some(log) = &audit {
