@@ -83,41 +83,122 @@ pub fn main(args: InitArgs<'_>) -> ! {
 }
 
 /// The init's second half, once the view is in place and the cwd entered:
-/// forks the command, confines and execs it, and reaps the tree until the
-/// command is done (also the end of an execution forked from a sandbox
-/// template). Never returns.
+/// starts the command, confined, and reaps the tree until the command is
+/// done (also the end of an execution forked from a sandbox template).
+/// Never returns.
 pub(crate) fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) -> ! {
+    use std::os::fd::AsRawFd;
     let fd = args.report_fd;
     let sandboxed = args.plan.namespaces();
-    // The command: forked with glibc's fork so its thread state is right.
-    let main_pid = match fork_command() {
-        Ok(None) => {
-            crate::timing::mark("command: forked from the init");
-            command(args, slave.as_ref())
-        }
-        Ok(Some(pid)) => {
-            // Only the command holds the slave: its last close is the end
-            // of the session for the supervisor's relay.
-            drop(slave);
-            pid
-        }
+    let prepared = match CommandPrep::new(args, slave.as_ref().map(|s| s.as_raw_fd())) {
+        Ok(p) => p,
+        Err((stage, detail)) => fail(fd, stage, 0, &detail),
+    };
+    crate::timing::mark("init: the command's confinement and exec prepared");
+    let stack = match sys::ChildStack::new(COMMAND_STACK) {
+        Ok(s) => s,
         Err(e) => fail(
             fd,
             SetupStage::Fork,
             e.raw_os_error().unwrap_or(0),
-            &format!("fork the command: {e}"),
+            &format!("map a stack for the command's process: {e}"),
         ),
     };
+    // SAFETY: the init is single-threaded (a clone's child, or a template's
+    // execution process); `command` only makes syscalls on its own stack,
+    // reads `prepared` and ends in execve or _exit (see `command`).
+    let main_pid = match unsafe { sys::spawn_shared_vm(&stack, command, &prepared) } {
+        // The child has exec'd or exited by now: its stack is free again.
+        Ok(pid) => Pid::from_raw(pid),
+        Err(e) => fail(
+            fd,
+            SetupStage::Fork,
+            e.raw_os_error().unwrap_or(0),
+            &format!("start the command's process: {e}"),
+        ),
+    };
+    drop(stack);
+    drop(prepared);
+    // Only the command holds the slave: its last close is the end of the
+    // session for the supervisor's relay.
+    drop(slave);
     supervise_tree(fd, main_pid, sandboxed)
 }
 
-/// Forks the command's process: None in the child, its pid in the init.
-fn fork_command() -> io::Result<Option<Pid>> {
-    // SAFETY: the init is a clone's child and so has one thread; glibc's
-    // fork also makes malloc usable in the child.
-    match unsafe { sys::fork_glibc() }? {
-        0 => Ok(None),
-        pid => Ok(Some(Pid::from_raw(pid))),
+/// The command's process's stack: what `command` needs (the report frame
+/// is the largest item, 4 KiB) with a wide margin.
+const COMMAND_STACK: usize = 256 * 1024;
+
+/// Everything the command's process needs, prepared by the init: that
+/// process shares the init's memory until exec, so it allocates nothing
+/// and only reads this.
+struct CommandPrep<'a> {
+    report_fd: RawFd,
+    rlimits: &'a [(nix::sys::resource::Resource, u64, u64)],
+    /// The pty's slave and which stdio fds it becomes.
+    terminal: Option<(RawFd, crate::pty::Attach)>,
+    /// Sandboxed: capabilities dropped up to this one, then Landlock and
+    /// seccomp (None: danger-full-access, nothing to confine).
+    confine: Option<Confinement<'a>>,
+    /// The paths execve tries, in PATH order, and the NULL-terminated
+    /// argument and environment arrays (pointers into `args`).
+    candidates: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+}
+
+struct Confinement<'a> {
+    last_cap: libc::c_ulong,
+    landlock: landlock::RulesetCreated,
+    seccomp: Option<&'a seccompiler::BpfProgram>,
+}
+
+impl<'a> CommandPrep<'a> {
+    fn new(args: &'a InitArgs<'_>, slave: Option<RawFd>) -> Result<Self, (SetupStage, String)> {
+        let terminal = slave.map(|s| {
+            let attach = args.pty.unwrap_or(crate::pty::Attach {
+                stdin: true,
+                stdout: true,
+                stderr: false,
+            });
+            (s, attach)
+        });
+        let confine = if args.plan.sandboxed {
+            // The rules name the files behind the command's own stdio: the
+            // slave where it will be attached, the init's fd otherwise.
+            let mut stdio = [0, 1, 2];
+            if let Some((s, a)) = terminal {
+                for (on, slot) in [(a.stdin, 0), (a.stdout, 1), (a.stderr, 2)] {
+                    if on {
+                        stdio[slot] = s;
+                    }
+                }
+            }
+            let landlock =
+                confine::landlock_ruleset(&args.plan.landlock, args.plan.landlock_abi, stdio)
+                    .map_err(|e| (SetupStage::Confine, e.to_string()))?;
+            Some(Confinement {
+                last_cap: sys::last_cap(),
+                landlock,
+                seccomp: args.seccomp.as_ref(),
+            })
+        } else {
+            None
+        };
+        let candidates = exec_candidates(args);
+        let mut argv: Vec<*const libc::c_char> = args.argv.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let mut envp: Vec<*const libc::c_char> = args.envp.iter().map(|a| a.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        Ok(CommandPrep {
+            report_fd: args.report_fd,
+            rlimits: args.rlimits,
+            terminal,
+            confine,
+            candidates,
+            argv,
+            envp,
+        })
     }
 }
 
@@ -233,42 +314,49 @@ fn close_all_but(keep: &[RawFd]) -> io::Result<()> {
 }
 
 /// The command's own process: confine, then exec. Never returns.
-fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
-    let fd = args.report_fd;
+///
+/// It shares the init's memory until exec (see `sys::spawn_shared_vm`):
+/// only syscalls, on its own stack, reading `p`. Failures are reported
+/// as a step and an errno (the supervisor renders the errno), formatted
+/// nowhere here.
+fn command(p: &CommandPrep<'_>) -> ! {
+    crate::timing::mark("command: started from the init");
+    let fd = p.report_fd;
     sys::reset_signals();
-    if let Err(e) = crate::limits::apply_rlimits(args.rlimits) {
-        fail(fd, SetupStage::Limits, 0, &e.to_string());
+    for (resource, soft, hard) in p.rlimits {
+        if let Err(e) = crate::limits::lower_rlimit(*resource, *soft, *hard) {
+            fail_step(
+                fd,
+                SetupStage::Limits,
+                crate::limits::rlimit_step(*resource),
+                e as i32,
+            );
+        }
     }
-    if let Some(s) = slave {
-        use std::os::fd::AsRawFd;
-        let attach = args.pty.unwrap_or(crate::pty::Attach {
-            stdin: true,
-            stdout: true,
-            stderr: false,
-        });
-        if let Err(e) = crate::pty::attach_slave(s.as_raw_fd(), attach) {
-            fail(
+    if let Some((slave, attach)) = p.terminal {
+        if let Err(e) = crate::pty::attach_slave(slave, attach) {
+            fail_step(
                 fd,
                 SetupStage::Terminal,
+                "attach the command's terminal",
                 e.raw_os_error().unwrap_or(0),
-                &format!("attach the command's terminal: {e}"),
             );
         }
     }
     let mut layers = [Enforcement::None; 2];
-    if args.plan.sandboxed {
-        let r = (|| -> Result<(), confine::ConfineError> {
-            confine::drop_privileges()?;
+    if let Some(c) = &p.confine {
+        let r = (|| -> Result<(), confine::StepFailed> {
+            confine::drop_privileges(c.last_cap)?;
             crate::timing::mark("command: drop capabilities");
-            layers[0] = confine::apply_landlock(&args.plan.landlock, args.plan.landlock_abi)?;
+            layers[0] = confine::enter_landlock(&c.landlock)?;
             crate::timing::mark("command: Landlock");
-            if let Some(p) = &args.seccomp {
-                layers[1] = confine::apply_seccomp(p)?;
+            if let Some(prog) = c.seccomp {
+                layers[1] = confine::enter_seccomp(prog)?;
             }
             Ok(())
         })();
-        if let Err(e) = r {
-            fail(fd, SetupStage::Confine, 0, &e.to_string());
+        if let Err(f) = r {
+            fail_step(fd, SetupStage::Confine, f.step, f.errno);
         }
     }
     crate::timing::mark("command: seccomp");
@@ -280,24 +368,47 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
             seccomp: layers[1],
         },
     );
-    exec_search(args)
+    let mut saw_eacces = false;
+    let mut last = libc::ENOENT;
+    for c in &p.candidates {
+        // SAFETY: argv and envp are NULL-terminated arrays of pointers into
+        // the init's `args.argv`/`args.envp`, alive while it waits for this
+        // exec.
+        let e = unsafe { sys::execve(c, &p.argv, &p.envp) }
+            .raw_os_error()
+            .unwrap_or(libc::ENOENT);
+        match e {
+            libc::EACCES => saw_eacces = true,
+            libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG => {}
+            other => {
+                last = other;
+                break;
+            }
+        }
+    }
+    let errno = if last != libc::ENOENT {
+        last
+    } else if saw_eacces {
+        libc::EACCES
+    } else {
+        libc::ENOENT
+    };
+    init_msg::send(fd, &InitMessage::ExecFailed { errno });
+    sys::exit_now(if errno == libc::ENOENT { 127 } else { 126 });
 }
 
-/// execvpe, resolved inside the view with the command's own PATH.
-fn exec_search(args: &InitArgs<'_>) -> ! {
-    let fd = args.report_fd;
-    let mut argv: Vec<*const libc::c_char> = args.argv.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = args.envp.iter().map(|a| a.as_ptr()).collect();
-    envp.push(std::ptr::null());
+/// Reports a failed step of the command's process (no allocation: the
+/// supervisor adds the errno's text) and leaves with moat's exit code.
+fn fail_step(fd: RawFd, stage: SetupStage, step: &'static str, errno: i32) -> ! {
+    fail(fd, stage, errno, step)
+}
+
+/// The paths execve tries for the command, as execvpe would: the name
+/// itself when it has a slash, else each entry of the command's own PATH
+/// (resolved inside the view).
+fn exec_candidates(args: &InitArgs<'_>) -> Vec<CString> {
     let Some(prog) = args.argv.first() else {
-        init_msg::send(
-            fd,
-            &InitMessage::ExecFailed {
-                errno: libc::ENOENT,
-            },
-        );
-        sys::exit_now(127);
+        return Vec::new();
     };
     let prog_bytes = prog.as_bytes();
     let mut candidates: Vec<CString> = Vec::new();
@@ -319,32 +430,7 @@ fn exec_search(args: &InitArgs<'_>) -> ! {
             }
         }
     }
-    let mut saw_eacces = false;
-    let mut last = libc::ENOENT;
-    for c in &candidates {
-        // SAFETY: argv and envp are NULL-terminated arrays of pointers into
-        // `args.argv`/`args.envp`, which outlive the call.
-        let e = unsafe { sys::execve(c, &argv, &envp) }
-            .raw_os_error()
-            .unwrap_or(libc::ENOENT);
-        match e {
-            libc::EACCES => saw_eacces = true,
-            libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG => {}
-            other => {
-                last = other;
-                break;
-            }
-        }
-    }
-    let errno = if last != libc::ENOENT {
-        last
-    } else if saw_eacces {
-        libc::EACCES
-    } else {
-        libc::ENOENT
-    };
-    init_msg::send(fd, &InitMessage::ExecFailed { errno });
-    sys::exit_now(if errno == libc::ENOENT { 127 } else { 126 });
+    candidates
 }
 
 /// Waits for the command, relays signals, and tears the tree down. Never returns.

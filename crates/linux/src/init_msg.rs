@@ -38,6 +38,14 @@ pub enum SetupStage {
 }
 
 impl SetupStage {
+    /// The stages of the command's own process, whose `detail` is a bare
+    /// step: the reader adds the text of a non-zero errno.
+    pub fn from_command_process(self) -> bool {
+        matches!(
+            self,
+            SetupStage::Limits | SetupStage::Terminal | SetupStage::Confine
+        )
+    }
     const ALL: [SetupStage; 5] = [
         SetupStage::Sandbox,
         SetupStage::Fork,

@@ -1346,7 +1346,19 @@ fn interpret(
     let mut final_status: Option<(i32, i32)> = None;
     for msg in messages {
         match msg {
-            InitMessage::SetupFailed { detail, .. } => return Err(detail.to_string()),
+            InitMessage::SetupFailed {
+                stage,
+                errno,
+                detail,
+            } => {
+                // The command's process cannot format (it allocates
+                // nothing): its steps come with the errno, rendered here.
+                return Err(if errno != 0 && stage.from_command_process() {
+                    format!("{detail}: {}", io::Error::from_raw_os_error(errno))
+                } else {
+                    detail.to_string()
+                });
+            }
             InitMessage::Confined { landlock, seccomp } => {
                 out.layers.landlock = landlock;
                 out.layers.seccomp = seccomp;
