@@ -79,6 +79,10 @@ const SCRATCH_FILE: &str = "f";
 /// private, a fresh tmpfs pivoted to as `/` (the host's root under
 /// `OLD_ROOT`), and the detached, read-only scratch tmpfs holding the empty
 /// directory and file that stand-ins are bound from.
+/// The mount flags of every stand-in.
+const STAND_IN_ATTRS: u64 =
+    MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+
 fn enter_staging_root<S: Syscall>(sys: &S) -> Result<S::Handle, MountError> {
     // Our mount events must never propagate to the host (and host events
     // should not trickle into the sandbox mid-run).
@@ -113,6 +117,14 @@ fn enter_staging_root<S: Syscall>(sys: &S) -> Result<S::Handle, MountError> {
         .map_err(err("fill scratch tmpfs", Path::new("(detached)")))?;
     sys.make_superblock_readonly(&scratch)
         .map_err(err("make scratch tmpfs read-only", Path::new("(detached)")))?;
+    // The stand-ins' mount flags, set once here: a clone of a mount
+    // carries its flags, so each stand-in bound from this tmpfs has them
+    // without a mount_setattr of its own.
+    sys.set_tree_attrs(&scratch, STAND_IN_ATTRS, false)
+        .map_err(err(
+            "set the scratch tmpfs's mount attributes",
+            Path::new("(detached)"),
+        ))?;
     Ok(scratch)
 }
 
@@ -278,15 +290,11 @@ fn apply_op<S: Syscall>(
             } else {
                 empty_file
             };
+            // Read-only, nosuid, nodev, noexec: carried from the scratch
+            // tmpfs's own mount (see `enter_staging_root`).
             let tree = sys
                 .clone_tree_at(Some(scratch), src, false)
                 .map_err(err("clone stand-in", target))?;
-            sys.set_tree_attrs(
-                &tree,
-                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-                false,
-            )
-            .map_err(err("set mount attributes", target))?;
             sys.move_mount(&tree, target)
                 .map_err(err("mount stand-in", target))?;
         }
