@@ -86,7 +86,7 @@ fn config_copies_and_tool_env_drop_credentials_in_every_form() {
         // against a redaction that drops whole files).
         for kept in [
             "GIT_NAME=Ada Lovelace",
-            "smtpServer = smtp.example.com",
+            "smtpserver = \"smtp.example.com\"",
             "timeout = 30",
             "fund = false",
             "index-url = https://pypi.corp.example/simple/",
@@ -319,15 +319,16 @@ fn other_well_known_credential_stores_are_hidden() {
         .collect();
     write(fx.home.join(".config/git/config"), "[user]\n\tname = Ada\n");
     let script = format!(
-        "cd {h} && cat {list} 2>&1; cat .config/git/config; echo PROBE_DONE",
+        "cd {h} && cat {list} 2>&1; cat ~/.config/git/config; echo PROBE_DONE",
         h = fx.home.display(),
         list = stores.join(" ")
     );
     for level in ["read-only", "workspace-write"] {
         let out = run(fx.sh(level, &[], &script));
         out.expect_stdout_has("PROBE_DONE");
-        // The git configuration beside the store stays readable.
-        out.expect_stdout_has("name = Ada");
+        // The git configuration beside the store reaches the command (as
+        // the sanitized copy under the sandbox HOME).
+        out.expect_stdout_has("name = \"Ada\"");
         for (rel, s) in &secrets {
             out.expect_absent(s, &format!("{level}: ~/{rel}"));
         }

@@ -1328,12 +1328,12 @@ fn project_file_cannot_grant_what_only_the_user_may() {
 fn mount_conflict_names_both_sources() {
     let t = Tx::new();
     t.git_init_ws();
-    write(t.fx.home.join(".gitconfig"), "[user]\n\tname = x\n");
-    // Control: the git profile's ~/.gitconfig (ro) alone is fine.
+    write(t.fx.home.join(".config/git/ignore"), "[user]\n\tname = x\n");
+    // Control: the git profile's ~/.config/git/ignore (ro) alone is fine.
     let out = run(t.moat(["run", "git", "status", "--porcelain"]));
     out.expect_code(0);
     // Profile ro vs flag rw.
-    let gc = t.fx.home.join(".gitconfig");
+    let gc = t.fx.home.join(".config/git/ignore");
     let out = run(t.moat([
         OsStr::new("run"),
         OsStr::new("--rw"),

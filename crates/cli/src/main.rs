@@ -242,8 +242,21 @@ fn main() -> ExitCode {
                     .collect();
                 let view =
                     moat_linux::view::compute(&policy, &moat_linux::HostFacts::probe(&policy, env));
+                // The workspace's own .git/config is shown as it is (the
+                // project's file; git inside needs it): name what in it is
+                // a credential the command can read, never the value.
+                let found = moat_config::workspace_git_config_credentials(&policy.workspace);
+                let notes: Vec<String> = if found.is_empty() || !policy.level.is_sandboxed() {
+                    Vec::new()
+                } else {
+                    vec![format!(
+                        "{} is the project's own file, readable by the command, and holds credentials ({}); keep them in a credential helper instead",
+                        policy.workspace.join(".git/config").display(),
+                        found.join(", ")
+                    )]
+                };
                 print_json(
-                    &json!({"policy": policy.canonical_value(), "policy_hash": policy.hash(), "view": view}),
+                    &json!({"policy": policy.canonical_value(), "policy_hash": policy.hash(), "view": view, "notes": notes}),
                 );
                 ExitCode::SUCCESS
             }

@@ -212,12 +212,7 @@ fn listen(service: &Arc<Service>, path: &std::path::Path) -> Result<(), String> 
             dir.display()
         ));
     }
-    let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
-        format!(
-            "cannot listen on {}: {e} (remove a stale socket first)",
-            path.display()
-        )
-    })?;
+    let listener = bind_in_place(path)?;
     let clients = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
         let conn = match conn {
@@ -269,6 +264,47 @@ fn listen(service: &Arc<Service>, path: &std::path::Path) -> Result<(), String> 
         }
     }
     Ok(())
+}
+
+/// Binds and listens on a private name in the socket's directory, then
+/// renames it to `path`, refusing to replace anything there: a client that
+/// sees the socket exist can connect at once (bind creates the file before
+/// listen would otherwise be called), and a stale socket is never taken
+/// over silently.
+fn bind_in_place(path: &std::path::Path) -> Result<std::os::unix::net::UnixListener, String> {
+    let stale = || {
+        format!(
+            "cannot listen on {}: something is there already (remove a stale socket first)",
+            path.display()
+        )
+    };
+    if path.symlink_metadata().is_ok() {
+        return Err(stale());
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let private = path.with_file_name(format!(".{name}.{}.binding", std::process::id()));
+    let _ = std::fs::remove_file(&private);
+    let listener = std::os::unix::net::UnixListener::bind(&private)
+        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    let moved = nix::fcntl::renameat2(
+        nix::fcntl::AT_FDCWD,
+        &private,
+        nix::fcntl::AT_FDCWD,
+        path,
+        nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+    );
+    if let Err(e) = moved {
+        let _ = std::fs::remove_file(&private);
+        return Err(if e == nix::errno::Errno::EEXIST {
+            stale()
+        } else {
+            format!("cannot listen on {}: {e}", path.display())
+        });
+    }
+    Ok(listener)
 }
 
 /// The namespaces a sandboxed process never shares with the host: a

@@ -68,6 +68,7 @@ pub use trust::{
     is_trusted, render_grants, rfc3339_utc, TrustEntry, TrustMap, TrustStore, TRUST_FILE_NAME,
 };
 pub use userconf::{
-    http_registry_credentials, redact_config_text, redacted_user_configs, CredentialKind,
-    HttpCredential, RedactedConfig, USER_TOOL_CONFIGS,
+    git_include_targets, http_registry_credentials, redact_config_text, redacted_user_configs,
+    workspace_git_config_credentials, CredentialKind, HttpCredential, RedactedConfig,
+    USER_TOOL_CONFIGS,
 };

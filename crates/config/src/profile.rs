@@ -351,7 +351,7 @@ net_class = "net-denied"
 env = { GIT_TERMINAL_PROMPT = "0" }
 pass_env = ["GIT_AUTHOR_NAME"]
 [[mounts]]
-path = "~/.gitconfig"
+path = "~/.config/git/ignore"
 mode = "ro"
 [subcommands.fetch]
 network = "proxy"
@@ -364,7 +364,7 @@ net_class = "net-connect"
         let p = parse_profile(GIT, "git.toml").unwrap();
         assert_eq!(p.name, "git");
         assert_eq!(p.base.level, Some(Level::WorkspaceWrite));
-        assert_eq!(p.base.paths[0].path, Path::new("~/.gitconfig"));
+        assert_eq!(p.base.paths[0].path, Path::new("~/.config/git/ignore"));
         assert_eq!(p.base.paths[0].access, Access::ReadOnly);
         assert_eq!(p.base.env["GIT_TERMINAL_PROMPT"], "0");
         assert!(p.warnings.is_empty());

@@ -20,6 +20,17 @@ pub const USER_TOOL_CONFIGS: &[&str] = &[
     ".config/git/config",
 ];
 
+/// The git config files among [`USER_TOOL_CONFIGS`]: read with git's own
+/// syntax ([`moat_policy::gitconfig::parse`]) and rewritten from what was
+/// understood, see [`redact_git_config`].
+const GIT_CONFIGS: &[&str] = &[".gitconfig", ".config/git/config"];
+
+/// Sections of a git config dropped whole: credential helpers (`!echo
+/// password=…`, `store --file`), usernames per URL, and includes, which
+/// point at files moat does not follow (a secret kept beside the config).
+/// The include sections come last ([`git_include_targets`] reads them).
+const GIT_DROPPED_SECTIONS: &[&str] = &["credential", "include", "includeif"];
+
 /// Largest file copied (a configuration file is small).
 const MAX_SIZE: u64 = 256 * 1024;
 
@@ -72,14 +83,18 @@ pub fn redacted_user_configs(home: &Path) -> Vec<RedactedConfig> {
                 return None;
             }
             let text = std::fs::read_to_string(&path).ok()?;
-            // pip reads its files with Python's configparser, where an
-            // indented line continues the value above it.
-            let syntax = if rel.ends_with("pip.conf") {
-                Continuation::IndentOrBackslash
+            let (contents, removed) = if GIT_CONFIGS.contains(rel) {
+                redact_git_config(&text)?
             } else {
-                Continuation::Backslash
+                // pip reads its files with Python's configparser, where an
+                // indented line continues the value above it.
+                let syntax = if rel.ends_with("pip.conf") {
+                    Continuation::IndentOrBackslash
+                } else {
+                    Continuation::Backslash
+                };
+                redact_config(&text, syntax)?
             };
-            let (contents, removed) = redact_config(&text, syntax)?;
             // Nothing but credentials (or nothing at all): no copy.
             let settings = contents.lines().any(|l| {
                 let l = l.trim();
@@ -88,9 +103,14 @@ pub fn redacted_user_configs(home: &Path) -> Vec<RedactedConfig> {
             if !settings {
                 return None;
             }
-            let header = format!(
+            // The command (and an agent reading the file) learns what is
+            // missing by name, never by value.
+            let mut header = format!(
                 "# moat: a copy of ~/{rel} with credentials removed; the original stays on the host\n"
             );
+            if !removed.is_empty() {
+                header.push_str(&format!("# moat: removed: {}\n", removed.join(", ")));
+            }
             Some(RedactedConfig {
                 rel: PathBuf::from(rel),
                 contents: header + &contents,
@@ -193,8 +213,9 @@ pub fn redact_config(text: &str, syntax: Continuation) -> Option<(String, Vec<St
         if line.starts_with('[') {
             let end = line.find(']')?;
             let header = &line[..=end];
+            // `[credential "url"]`, and git's older `[credential.url]`.
             let name = header[1..end]
-                .split_whitespace()
+                .split([' ', '\t', '"', '.'])
                 .next()
                 .unwrap_or("")
                 .to_ascii_lowercase();
@@ -233,6 +254,13 @@ pub fn redact_config(text: &str, syntax: Continuation) -> Option<(String, Vec<St
             continue;
         }
         let (value, had) = url_credentials_removed(value.trim());
+        // A value that still reads as a credential to the audit log's
+        // redaction (a `ghp_…` token, `password=…` in a command line) under
+        // an innocent key.
+        if moat_audit::redact_arg(&value) != value {
+            removed.push(format!("{key} (its value looks like a credential)"));
+            continue;
+        }
         removed.extend(had.into_iter().map(|what| format!("{what} of {key}")));
         out.push_str(&format!("{key} = {value}\n"));
     }
@@ -240,6 +268,149 @@ pub fn redact_config(text: &str, syntax: Continuation) -> Option<(String, Vec<St
         removed.push("comments".into());
     }
     Some((out, removed))
+}
+
+/// Redacts a git config file (`~/.gitconfig`, `~/.config/git/config`).
+/// It is parsed as git parses it and the copy is rendered from the parsed
+/// entries, so nothing git would read differently from this redactor (a
+/// quoted value spanning lines, a `[section.sub]` header, a key after a
+/// header on its line) can carry bytes into the copy. Dropped: the sections
+/// in [`GIT_DROPPED_SECTIONS`], keys naming a credential (`http.extraHeader`,
+/// `*.password`, `github.token`, `sendemail.smtpPass`…), and any entry whose
+/// value or subsection still looks like a credential to the audit log's
+/// redaction (`moat_audit::redact_arg`: an `Authorization:` header in an
+/// alias, `password=…`, a `ghp_…` token) after URL userinfo and query
+/// strings are removed from both (`url."https://TOKEN@host/".insteadOf`
+/// keeps working as `url."https://host/".insteadOf`). None when git itself
+/// could not read the file.
+pub fn redact_git_config(text: &str) -> Option<(String, Vec<String>)> {
+    use moat_policy::gitconfig;
+    let entries = gitconfig::parse(text).ok()?;
+    let mut kept = Vec::new();
+    let mut removed: Vec<String> = Vec::new();
+    let mut note = |what: String| {
+        if !removed.contains(&what) {
+            removed.push(what);
+        }
+    };
+    for mut e in entries {
+        // A name that never shows a subsection: it may be the secret.
+        let name = match e.subsection {
+            Some(_) => format!("{}.*.{}", e.section, e.key),
+            None => format!("{}.{}", e.section, e.key),
+        };
+        if GIT_DROPPED_SECTIONS.contains(&e.section.as_str()) {
+            note(format!("section {}", e.section));
+            continue;
+        }
+        if secret_key(&format!("{}.{}", e.section, e.key)) {
+            note(name);
+            continue;
+        }
+        if let Some(sub) = &e.subsection {
+            let (clean, had) = url_credentials_removed(sub);
+            if moat_audit::redact_arg(&clean) != clean {
+                note(format!("{name} (its subsection looks like a credential)"));
+                continue;
+            }
+            for what in had {
+                note(format!("{what} of {}.*", e.section));
+            }
+            e.subsection = Some(clean);
+        }
+        if let Some(v) = &e.value {
+            let (clean, had) = url_credentials_removed(v);
+            if moat_audit::redact_arg(&clean) != clean {
+                note(format!("{name} (its value looks like a credential)"));
+                continue;
+            }
+            for what in had {
+                note(format!("{what} of {name}"));
+            }
+            e.value = Some(clean);
+        }
+        kept.push(e);
+    }
+    Some((gitconfig::render(&kept), removed))
+}
+
+/// The files the user's git config files include (`[include] path`,
+/// `[includeIf "…"] path`), as git would resolve them: `~/` from `home`, a
+/// relative path from the including file's directory. The sanitized copy
+/// drops the includes; the files themselves are where users keep what
+/// they did not want in their main config (a token, a signing key's
+/// passphrase helper), so the caller hides each existing one like a
+/// protected path. One level: a file an included file includes is not
+/// followed (git inside never loads either).
+pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for rel in GIT_CONFIGS {
+        let path = home.join(rel);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if !meta.is_file() || meta.len() > MAX_SIZE {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let Ok(entries) = moat_policy::gitconfig::parse(&text) else {
+            continue;
+        };
+        // A relative include is relative to the including file; for a
+        // symlinked config (dotfile managers) both its directory and the
+        // target's are candidates, whichever git version resolves which.
+        let mut dirs = vec![path.parent().unwrap_or(home).to_path_buf()];
+        if let Some(d) = std::fs::canonicalize(&path)
+            .ok()
+            .and_then(|c| c.parent().map(Path::to_path_buf))
+        {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+        for e in entries {
+            if !GIT_DROPPED_SECTIONS[1..].contains(&e.section.as_str()) || e.key != "path" {
+                continue;
+            }
+            let Some(v) = e.value.filter(|v| !v.is_empty()) else {
+                continue;
+            };
+            let targets = match v.strip_prefix("~/") {
+                Some(r) => vec![home.join(r)],
+                None => dirs.iter().map(|d| d.join(&v)).collect(),
+            };
+            for target in targets {
+                if !out.contains(&target) {
+                    out.push(target);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What in the workspace's own `.git/config` the git-config redaction
+/// would remove (names only, never values): a token in a remote URL, a
+/// persisted `http.*.extraheader` (CI checkouts). moat shows that file as
+/// it is (the project's file, which git inside needs), so `explain-policy`
+/// reports these for the user to move into a credential helper.
+pub fn workspace_git_config_credentials(workspace: &Path) -> Vec<String> {
+    let path = workspace.join(".git/config");
+    let Ok(meta) = std::fs::symlink_metadata(&path) else {
+        return Vec::new();
+    };
+    if !meta.is_file() || meta.len() > MAX_SIZE {
+        return Vec::new();
+    }
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Vec::new();
+    };
+    match redact_git_config(&text) {
+        Some((_, removed)) => removed,
+        None => vec!["an unreadable git config (not checked)".into()],
+    }
 }
 
 /// `text` without URL userinfo and query strings, and what went: the names
@@ -434,6 +605,7 @@ mod tests {
     fn npmrc_keeps_settings_and_drops_credentials() {
         let (out, removed) = redact_config_text(
             "registry=https://npm.corp.example/\nfund=false\ninit-author-name=Ada\n\
+             init-author-url=ghp_ABCDEFGHIJKLMNOPQRSTUVWX\n\
              //npm.corp.example/:_authToken=NPMSECRET\n_auth=QUJDU0VDUkVU\n\
              //npm.corp.example/:_password=PWSECRET\nemail=ada@example.com\n\
              @corp:registry=https://user:URLSECRET@npm.corp.example/\n",
@@ -447,7 +619,13 @@ mod tests {
         ] {
             assert!(out.contains(kept), "{kept}: {out}");
         }
-        for secret in ["NPMSECRET", "QUJDU0VDUkVU", "PWSECRET", "URLSECRET"] {
+        for secret in [
+            "NPMSECRET",
+            "QUJDU0VDUkVU",
+            "PWSECRET",
+            "URLSECRET",
+            "ghp_ABCDEFGHIJKLMNOPQRSTUVWX",
+        ] {
             assert!(!out.contains(secret), "{secret}: {out}");
             assert!(!removed.iter().any(|r| r.contains(secret)));
         }
@@ -479,6 +657,109 @@ mod tests {
             assert!(!out.contains(secret), "{secret}: {out}");
         }
         assert!(out.contains("bare"), "{out}");
+    }
+
+    #[test]
+    fn git_config_keeps_identity_aliases_and_settings() {
+        let text = "[user]\n\tname = Ada Lovelace\n\temail = ada@example.com\n\
+                    [alias]\n\tst = status -sb\n\tlg = log --graph --pretty=format:'%h %s'\n\
+                    [core]\n\teditor = vim\n\tautocrlf = input\n\
+                    [remote \"origin\"]\n\turl = git@github.com:ada/engine.git\n\
+                    [init]\n\tdefaultBranch = main\n[pull]\n\trebase\n\
+                    [url \"git@github.com:\"]\n\tinsteadOf = https://github.com/\n\
+                    [filter \"lfs\"]\n\tclean = git-lfs clean -- %f\n\trequired = true\n\
+                    [core]\n\tpager = delta\n\tsshCommand = ssh -i ~/.ssh/work -o IdentitiesOnly=yes\n\
+                    [alias]\n\tpushf = push --force-with-lease\n\tamend = commit --amend --no-edit\n\
+                    \tl = log --pretty=format:\\\"%C(yellow)%h %an\\\"\n\
+                    [commit]\n\tgpgsign = true\n";
+        let (out, removed) = redact_git_config(text).unwrap();
+        assert!(removed.is_empty(), "{removed:?}");
+        assert_eq!(
+            moat_policy::gitconfig::parse(&out).unwrap(),
+            moat_policy::gitconfig::parse(text).unwrap()
+        );
+    }
+
+    #[test]
+    fn git_config_credentials_are_removed() {
+        let text = "[user]\n\tname = Ada\n\
+            [http]\n\textraHeader = Authorization: Bearer S1SECRET\n\
+            [http \"https://h.example/\"]\n\textraheader = AUTHORIZATION: basic S2SECRET\n\
+            [url \"https://x-access-token:S3SECRET@github.com/\"]\n\tinsteadOf = https://github.com/\n\
+            [credential]\n\thelper = \"!f() { echo password=S4SECRET; }; f\"\n\
+            [credential \"https://h.example\"]\n\tusername = S5SECRET\n\
+            [Credential.h]\n\thelper = S6SECRET\n\
+            [include]\n\tpath = ~/.S7SECRET\n[includeIf \"gitdir:~/w/\"]\n\tpath = S8SECRET\n\
+            [remote \"o\"]\n\turl = https://ada:S9SECRET@git.example/r.git\n\
+            [alias]\n\tapi = !curl -H 'Authorization: token S10SECRET' https://api.example\n\
+            \tpub = !twine upload --password S11SECRET dist/*\n\
+            [github]\n\ttoken = S12SECRET\n[sendemail]\n\tsmtpPass = S13SECRET\n\
+            [hub]\n\tx = ghp_ABCDEFGHIJKLMNOPQRSTUV\n\
+            [lfs]\n\turl = https://h.example/lfs?private_token=S14SECRET\n\
+            [core] askpass = x\n[http] proxy = http://u:S15SECRET@proxy:3128\n";
+        let (out, removed) = redact_git_config(text).unwrap();
+        for n in 1..=15 {
+            let secret = format!("S{n}SECRET");
+            assert!(!out.contains(&secret), "{secret}: {out}");
+            assert!(!removed.iter().any(|r| r.contains(&secret)), "{removed:?}");
+        }
+        assert!(!out.contains("ghp_"), "{out}");
+        assert!(out.contains("name = \"Ada\""), "{out}");
+        assert!(out.contains("[url \"https://github.com/\"]"), "{out}");
+        assert!(out.contains("https://git.example/r.git"), "{out}");
+        assert!(out.contains("https://h.example/lfs"), "{out}");
+        for r in ["section credential", "section include", "http.extraheader"] {
+            assert!(removed.iter().any(|x| x == r), "{r}: {removed:?}");
+        }
+    }
+
+    #[test]
+    fn git_include_targets_resolve_like_git() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path();
+        std::fs::write(
+            h.join(".gitconfig"),
+            "[include]\n\tpath = ~/.gitconfig.local\n\tpath = rel.inc\n\
+             [includeIf \"gitdir:~/work/\"]\n\tpath = /etc/corp.gitconfig\n[user]\n\tname = A\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(h.join(".config/git")).unwrap();
+        std::fs::write(h.join(".config/git/config"), "[include]\n\tpath = tok\n").unwrap();
+        assert_eq!(
+            git_include_targets(h),
+            vec![
+                h.join(".gitconfig.local"),
+                h.join("rel.inc"),
+                PathBuf::from("/etc/corp.gitconfig"),
+                h.join(".config/git/tok"),
+            ]
+        );
+    }
+
+    #[test]
+    fn workspace_git_config_credentials_are_named_not_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path();
+        assert!(workspace_git_config_credentials(ws).is_empty());
+        std::fs::create_dir_all(ws.join(".git")).unwrap();
+        std::fs::write(
+            ws.join(".git/config"),
+            "[core]\n\tbare = false\n[remote \"origin\"]\n\turl = https://x:WSSECRET@h.example/r\n\
+             [http \"https://h.example/\"]\n\textraheader = AUTHORIZATION: basic WSSECRET2\n",
+        )
+        .unwrap();
+        let found = workspace_git_config_credentials(ws);
+        assert_eq!(
+            found,
+            vec!["userinfo of remote.*.url", "http.*.extraheader"],
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn git_config_git_cannot_read_is_not_copied() {
+        assert_eq!(redact_git_config("[core\nx = 1\n"), None);
+        assert_eq!(redact_git_config("-----BEGIN X-----\nabc\n"), None);
     }
 
     #[test]

@@ -393,6 +393,17 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
             .into_iter()
             .map(|r| (r.rel, r.contents))
             .collect();
+        // The files the user's git config includes are where a token kept
+        // out of ~/.gitconfig lives (`~/.gitconfig.local`): hidden like a
+        // protected path (the copy drops the include, so git inside never
+        // loads them).
+        for p in moat_config::git_include_targets(&policy.home) {
+            if let (Ok(c), Ok(m)) = (std::fs::canonicalize(&p), std::fs::metadata(&p)) {
+                if m.is_file() {
+                    facts.secrets.insert(c, moat_linux::probe::Kind::File);
+                }
+            }
+        }
     }
     mark("redacted copies of the user's tool config");
     if let Some(log) = &audit {

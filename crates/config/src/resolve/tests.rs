@@ -259,7 +259,7 @@ fn every_grant_carries_its_source() {
     assert_eq!(find("ro", "/home/me/proj/docs"), PRJ);
     assert_eq!(find("pass_env", "GIT_SSH_VARIANT"), CFG);
     assert_eq!(find("pass_env", "GIT_AUTHOR_NAME"), "profile:git");
-    assert_eq!(find("ro", "~/.gitconfig"), "profile:git");
+    assert_eq!(find("ro", "~/.config/git/ignore"), "profile:git");
     assert_eq!(find("allow_domain", "github.com:443"), "profile:git");
     assert_eq!(find("level", "workspace-write"), "profile:git");
     assert_eq!(find("env", "GIT_TERMINAL_PROMPT=0"), "profile:git");
@@ -273,7 +273,7 @@ fn every_grant_carries_its_source() {
 
 #[test]
 fn same_path_two_modes_names_both_sources_and_the_three_fixes() {
-    let c = config("[tools.git]\nrw = [\"~/.gitconfig\"]\n");
+    let c = config("[tools.git]\nrw = [\"~/.config/git/ignore\"]\n");
     let s = Sources {
         profile: Some(git()),
         user_config: Some(c),
@@ -290,7 +290,7 @@ fn same_path_two_modes_names_both_sources_and_the_three_fixes() {
     );
 
     // ~ and the absolute home spelling are the same path
-    let f = flags("--rw /home/me/.gitconfig");
+    let f = flags("--rw /home/me/.config/git/ignore");
     let s = Sources {
         profile: Some(git()),
         flags: Some(f),
@@ -515,7 +515,7 @@ fn moat_args_narrowing_is_accepted() {
     let r = with_moat_args(
         "git",
         Some("fetch"),
-        "--allow-domain github.com:443 --ro ~/.gitconfig --pass-env GIT_AUTHOR_NAME",
+        "--allow-domain github.com:443 --ro ~/.config/git/ignore --pass-env GIT_AUTHOR_NAME",
         None,
     )
     .unwrap();
@@ -565,7 +565,12 @@ fn moat_args_widening_is_refused() {
         ("git", None, "--network proxy", "--network proxy"),
         ("git", Some("fetch"), "--network unmanaged", "unmanaged"),
         ("git", None, "--rw /etc", "--rw /etc"),
-        ("git", None, "--rw ~/.gitconfig", "--rw ~/.gitconfig"),
+        (
+            "git",
+            None,
+            "--rw ~/.config/git/ignore",
+            "--rw ~/.config/git/ignore",
+        ),
         ("git", None, "--ro ~/.ssh", "--ro ~/.ssh"),
         (
             "git",
