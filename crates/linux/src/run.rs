@@ -1350,15 +1350,7 @@ fn interpret(
                 stage,
                 errno,
                 detail,
-            } => {
-                // The command's process cannot format (it allocates
-                // nothing): its steps come with the errno, rendered here.
-                return Err(if errno != 0 && stage.from_command_process() {
-                    format!("{detail}: {}", io::Error::from_raw_os_error(errno))
-                } else {
-                    detail.to_string()
-                });
-            }
+            } => return Err(init_msg::setup_failure_text(stage, errno, detail)),
             InitMessage::Confined { landlock, seccomp } => {
                 out.layers.landlock = landlock;
                 out.layers.seccomp = seccomp;

@@ -1169,3 +1169,30 @@ pub fn ignore_signal(sig: libc::c_int) {
     // SAFETY: installing SIG_IGN has no memory-safety implications.
     unsafe { libc::signal(sig, libc::SIG_IGN) };
 }
+
+#[cfg(test)]
+mod shared_vm_tests {
+    use super::*;
+
+    fn leave_with(code: &i32) -> ! {
+        exit_now(*code)
+    }
+
+    /// The child runs `entry` with the argument on its own stack and has
+    /// released the shared memory when the call returns (CLONE_VFORK; its
+    /// exit status may come a moment later). The child only calls `_exit`,
+    /// which keeps the contract even in the test harness's threaded process.
+    #[test]
+    fn the_child_runs_entry_with_its_argument_and_is_done_on_return() {
+        let stack = ChildStack::new(64 * 1024).expect("map a stack");
+        let code = 7;
+        // SAFETY: `leave_with` only reads its argument and calls _exit.
+        let pid = unsafe { spawn_shared_vm(&stack, leave_with, &code) }.expect("spawn");
+        let status =
+            nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).expect("waitpid");
+        assert_eq!(
+            status,
+            nix::sys::wait::WaitStatus::Exited(nix::unistd::Pid::from_raw(pid), 7)
+        );
+    }
+}
