@@ -1144,6 +1144,11 @@ impl ServeSession {
         }
     }
 
+    /// The service's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The next message the service sends.
     pub fn read(&mut self) -> serde_json::Value {
         let mut line = String::new();

@@ -44,6 +44,7 @@ pub(crate) fn send(out: &Out, v: &Value) {
         let _ = w.write_all(line.as_bytes());
         let _ = w.flush();
     }
+    moat_linux::timing::mark("service: a message written");
 }
 
 pub(crate) fn reply(out: &Out, id: &Value, r: Result<Value, RpcError>) {
@@ -359,6 +360,7 @@ fn session(service: &Arc<Service>, mut input: impl BufRead, out: Out, owner: u64
             }
             Line::Message(m) => m,
         };
+        moat_linux::timing::mark("service: a request line read");
         if msg.iter().all(u8::is_ascii_whitespace) {
             continue;
         }

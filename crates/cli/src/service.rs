@@ -478,6 +478,7 @@ impl Service {
         policy: Policy,
         timeout: Option<Duration>,
         req: &ProtocolRequest,
+        dir: &std::os::fd::OwnedFd,
     ) -> std::io::Result<Source> {
         let Some(templates) = self.templates.clone() else {
             return Err(std::io::Error::other("no templates"));
@@ -505,8 +506,12 @@ impl Service {
             StdinSource::Bytes(b) => b.clone(),
             _ => Vec::new(),
         };
+        // The command starts in this directory only (checked in the view
+        // by device and inode, then entered by that fd).
+        let st = nix::sys::stat::fstat(dir).map_err(std::io::Error::from)?;
+        let cwd = Some((st.st_dev, st.st_ino));
         let mut launcher =
-            moat_runtime::template::TemplateLauncher::new(templates, stdin, receiver)?;
+            moat_runtime::template::TemplateLauncher::new(templates, stdin, cwd, receiver)?;
         let request = moat_runtime::ExecutionRequest {
             argv: req.command.iter().map(OsString::from).collect(),
             policy,
@@ -611,9 +616,10 @@ impl Service {
             StdinSource::Stream => None,
             _ => self.template_policy(&flags, &dir_fd),
         };
+        moat_linux::timing::mark("service: cwd checked, policy resolved");
         let mut sup = match template {
             Some((policy, timeout)) => self
-                .start_in_process(policy, timeout, &req)
+                .start_in_process(policy, timeout, &req, &dir_fd)
                 .map_err(|e| RpcError::internal(format!("cannot start the execution: {e}")))?,
             None => Source::Child(
                 Supervisor::spawn(

@@ -72,6 +72,9 @@ pub enum ConfineError {
     LandlockNotEnforced,
     #[error("seccomp: {0}")]
     Seccomp(String),
+    /// A step of [`StepFailed`], with its errno's text.
+    #[error("{0}")]
+    Step(String),
 }
 
 /// The newest Landlock ABI moat has been tested with; newer kernels are used
@@ -104,6 +107,16 @@ impl StepFailed {
             step,
             errno: e.raw_os_error().unwrap_or(0),
         }
+    }
+}
+
+impl From<StepFailed> for ConfineError {
+    fn from(f: StepFailed) -> ConfineError {
+        ConfineError::Step(crate::init_msg::setup_failure_text(
+            crate::init_msg::SetupStage::Confine,
+            f.errno,
+            f.step,
+        ))
     }
 }
 
@@ -148,6 +161,17 @@ fn os_errno_of(e: &(dyn std::error::Error + 'static)) -> i32 {
         cur = err.source();
     }
     0
+}
+
+/// Enters a Landlock domain matching `spec` in a process that may allocate
+/// ([`landlock_ruleset`] for its own stdio, then [`enter_landlock`]);
+/// returns how fully it is enforced.
+pub fn apply_landlock(spec: &LandlockSpec, kernel_abi: i32) -> Result<Enforcement, ConfineError> {
+    let ruleset = landlock_ruleset(spec, kernel_abi, [0, 1, 2])?;
+    enter_landlock(&ruleset).map_err(|f| match f.errno {
+        0 if f.step == LANDLOCK_NOT_ENFORCED => ConfineError::LandlockNotEnforced,
+        _ => ConfineError::from(f),
+    })
 }
 
 /// The Landlock ruleset matching `spec`, created but not entered.
@@ -474,13 +498,7 @@ pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, Con
 
 /// Installs the ABI guard and the floor. Must be the last step before exec.
 pub fn apply_seccomp(program: &seccompiler::BpfProgram) -> Result<Enforcement, ConfineError> {
-    enter_seccomp(program).map_err(|f| {
-        ConfineError::Seccomp(format!(
-            "{}: {}",
-            f.step,
-            io::Error::from_raw_os_error(f.errno)
-        ))
-    })
+    enter_seccomp(program).map_err(ConfineError::from)
 }
 
 /// [`apply_seccomp`] without allocating (the command's process).

@@ -84,9 +84,10 @@ pub fn main(args: InitArgs<'_>) -> ! {
 
 /// The init's second half, once the view is in place and the cwd entered:
 /// starts the command, confined, and reaps the tree until the command is
-/// done (also the end of an execution forked from a sandbox template).
-/// Never returns.
-pub(crate) fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) -> ! {
+/// done. Never returns. (A sandbox template's execution forks and confines
+/// its command ahead of the request instead, see `template.rs`, and ends
+/// in [`supervise_tree`] too.)
+fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) -> ! {
     use std::os::fd::AsRawFd;
     let fd = args.report_fd;
     let sandboxed = args.plan.namespaces();
@@ -104,8 +105,8 @@ pub(crate) fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::O
             &format!("map a stack for the command's process: {e}"),
         ),
     };
-    // SAFETY: the init is single-threaded (a clone's child, or a template's
-    // execution process); `command` only makes syscalls on its own stack,
+    // SAFETY: the init is single-threaded (the child of a fork-like clone);
+    // `command` only makes syscalls on its own stack,
     // reads `prepared` and ends in execve or _exit (see `command`).
     let main_pid = match unsafe { sys::spawn_shared_vm(&stack, command, &prepared) } {
         // The child has exec'd or exited by now: its stack is free again.
@@ -185,7 +186,7 @@ impl<'a> CommandPrep<'a> {
         } else {
             None
         };
-        let candidates = exec_candidates(args);
+        let candidates = exec_candidates(&args.argv, &args.envp);
         let mut argv: Vec<*const libc::c_char> = args.argv.iter().map(|a| a.as_ptr()).collect();
         argv.push(std::ptr::null());
         let mut envp: Vec<*const libc::c_char> = args.envp.iter().map(|a| a.as_ptr()).collect();
@@ -368,13 +369,61 @@ fn command(p: &CommandPrep<'_>) -> ! {
             seccomp: layers[1],
         },
     );
+    exec_first(fd, &p.candidates, &p.argv, &p.envp)
+}
+
+/// The command's confinement in a process of its own that may allocate (a
+/// template's execution does this ahead of its request, see
+/// `template.rs`): capabilities dropped, its Landlock domain, the seccomp
+/// filter. Returns what each layer gave. (The one-shot command's process
+/// does the same steps from what its init prepared, see `command`.)
+pub(crate) fn confine_command(
+    plan: &Plan,
+    seccomp: Option<&seccompiler::BpfProgram>,
+) -> Result<[Enforcement; 2], confine::ConfineError> {
+    let mut layers = [Enforcement::None; 2];
+    if plan.sandboxed {
+        confine::drop_privileges(sys::last_cap()).map_err(confine::ConfineError::from)?;
+        crate::timing::mark("command: drop capabilities");
+        layers[0] = confine::apply_landlock(&plan.landlock, plan.landlock_abi)?;
+        crate::timing::mark("command: Landlock");
+        if let Some(p) = seccomp {
+            layers[1] = confine::apply_seccomp(p)?;
+        }
+    }
+    crate::timing::mark("command: seccomp");
+    Ok(layers)
+}
+
+/// execvpe, resolved inside the view with the command's own PATH; failures
+/// are reported on `fd`. For a process that may allocate (a template's
+/// execution); the one-shot command's process execs from what its init
+/// prepared (`command`).
+pub(crate) fn exec_search(fd: RawFd, args_argv: &[CString], args_envp: &[CString]) -> ! {
+    let mut argv: Vec<*const libc::c_char> = args_argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = args_envp.iter().map(|a| a.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let candidates = exec_candidates(args_argv, args_envp);
+    exec_first(fd, &candidates, &argv, &envp)
+}
+
+/// Tries each candidate with execve; when none execs, reports the errno
+/// that decides the exit code (ENOENT: 127, else 126) and leaves.
+/// Allocates nothing.
+fn exec_first(
+    fd: RawFd,
+    candidates: &[CString],
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+) -> ! {
     let mut saw_eacces = false;
     let mut last = libc::ENOENT;
-    for c in &p.candidates {
-        // SAFETY: argv and envp are NULL-terminated arrays of pointers into
-        // the init's `args.argv`/`args.envp`, alive while it waits for this
-        // exec.
-        let e = unsafe { sys::execve(c, &p.argv, &p.envp) }
+    for c in candidates {
+        // SAFETY: argv and envp are NULL-terminated arrays of pointers to C
+        // strings the caller keeps alive across the call (the init's
+        // `args.argv`/`args.envp` while it waits for this exec).
+        let e = unsafe { sys::execve(c, argv, envp) }
             .raw_os_error()
             .unwrap_or(libc::ENOENT);
         match e {
@@ -405,9 +454,9 @@ fn fail_step(fd: RawFd, stage: SetupStage, step: &'static str, errno: i32) -> ! 
 
 /// The paths execve tries for the command, as execvpe would: the name
 /// itself when it has a slash, else each entry of the command's own PATH
-/// (resolved inside the view).
-fn exec_candidates(args: &InitArgs<'_>) -> Vec<CString> {
-    let Some(prog) = args.argv.first() else {
+/// (resolved inside the view). None without a command (ENOENT, 127).
+fn exec_candidates(argv: &[CString], envp: &[CString]) -> Vec<CString> {
+    let Some(prog) = argv.first() else {
         return Vec::new();
     };
     let prog_bytes = prog.as_bytes();
@@ -415,8 +464,7 @@ fn exec_candidates(args: &InitArgs<'_>) -> Vec<CString> {
     if prog_bytes.contains(&b'/') {
         candidates.push(prog.clone());
     } else {
-        let path = args
-            .envp
+        let path = envp
             .iter()
             .find_map(|e| e.as_bytes().strip_prefix(b"PATH="))
             .unwrap_or(b"/usr/local/bin:/usr/bin:/bin");
@@ -434,7 +482,7 @@ fn exec_candidates(args: &InitArgs<'_>) -> Vec<CString> {
 }
 
 /// Waits for the command, relays signals, and tears the tree down. Never returns.
-fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
+pub(crate) fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
     let kill_all = |sig: libc::c_int| {
         if pid_namespace {
             // As pid 1, kill(-1) reaches every other process of the namespace.

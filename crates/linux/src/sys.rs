@@ -112,6 +112,57 @@ pub fn open_path_nofollow(dirfd: RawFd, path: &Path) -> io::Result<OwnedFd> {
     )
 }
 
+/// The id of the mount whose root `path` (absolute; its last component not
+/// followed) is, or None when `path` is not the root of a mount (a mount
+/// laid there was detached since, or never there): the 64-bit id never
+/// reused while the system runs where the kernel has it (Linux 6.8), else
+/// the classic one (unique among the mounts alive at once). Used to see
+/// that a mount is still in place.
+pub fn mount_root_id(path: &Path) -> io::Result<Option<u64>> {
+    let p = cstr(path)?;
+    for mask in [libc::STATX_MNT_ID_UNIQUE, libc::STATX_MNT_ID] {
+        // SAFETY: statx is plain data, so zeroed is a valid value.
+        let mut buf: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: `p` is a NUL-terminated string and `buf` a valid
+        // out-pointer, both outliving the call.
+        let r = unsafe {
+            libc::statx(
+                libc::AT_FDCWD,
+                p.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+                mask,
+                &mut buf,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+        if buf.stx_attributes_mask & root == 0 {
+            // Before Linux 5.8: whether it is a mount root is unknown.
+            return Err(io::Error::from_raw_os_error(libc::ENOSYS));
+        }
+        if buf.stx_mask & mask != 0 {
+            return Ok((buf.stx_attributes & root != 0).then_some(buf.stx_mnt_id));
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::ENOSYS))
+}
+
+/// An O_PATH handle to the directory `path` that follows no symlink on the
+/// way (`fchdir` takes it).
+pub fn open_dir_nofollow(path: &Path) -> io::Result<OwnedFd> {
+    openat2(
+        libc::AT_FDCWD,
+        path,
+        OpenHow {
+            flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+            mode: 0,
+            resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        },
+    )
+}
+
 /// openat2(2): the one place moat calls it; the wrappers choose `how`.
 fn openat2(dirfd: RawFd, path: &Path, how: OpenHow) -> io::Result<OwnedFd> {
     let p = cstr(path)?;

@@ -4,8 +4,10 @@
 //! shared mounts, the compiled seccomp filter), and forks each execution
 //! from it. Each execution gets its own mount, pid, ipc and uts namespace,
 //! fresh copies of every writable or per-process filesystem of the view
-//! (/tmp, HOME, /dev, /dev/shm, /proc …), and its own Landlock domain; the
-//! service supervises it through a pidfd exactly as the one-shot supervisor
+//! (/tmp, HOME, /dev, /dev/shm, /proc …), and its own Landlock domain — all
+//! of it, and the command's confinement, done ahead of the request, so only
+//! a check of what the host could have changed since, the cwd and the exec
+//! remain on an execution's path; the service supervises it through a pidfd exactly as the one-shot supervisor
 //! does ([`crate::run::supervise`]), so the outcome is the one-shot
 //! outcome. See ARCHITECTURE.md, "Sandbox templates".
 //!
@@ -28,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::confine::Enforcement;
 use crate::control::Control;
-use crate::init::{self, InitArgs, INIT_SIGNALS};
+use crate::init::{self, INIT_SIGNALS};
 use crate::init_msg::SetupStage;
 use crate::limits::Enforcer;
 use crate::plan::{LandlockSpec, MountOp, Plan, SeccompSpec};
@@ -50,6 +52,9 @@ const CTL_FD: RawFd = 3;
 const MAX_FRAME: usize = 16 << 20;
 /// Templates kept per service; the least recently used is retired beyond.
 const MAX_TEMPLATES: usize = 8;
+/// Inits found stale (a mount laid ahead detached by the host since) that
+/// one execution replaces before it gives up.
+const MAX_STALE: usize = 3;
 
 /// Why a run cannot use a template (it takes the one-shot path), or None.
 /// Each reason is a guarantee or feature the template path does not give
@@ -168,10 +173,14 @@ struct Spec {
 enum Request {
     /// Fork the next execution's init and pass it over (`Reply::Warm`).
     Warm,
-    /// To an init: run this command (fds: stdin, stdout, stderr, report).
+    /// To an execution's command, confined and waiting: run this (fds:
+    /// stdin, stdout, stderr, report). `cwd`: the (device, inode) of the
+    /// directory the caller checked as the working directory; the command
+    /// starts there only if the view's cwd is that directory.
     Exec {
         argv: Vec<Vec<u8>>,
         env: Vec<Vec<u8>>,
+        cwd: Option<(u64, u64)>,
     },
     /// Take no more executions; exit when the running ones are done.
     Retire,
@@ -189,6 +198,11 @@ enum Reply {
     Failed {
         error: String,
     },
+    /// From an execution's command, for its request: a mount laid ahead
+    /// of the request was detached since (the host replaced the file or
+    /// directory it sits on). Nothing of the request was used: run it on
+    /// another init.
+    Stale,
 }
 
 /// A running template process and its control socket.
@@ -229,12 +243,19 @@ impl Template {
         let (ours, theirs) =
             UnixStream::pair().map_err(|e| format!("create a socket pair: {e}"))?;
         let mut cmd = std::process::Command::new(moat);
-        cmd.arg(SUBCOMMAND)
-            .env_clear()
-            .current_dir("/")
+        cmd.arg(SUBCOMMAND).env_clear();
+        if crate::timing::enabled() {
+            cmd.env("MOAT_TRACE_TIMING", "1");
+        }
+        cmd.current_dir("/")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
+            .stderr(if crate::timing::enabled() {
+                // The trace of the template, its inits and their commands.
+                std::process::Stdio::inherit()
+            } else {
+                std::process::Stdio::null()
+            });
         sys::pass_fd_as(&mut cmd, OwnedFd::from(theirs), CTL_FD);
         let child = cmd
             .spawn()
@@ -307,6 +328,12 @@ impl Template {
                 Err(e) => return Err(TemplateError::Gone(e.to_string())),
             };
             if !exited(init.pidfd.as_fd()) {
+                // The next one is asked for now: its view and confinement
+                // (≈ 1 ms) then run on the other core while this execution
+                // runs, instead of after it ends, in the gap a client in a
+                // loop leaves barely. A template gone by now is found at
+                // the next execution.
+                let _ = ctl.ask_warm();
                 return Ok(init);
             }
         }
@@ -329,6 +356,7 @@ impl Template {
         opts: &RunOptions,
         observer: &mut dyn RunObserver,
         stdin: &mut Option<OwnedFd>,
+        cwd: Option<(u64, u64)>,
         control: Control<'_>,
     ) -> Result<RunOutcome, TemplateError> {
         if key(plan) != self.key {
@@ -395,30 +423,50 @@ impl Template {
         let request = serde_json::to_vec(&Request::Exec {
             argv: argv.iter().map(|c| c.as_bytes().to_vec()).collect(),
             env: env.iter().map(|c| c.as_bytes().to_vec()).collect(),
+            cwd,
         })
         .map_err(|e| format!("encode the execution: {e}"))?;
         crate::timing::mark("template: key checked, argv, env, pipes");
-        let init = self.take_warm()?;
-        crate::timing::mark("template: warm init taken");
-        // Straight to the init: the template is not on this path.
-        let sent = send_frame(
-            init.sock.as_fd(),
-            &request,
-            &[
-                stdin_fd,
-                stdout_w.as_raw_fd(),
-                stderr_w.as_raw_fd(),
-                report_w.as_raw_fd(),
-            ],
-        );
+        let mut attempts = 0;
+        let init =
+            loop {
+                let init = self.take_warm()?;
+                crate::timing::mark("template: warm init taken");
+                // Straight to the execution's command, confined and waiting:
+                // neither the template nor the init is on this path.
+                let sent = send_frame(
+                    init.sock.as_fd(),
+                    &request,
+                    &[
+                        stdin_fd,
+                        stdout_w.as_raw_fd(),
+                        stderr_w.as_raw_fd(),
+                        report_w.as_raw_fd(),
+                    ],
+                );
+                if let Err(e) = sent {
+                    stdin.take();
+                    return Err(TemplateError::Refused(format!(
+                        "hand the execution to its init: {e}"
+                    )));
+                }
+                // The command answers `Stale` (and exits, having used none of
+                // the descriptors) or closes its socket as it starts.
+                match recv_frame::<Reply>(init.sock.as_fd()) {
+                    Ok((Reply::Stale, _)) if attempts < MAX_STALE => {
+                        attempts += 1;
+                        crate::timing::mark("template: stale init discarded");
+                    }
+                    Ok((Reply::Stale, _)) => return Err(TemplateError::Refused(
+                        "the view's inputs kept changing while the execution started; nothing ran"
+                            .into(),
+                    )),
+                    _ => break init,
+                }
+            };
         // From here the execution may have its stdin: never run twice.
         stdin.take();
-        if let Err(e) = sent {
-            return Err(TemplateError::Refused(format!(
-                "hand the execution to its init: {e}"
-            )));
-        }
-        crate::timing::mark("template: handed to the init");
+        crate::timing::mark("template: handed to the command");
         let (pid, pidfd) = (init.pid, init.pidfd);
         // Only the execution holds the write ends now.
         drop((stdout_w, stderr_w, report_w));
@@ -444,16 +492,7 @@ impl Template {
             out.exit_code = 125;
             out.error = Some(e);
         }
-        // The next execution's init is asked for once this one is done:
-        // its clone and mounts then overlap the gap between requests, not
-        // this command (2 cores). A template gone by now is found at the
-        // next execution.
-        {
-            let mut ctl = self.lock_ctl();
-            if !ctl.warm_asked {
-                let _ = ctl.ask_warm();
-            }
-        }
+        crate::timing::mark("template: the execution ended");
         out.duration = start.elapsed();
         out.usage.duration_ms = out.duration.as_millis() as u64;
         // Every process of the execution is gone (its pid namespace died
@@ -461,6 +500,7 @@ impl Template {
         let report = crate::sweep::sweep(&plan.sweep, &opts.tag);
         out.swept = report.swept;
         out.sweep_failed = report.failed;
+        crate::timing::mark("template: sweep");
         Ok(out)
     }
 
@@ -615,6 +655,7 @@ fn recv_frame<T: serde::de::DeserializeOwned>(
 /// fd 3. Must be called while the process is single-threaded (first thing
 /// in main). Never returns.
 pub fn template_main() -> ! {
+    crate::timing::init();
     let Ok(ctl) = crate::process::take_inherited_fd(CTL_FD) else {
         eprintln!("moat: `moat {SUBCOMMAND}` is internal: `moat serve` and `moat mcp` start it with its control socket");
         sys::exit_now(125)
@@ -674,11 +715,11 @@ fn become_template(plan: &Plan, per_exec: &[bool]) -> Result<OwnedFd, String> {
 /// Forks an execution's init per `Warm` request until the service goes
 /// away (then every execution is killed) or retires the template (then it
 /// waits for them). The service asks for the next init as soon as it takes
-/// one ("warm"): its namespaces and fresh filesystems are laid while
-/// nothing waits, and the service hands it the command and its descriptors
-/// over the init's own socket, without a round trip through this process.
-/// Each init serves one execution; one never used exits when the service
-/// closes its socket.
+/// one ("warm"): its namespaces and its whole view are laid, and its
+/// command forked and confined, while nothing waits ([`init_main`]); the
+/// service hands the request and its descriptors to that command over its
+/// own socket, without a round trip through this process. Each init serves
+/// one execution; one never used exits when the service closes its socket.
 fn serve(
     ctl: &UnixStream,
     plan: &Plan,
@@ -773,9 +814,12 @@ fn spawn_init(
     }
 }
 
-/// The execution's init. Lays its fresh filesystems, then waits for its
-/// command (argv, env; stdin, stdout, stderr and the report pipe), and
-/// runs it as the one-shot init does. Never returns.
+/// The execution's init, ahead of its request: lays its whole view
+/// (fresh filesystems and the mounts that narrow host binds), detaches the
+/// host's root, and forks the command, which confines itself (capabilities,
+/// Landlock, seccomp) and waits for the request ([`command_main`]). The
+/// init then waits for the report pipe from the command and reaps the tree
+/// as the one-shot init does. Never returns.
 fn init_main(
     plan: &Plan,
     per_exec: &[bool],
@@ -806,28 +850,126 @@ fn init_main(
     if closed.is_err() {
         sys::exit_now(125);
     }
-    // A failure here is reported once the execution's report pipe arrives.
-    // The mounts that narrow a host path wait for the request: the host may
-    // detach them (an unlink or rename over their dentry) while this init
-    // waits, and the request's plan is checked against the host as it is now.
+    // The whole view, ahead. The mounts that narrow a host path
+    // (`mounts::deferred`) may be detached by the host (an unlink or
+    // rename over their dentry) while this execution waits: their mount
+    // ids are kept, and the command compares them once the request came
+    // (after the caller checked its plan against the host as it is then).
     let late = crate::mounts::deferred(&plan.mounts, per_exec);
     let view =
         crate::mounts::prepare_execution_root(&Kernel, &plan.mounts, per_exec, &late, scratch)
-            .map_err(|e| format!("build the sandbox view: {e}"));
-    let (argv, env, fds) = match recv_frame::<Request>(sock.as_fd()) {
-        Ok((Request::Exec { argv, env }, fds)) if fds.len() == 4 => (argv, env, fds),
-        // The service closed this init's socket unused (its template
-        // retired or went away).
-        _ => sys::exit_now(0),
-    };
-    let view = view.and_then(|()| {
-        crate::mounts::finish_execution_root(&Kernel, &plan.mounts, &late, scratch)
-            .map_err(|e| format!("build the sandbox view: {e}"))
             .and_then(|()| {
-                nix::unistd::chdir(&plan.cwd)
-                    .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))
+                crate::mounts::finish_execution_root(&Kernel, &plan.mounts, &late, scratch)
             })
-    });
+            .map_err(|e| format!("build the sandbox view: {e}"))
+            .and_then(|()| late_mount_ids(plan, &late));
+    // SAFETY: the scratch tmpfs's owner lives in the template's memory and
+    // is never used or dropped in this process; every stand-in is laid.
+    let _ = unsafe { sys::close_range(scratch.as_raw_fd() as u32, scratch.as_raw_fd() as u32) };
+    crate::timing::mark("init: the view laid ahead");
+    let marks = match view {
+        Ok(marks) => marks,
+        // Reported once the execution's report pipe arrives.
+        Err(e) => {
+            let Some(report_fd) = take_request(sock).map(|(_, fds)| fds) else {
+                sys::exit_now(0)
+            };
+            init::fail(report_fd, SetupStage::Sandbox, 0, &e)
+        }
+    };
+    // The command sends the report pipe here once it has its request. Fd 3
+    // is held (a copy of stdin, /dev/null) so that this pair lies above the
+    // request's descriptors, which go to 0-3.
+    // SAFETY: fd 3 is free (closed above) and owned by no Rust object.
+    if unsafe { sys::dup2(0, 3) }.is_err() {
+        sys::exit_now(125);
+    }
+    let Ok((to_init, from_command)) = UnixStream::pair() else {
+        sys::exit_now(125)
+    };
+    // SAFETY: the init has one thread (a clone's child of a single-threaded
+    // process); glibc's fork makes malloc usable in the child.
+    let command = match unsafe { sys::fork_glibc() } {
+        Ok(0) => {
+            drop(to_init);
+            command_main(plan, program, sock, &from_command, &marks)
+        }
+        Ok(pid) => nix::unistd::Pid::from_raw(pid),
+        Err(_) => sys::exit_now(125),
+    };
+    // Only the command holds the request's socket: the service sees its end
+    // when the command starts (or dies).
+    // SAFETY: `sock`'s owner is never used or dropped in this process again.
+    let _ = unsafe { sys::close_range(sock.as_raw_fd() as u32, sock.as_raw_fd() as u32) };
+    drop(from_command);
+    let mut byte = [0u8; 1];
+    let report = match sys::recv_with_fds::<1>(to_init.as_fd(), &mut byte) {
+        Ok((1, fds)) if fds.len() == 1 => fds.into_iter().next(),
+        _ => None,
+    };
+    let Some(report) = report else {
+        // The command left without its request (the service closed this
+        // init's socket unused, or the view was stale).
+        sys::exit_now(0)
+    };
+    let report_fd: RawFd = 3;
+    // SAFETY: fd 3 of this process (the /dev/null copy) is owned by no Rust
+    // object; `report` was received above it.
+    if unsafe { sys::dup2(report.as_raw_fd(), report_fd) }.is_err() {
+        sys::exit_now(125);
+    }
+    // SAFETY: `to_init` and `report`'s owners are never used again; the
+    // init leaves by `_exit`.
+    let _ = unsafe { sys::close_range(4, u32::MAX) };
+    init::supervise_tree(report_fd, command, true)
+}
+
+/// The mount at each target of a late op that is a mount, as laid: its id,
+/// or None when the target is no mount's root already (the host replaced
+/// the file between the mount and this look: the execution is stale).
+type LateMounts = Vec<(PathBuf, Option<u64>)>;
+
+fn late_mount_ids(plan: &Plan, late: &[bool]) -> Result<LateMounts, String> {
+    let mut out: LateMounts = Vec::new();
+    for (op, late) in plan.mounts.iter().zip(late) {
+        if !*late || matches!(op, MountOp::File { .. } | MountOp::Symlink { .. }) {
+            continue;
+        }
+        let target = op.target();
+        if out.iter().any(|(t, _)| t == target) {
+            continue;
+        }
+        let id = sys::mount_root_id(target)
+            .map_err(|e| format!("read the mount id of {}: {e}", target.display()))?;
+        out.push((target.to_path_buf(), id));
+    }
+    Ok(out)
+}
+
+/// Whether a mount laid ahead is gone or was never seen in place.
+fn stale(marks: &LateMounts) -> bool {
+    marks
+        .iter()
+        .any(|(target, id)| id.is_none() || sys::mount_root_id(target).ok().flatten() != *id)
+}
+
+/// The request's descriptors on `sock` (stdin, stdout, stderr, report are
+/// duplicated to 0-3) and its argv, env and cwd; None when the socket
+/// closed unused. Returns the report fd (3).
+fn take_request(sock: &UnixStream) -> Option<(RequestParts, RawFd)> {
+    let (argv, env, cwd, fds) = match recv_frame::<Request>(sock.as_fd()) {
+        Ok((Request::Exec { argv, env, cwd }, fds)) if fds.len() == 4 => (argv, env, cwd, fds),
+        _ => return None,
+    };
+    install_fds(&fds);
+    Some(((argv, env, cwd), 3))
+}
+
+/// A request's argv, env and checked cwd identity.
+type RequestParts = (Vec<Vec<u8>>, Vec<Vec<u8>>, Option<(u64, u64)>);
+
+/// Puts a request's descriptors at 0-3. Exits on failure.
+fn install_fds(fds: &[OwnedFd]) {
     for (i, fd) in fds.iter().enumerate() {
         // SAFETY: fds 0-3 of this child are owned by no Rust object that is
         // ever dropped (it execs or exits); a received fd numbered below
@@ -836,35 +978,91 @@ fn init_main(
             sys::exit_now(125);
         }
     }
+}
+
+/// The execution's command, forked by its init ahead of the request:
+/// confines itself (capabilities, Landlock, seccomp), then waits for the
+/// request. Once it has it: checks that every mount laid ahead that the host
+/// could detach is still in place (else answers `Stale` and leaves, nothing
+/// used), takes its descriptors, hands the report pipe to the init, enters
+/// the checked cwd and execs. Never returns.
+fn command_main(
+    plan: &Plan,
+    program: &seccompiler::BpfProgram,
+    sock: &UnixStream,
+    to_init: &UnixStream,
+    marks: &LateMounts,
+) -> ! {
+    sys::reset_signals();
+    // A failure is reported once the report pipe arrives.
+    let confined = init::confine_command(plan, Some(program));
+    crate::timing::mark("command: confined ahead");
+    let (argv, env, cwd, fds) = match recv_frame::<Request>(sock.as_fd()) {
+        Ok((Request::Exec { argv, env, cwd }, fds)) if fds.len() == 4 => (argv, env, cwd, fds),
+        // The service closed this execution's socket unused (its template
+        // retired or went away).
+        _ => sys::exit_now(0),
+    };
+    crate::timing::mark("command: request taken");
+    if stale(marks) {
+        let body = serde_json::to_vec(&Reply::Stale).unwrap_or_default();
+        let _ = send_frame(sock.as_fd(), &body, &[]);
+        sys::exit_now(0);
+    }
+    install_fds(&fds);
     let report_fd: RawFd = 3;
-    // SAFETY: as above: the socket, the scratch tmpfs and the received
-    // originals are never used again in this process.
-    if let Err(e) = unsafe { sys::close_range(4, u32::MAX) } {
-        init::fail(
-            report_fd,
-            SetupStage::Sandbox,
-            0,
-            &format!("close inherited fds: {e}"),
-        );
+    if crate::netns::send_fds(to_init.as_raw_fd(), b'R', &[report_fd]).is_err() {
+        sys::exit_now(125);
     }
-    if let Err(e) = view {
-        init::fail(report_fd, SetupStage::Sandbox, 0, &e);
+    // Closes the request's socket (the service's signal that the command
+    // started), the init's socket and the received originals.
+    // SAFETY: their owners are never used or dropped again: this process
+    // execs or exits.
+    if unsafe { sys::close_range(4, u32::MAX) }.is_err() {
+        init::fail(report_fd, SetupStage::Sandbox, 0, "close inherited fds");
     }
+    let layers =
+        confined.unwrap_or_else(|e| init::fail(report_fd, SetupStage::Confine, 0, &e.to_string()));
+    enter_cwd(plan, cwd)
+        .unwrap_or_else(|(errno, e)| init::fail(report_fd, SetupStage::Sandbox, errno, &e));
     let (argv, envp) = match (run::cstrings(argv), run::cstrings(env)) {
         (Ok(a), Ok(e)) => (a, e),
         (Err(e), _) | (_, Err(e)) => init::fail(report_fd, SetupStage::Sandbox, 0, &e),
     };
-    let args = InitArgs {
-        plan,
+    let _ = sys::cloexec_from(3);
+    crate::init_msg::send(
         report_fd,
-        stdout_fd: None,
-        stderr_fd: None,
-        handoff_fd: None,
-        argv,
-        envp,
-        seccomp: Some(program.clone()),
-        rlimits: &[],
-        pty: None,
+        &crate::init_msg::InitMessage::Confined {
+            landlock: layers[0],
+            seccomp: layers[1],
+        },
+    );
+    init::exec_search(report_fd, &argv, &envp)
+}
+
+/// Enters the view's cwd, opened without following any symlink, when it is
+/// the directory the caller checked (`checked`: its device and inode): a
+/// rename in the workspace between the check and now cannot lead the
+/// command elsewhere, as the fd is the one entered. Err: (errno, message).
+fn enter_cwd(plan: &Plan, checked: Option<(u64, u64)>) -> Result<(), (i32, String)> {
+    let fail = |e: std::io::Error| {
+        (
+            e.raw_os_error().unwrap_or(0),
+            format!("enter the workspace {}: {e}", plan.cwd.display()),
+        )
     };
-    init::command_and_reap(&args, None)
+    let dir = sys::open_dir_nofollow(&plan.cwd).map_err(fail)?;
+    if let Some((dev, ino)) = checked {
+        let st = nix::sys::stat::fstat(dir.as_fd()).map_err(|e| fail(e.into()))?;
+        if (st.st_dev, st.st_ino) != (dev, ino) {
+            return Err((
+                0,
+                format!(
+                    "the working directory {} was moved while the request was checked; nothing ran",
+                    plan.cwd.display()
+                ),
+            ));
+        }
+    }
+    nix::unistd::fchdir(dir.as_fd()).map_err(|e| fail(e.into()))
 }

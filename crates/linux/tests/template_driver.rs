@@ -89,6 +89,7 @@ fn files_processes_env_and_fds_of_one_execution_are_invisible_to_the_next() {
             )),
             &mut obs,
             &mut None,
+            None,
             Control::Channel(&idle()),
         )
         .unwrap();
@@ -108,6 +109,7 @@ fn files_processes_env_and_fds_of_one_execution_are_invisible_to_the_next() {
             ),
             &mut obs,
             &mut None,
+            None,
             Control::Channel(&idle()),
         )
         .unwrap();
@@ -199,6 +201,7 @@ fn an_abstract_socket_of_a_running_execution_cannot_be_reached_from_the_next() {
                 )),
                 &mut w,
                 &mut None,
+                None,
                 Control::Channel(&stop_r),
             )
             .unwrap()
@@ -221,6 +224,7 @@ except OSError as e:
                 )),
                 &mut obs,
                 &mut None,
+                None,
                 Control::Channel(&idle()),
             )
             .unwrap();
@@ -259,6 +263,7 @@ fn stop_kills_a_setsid_grandchild() {
                 )),
                 &mut w,
                 &mut None,
+                None,
                 Control::Channel(&stop_r),
             )
             .unwrap()
@@ -290,6 +295,7 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
             &opts("echo BUILT"),
             &mut obs,
             &mut None,
+            None,
             Control::Channel(&idle()),
         )
         .unwrap();
@@ -304,6 +310,7 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
             &opts("cat .env"),
             &mut obs,
             &mut None,
+            None,
             Control::Channel(&idle())
         )
         .is_err());
@@ -315,6 +322,7 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
             &opts("cat .env; echo CAT-RAN"),
             &mut obs,
             &mut None,
+            None,
             Control::Channel(&idle()),
         )
         .unwrap();
@@ -325,6 +333,61 @@ fn a_secret_created_after_the_template_was_built_is_covered() {
         "the secret is visible: {o}"
     );
     assert_eq!(templates.len(), 1, "the stale template was not retired");
+}
+
+/// The (device, inode) of `p`, as the service takes it from the directory
+/// it checked against its roots.
+fn identity(p: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).unwrap();
+    (m.dev(), m.ino())
+}
+
+#[test]
+fn the_command_starts_only_in_the_directory_the_caller_checked() {
+    let d = dirs("cwd");
+    let p = plan(&d.ws, &d.home);
+    let templates = Templates::new(moat_bin());
+    let t = templates.get(&p).unwrap();
+    let mut obs = moat_linux::NoObserver;
+    let script = "pwd; touch ./ran-here; echo CMD-RAN";
+    // The caller checked the workspace: the command runs there.
+    let ok = t
+        .run(
+            &p,
+            &opts(script),
+            &mut obs,
+            &mut None,
+            Some(identity(&d.ws)),
+            Control::Channel(&idle()),
+        )
+        .unwrap();
+    let o = stdout(&ok);
+    assert!(o.contains("CMD-RAN"), "{o} {:?}", ok.error);
+    let ws = std::fs::canonicalize(&d.ws).unwrap();
+    assert!(o.contains(&*ws.to_string_lossy()), "{o}");
+    std::fs::remove_file(d.ws.join("ran-here")).unwrap();
+    // The caller checked another directory than the one the view's cwd is
+    // now (a rename in between): the command must not start.
+    let moved = t
+        .run(
+            &p,
+            &opts(script),
+            &mut obs,
+            &mut None,
+            Some(identity(&d.home)),
+            Control::Channel(&idle()),
+        )
+        .unwrap();
+    let o = stdout(&moved);
+    assert!(!o.contains("CMD-RAN"), "the command ran: {o}");
+    assert!(
+        !d.ws.join("ran-here").exists(),
+        "the command ran in the workspace"
+    );
+    assert_eq!(moved.exit_code, 125, "{o} {:?}", moved.error);
+    let e = moved.error.clone().unwrap_or_default();
+    assert!(e.contains("was moved"), "{e}");
 }
 
 /// The run's end of a channel nobody sends on (no stop request).
@@ -350,7 +413,7 @@ fn timing() {
     for _ in 0..200 {
         let s = std::time::Instant::now();
         let out = t
-            .run(&p, &o, &mut obs, &mut None, Control::Channel(&idle()))
+            .run(&p, &o, &mut obs, &mut None, None, Control::Channel(&idle()))
             .unwrap();
         assert_eq!(out.exit_code, 0);
         xs.push(s.elapsed().as_secs_f64() * 1e3);

@@ -582,6 +582,7 @@ impl Prepared {
         for ev in &tail_events {
             (session.sink)(ev);
         }
+        mark("denials, finish record, the last events sent");
         Completed {
             execution_id: session.ctx.execution_id.clone(),
             policy,

@@ -45,15 +45,20 @@ pub fn policy_eligible(policy: &Policy) -> Result<(), &'static str> {
 pub struct TemplateLauncher {
     templates: Arc<Templates>,
     stdin: Option<OwnedFd>,
+    /// The (device, inode) of the working directory the caller checked.
+    cwd: Option<(u64, u64)>,
     control: ControlReceiver,
 }
 
 impl TemplateLauncher {
-    /// `stdin`: the command's input (empty: /dev/null); `control`: the
-    /// run's end of its stop (cancel) channel.
+    /// `stdin`: the command's input (empty: /dev/null); `cwd`: the
+    /// (device, inode) of the working directory the caller checked against
+    /// its roots (the command starts only in that directory); `control`:
+    /// the run's end of its stop (cancel) channel.
     pub fn new(
         templates: Arc<Templates>,
         stdin: Vec<u8>,
+        cwd: Option<(u64, u64)>,
         control: ControlReceiver,
     ) -> std::io::Result<TemplateLauncher> {
         let stdin = if stdin.is_empty() {
@@ -69,6 +74,7 @@ impl TemplateLauncher {
         Ok(TemplateLauncher {
             templates,
             stdin,
+            cwd,
             control,
         })
     }
@@ -97,6 +103,7 @@ impl Launcher for TemplateLauncher {
                 opts,
                 observer,
                 &mut self.stdin,
+                self.cwd,
                 Control::Channel(&self.control),
             ) {
                 Ok(out) => {
