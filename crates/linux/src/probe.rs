@@ -248,6 +248,52 @@ fn resolve(p: &Path) -> Option<(PathBuf, Kind)> {
     }
 }
 
+/// The paths `dir/rel` (for each `rel` of `rels`, `/`-separated) that may
+/// exist, found level by level: one listing of a directory answers for all
+/// its names (the protected list holds ≈ 200 names, most homes a few of
+/// them), a directory that cannot be listed is asked name by name with an
+/// lstat. Never leaves out a path that exists; the caller resolves each one.
+fn existing_names(dir: &Path, rels: &[&str]) -> Vec<PathBuf> {
+    let mut by_first: Vec<(&str, Vec<&str>)> = Vec::new();
+    for rel in rels {
+        let (first, rest) = rel.split_once('/').unwrap_or((rel, ""));
+        match by_first.iter_mut().find(|(f, _)| *f == first) {
+            Some((_, rests)) => rests.push(rest),
+            None => by_first.push((first, vec![rest])),
+        }
+    }
+    // A listing is used only when every entry was read; a lookup of one or
+    // two names is cheaper as lstats.
+    let listing: Option<std::collections::HashSet<std::ffi::OsString>> = if by_first.len() > 2 {
+        fs::read_dir(dir).ok().and_then(|rd| {
+            rd.map(|e| e.map(|e| e.file_name()))
+                .collect::<Result<_, _>>()
+                .ok()
+        })
+    } else {
+        None
+    };
+    let mut out = Vec::new();
+    for (first, rests) in by_first {
+        let there = match &listing {
+            Some(names) => names.contains(std::ffi::OsStr::new(first)),
+            None => lstat_kind(&dir.join(first)).is_some(),
+        };
+        if !there {
+            continue;
+        }
+        let path = dir.join(first);
+        let deeper: Vec<&str> = rests.iter().copied().filter(|r| !r.is_empty()).collect();
+        if deeper.len() < rests.len() {
+            out.push(path.clone());
+        }
+        if !deeper.is_empty() {
+            out.extend(existing_names(&path, &deeper));
+        }
+    }
+    out
+}
+
 impl HostFacts {
     /// Hides the audit log `file` from the command wherever the view would
     /// show it (a custom `--audit-log` may live anywhere).
@@ -285,12 +331,12 @@ impl HostFacts {
         f.userns = policy.backend == moat_policy::Backend::Namespaces
             || crate::backend::userns_available();
         mark("probe: kernel features, moat's path");
-        let root_listed = f.probe_root();
+        f.probe_root();
         mark("probe: /");
         // Read once for both uses below (secrets of every home, homes
         // inside a writable root).
         let passwd = passwd_homes();
-        f.probe_secrets(policy, &passwd, root_listed);
+        f.probe_secrets(policy, &passwd);
         mark("probe: secrets (homes, /etc)");
         f.probe_sockets();
         // moat's own dirs are created first: the workspace probe then
@@ -376,16 +422,10 @@ impl HostFacts {
         }
     }
 
-    /// Lists `/`; true when the listing is complete (every entry read).
-    fn probe_root(&mut self) -> bool {
-        let mut complete = false;
+    /// Lists `/` (an entry that cannot be read is left out).
+    fn probe_root(&mut self) {
         if let Ok(rd) = fs::read_dir("/") {
-            complete = true;
-            for e in rd {
-                let Ok(e) = e else {
-                    complete = false;
-                    continue;
-                };
+            for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 // readdir's d_type: no lstat per entry (std falls back to
                 // one where the filesystem gives no type).
@@ -403,39 +443,16 @@ impl HostFacts {
         }
         self.root_entries.sort_by(|a, b| a.name.cmp(&b.name));
         self.var_run_is_dir = lstat_kind(Path::new("/var/run")) == Some(Kind::Dir);
-        complete
     }
 
-    /// `root_listed`: `root_entries` is a complete listing of `/` (a home
-    /// of several service accounts), so names there are looked up in it.
-    fn probe_secrets(&mut self, policy: &Policy, passwd: &[(u32, PathBuf)], root_listed: bool) {
+    fn probe_secrets(&mut self, policy: &Policy, passwd: &[(u32, PathBuf)]) {
         // Every home on the host, whoever runs moat: as root they are all
         // readable, and an unprivileged caller may still read a home (and a
         // secret in it) that another user left group/world-readable.
         let shown = |p: &Path| may_be_visible(policy, p);
         let homes = host_homes(passwd, self.uid, &policy.home, shown);
         for home in &homes {
-            // Most homes (service accounts) hold none of these: one lstat of
-            // a missing first component (`.config`) rules out every path
-            // under it, keeping the launch path short.
-            let mut missing: Vec<&str> = Vec::new();
-            let listed_root = root_listed && home == Path::new("/");
-            for rel in PROTECTED_HOME_PATHS {
-                let first = rel.split_once('/').map_or(*rel, |(first, _)| first);
-                if listed_root {
-                    if !self.root_entries.iter().any(|e| e.name == first) {
-                        continue;
-                    }
-                } else if rel.contains('/') {
-                    if missing.contains(&first) {
-                        continue;
-                    }
-                    if lstat_kind(&home.join(first)).is_none() {
-                        missing.push(first);
-                        continue;
-                    }
-                }
-                let p = home.join(rel);
+            for p in existing_names(home, PROTECTED_HOME_PATHS) {
                 if let Some((c, k)) = resolve(&p) {
                     if home == &policy.home {
                         self.home_protected.insert(p, c.clone());
@@ -883,4 +900,50 @@ fn unenterable(dir: &Path) -> bool {
     uid != 0
         && meta.uid() != uid
         && nix::unistd::access(dir, nix::unistd::AccessFlags::X_OK).is_err()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every protected path that exists is among the names the level-by-level
+    /// lookup returns: through a symlinked parent, a nested path, a path
+    /// that is both a name and a parent, and an unreadable directory.
+    #[test]
+    fn existing_names_never_leaves_out_a_path_that_exists() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let home = std::env::temp_dir().join(format!("moat-probe-names-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&home);
+        let elsewhere = home.with_extension("elsewhere");
+        let _ = fs::remove_dir_all(&elsewhere);
+        fs::create_dir_all(elsewhere.join("gh")).unwrap();
+        fs::write(elsewhere.join("gh/hosts.yml"), "t").unwrap();
+        fs::create_dir_all(home.join(".ssh")).unwrap();
+        fs::create_dir_all(home.join(".cargo")).unwrap();
+        fs::write(home.join(".cargo/credentials.toml"), "t").unwrap();
+        fs::write(home.join(".netrc"), "t").unwrap();
+        symlink(&elsewhere, home.join(".config")).unwrap();
+        fs::create_dir_all(home.join(".aws")).unwrap();
+        fs::set_permissions(home.join(".aws"), fs::Permissions::from_mode(0o311)).unwrap();
+        let rels: Vec<&str> = moat_policy::PROTECTED_HOME_PATHS
+            .iter()
+            .copied()
+            .chain(["only/one", "a/b/c"])
+            .collect();
+        fs::create_dir_all(home.join("a/b")).unwrap();
+        fs::write(home.join("a/b/c"), "t").unwrap();
+        let found = existing_names(&home, &rels);
+        let mut expected = 0;
+        for rel in &rels {
+            let p = home.join(rel);
+            if p.symlink_metadata().is_ok() {
+                expected += 1;
+                assert!(found.contains(&p), "{rel} exists but was not found");
+            }
+        }
+        assert!(expected >= 6, "the fixture plants what it says ({expected})");
+        fs::set_permissions(home.join(".aws"), fs::Permissions::from_mode(0o755)).unwrap();
+        let _ = fs::remove_dir_all(&home);
+        let _ = fs::remove_dir_all(&elsewhere);
+    }
 }
