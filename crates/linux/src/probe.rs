@@ -941,7 +941,10 @@ mod tests {
                 assert!(found.contains(&p), "{rel} exists but was not found");
             }
         }
-        assert!(expected >= 6, "the fixture plants what it says ({expected})");
+        assert!(
+            expected >= 6,
+            "the fixture plants what it says ({expected})"
+        );
         fs::set_permissions(home.join(".aws"), fs::Permissions::from_mode(0o755)).unwrap();
         let _ = fs::remove_dir_all(&home);
         let _ = fs::remove_dir_all(&elsewhere);
