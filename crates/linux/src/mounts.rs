@@ -75,6 +75,10 @@ pub(crate) fn set_identity<S: Syscall>(sys: &S, plan: &Plan) -> Result<(), Strin
 const SCRATCH_DIR: &str = "d";
 const SCRATCH_FILE: &str = "f";
 
+/// The mount flags of every stand-in.
+const STAND_IN_ATTRS: u64 =
+    MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+
 /// The scratch file a [`MountOp::Redacted`] at `target` is bound from: one
 /// name per target (the plan has one such op per target).
 fn redacted_name(target: &Path) -> PathBuf {
@@ -131,6 +135,14 @@ fn enter_staging_root<S: Syscall>(sys: &S, ops: &[MountOp]) -> Result<S::Handle,
     }
     sys.make_superblock_readonly(&scratch)
         .map_err(err("make scratch tmpfs read-only", Path::new("(detached)")))?;
+    // The stand-ins' mount flags, set once here: a clone of a mount
+    // carries its flags, so each stand-in bound from this tmpfs has them
+    // without a mount_setattr of its own.
+    sys.set_tree_attrs(&scratch, STAND_IN_ATTRS, false)
+        .map_err(err(
+            "set the scratch tmpfs's mount attributes",
+            Path::new("(detached)"),
+        ))?;
     Ok(scratch)
 }
 
@@ -301,15 +313,11 @@ fn apply_op<S: Syscall>(
                 }
                 _ => return Ok(()),
             };
+            // Read-only, nosuid, nodev, noexec: carried from the scratch
+            // tmpfs's own mount (see `enter_staging_root`).
             let tree = sys
                 .clone_tree_at(Some(scratch), src, false)
                 .map_err(err("clone stand-in", target))?;
-            sys.set_tree_attrs(
-                &tree,
-                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-                false,
-            )
-            .map_err(err("set mount attributes", target))?;
             sys.move_mount(&tree, target)
                 .map_err(err("mount stand-in", target))?;
         }
