@@ -267,3 +267,43 @@ fn an_explicit_grant_shows_the_raw_file_contract() {
         );
     }
 }
+
+#[test]
+fn a_token_added_after_a_template_was_built_stays_out_of_its_executions() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        git(&fx.ws, &["init", "-q", "-b", "main"]);
+        git(
+            &fx.ws,
+            &["remote", "add", "origin", "https://example.invalid/o/r"],
+        );
+        let mut s = ServeSession::start(&fx, &["--policy", level]);
+        let (out, r) = s.run("cat .git/config; echo GITCFG-BUILT");
+        assert!(out.contains("GITCFG-BUILT"), "{out} {r}");
+        assert!(
+            !out.contains("# moat:"),
+            "a clean config is shown as it is: {out}"
+        );
+        // The host's config gains a token after the template was built,
+        // then another one (an edit of a config that already had one).
+        for _ in 0..2 {
+            let t = unique("GITTOKTPLx");
+            git(
+                &fx.ws,
+                &[
+                    "remote",
+                    "set-url",
+                    "origin",
+                    &format!("https://x-access-token:{t}@example.invalid/o/r"),
+                ],
+            );
+            let (out, r) = s.run("cat .git/config; git remote -v; echo GITCFG-RAN");
+            assert!(out.contains("GITCFG-RAN"), "{out} {r}");
+            assert!(out.contains("# moat: removed:"), "{out} {r}");
+            assert!(
+                !out.contains(&t),
+                "the token added later is visible:\n{out}"
+            );
+        }
+    }
+}
