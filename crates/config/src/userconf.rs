@@ -785,6 +785,32 @@ mod tests {
     }
 
     #[test]
+    fn workspace_git_config_view_redacts_only_what_holds_credentials() {
+        let clean =
+            b"[core]\n\tbare = false\n[remote \"origin\"]\n\turl = https://github.com/o/r\n";
+        assert_eq!(workspace_git_config_view(clean), None);
+        let secret = b"[remote \"origin\"]\n\turl = https://x:TOK1@github.com/o/r\n\
+                       [http \"https://github.com/\"]\n\textraheader = AUTHORIZATION: basic TOK2\n\
+                       [credential]\n\thelper = !echo password=TOK3\n\
+                       [url \"https://TOK4@github.com/\"]\n\tinsteadOf = https://m/\n";
+        let shown = workspace_git_config_view(secret).unwrap();
+        for t in ["TOK1", "TOK2", "TOK3", "TOK4"] {
+            assert!(!shown.contains(t), "{t} in {shown}");
+        }
+        assert!(shown.starts_with(WORKSPACE_GIT_CONFIG_MARK), "{shown}");
+        assert!(shown.contains("http.*.extraheader") && shown.contains("section credential"));
+        assert!(shown.contains("https://github.com/o/r"), "{shown}");
+        // Not git config (or not UTF-8): nothing of it is shown.
+        for bad in [
+            &b"-----BEGIN KEY-----\nTOK5\n"[..],
+            &b"[core]\n\tx = \xff TOK6\n"[..],
+        ] {
+            let shown = workspace_git_config_view(bad).unwrap();
+            assert!(!shown.contains("TOK"), "{shown}");
+        }
+    }
+
+    #[test]
     fn git_config_git_cannot_read_is_not_copied() {
         assert_eq!(redact_git_config("[core\nx = 1\n"), None);
         assert_eq!(redact_git_config("-----BEGIN X-----\nabc\n"), None);
