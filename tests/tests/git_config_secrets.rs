@@ -307,3 +307,28 @@ fn a_token_added_after_a_template_was_built_stays_out_of_its_executions() {
         }
     }
 }
+
+#[test]
+fn a_nested_checkouts_config_is_redacted() {
+    for level in LEVELS {
+        let fx = Fixture::new();
+        git(&fx.ws, &["init", "-q", "-b", "main"]);
+        // A vendored checkout with its own .git dir.
+        let dep = fx.w("vendor/dep");
+        git(
+            &fx.root,
+            &["init", "-q", "-b", "main", dep.to_str().unwrap()],
+        );
+        let tokens = plant(&dep.join(".git"));
+        let out = run(fx.sh(
+            level,
+            &[],
+            "echo GITCFG-RAN; cat vendor/dep/.git/config; git -C vendor/dep remote -v; grep -r . vendor 2>/dev/null | grep -v '/objects/'; echo GITCFG-DONE",
+        ));
+        out.expect_stdout_has("GITCFG-RAN")
+            .expect_stdout_has("GITCFG-DONE")
+            .expect_stdout_has("# moat: removed:")
+            .expect_stdout_has("origin\thttps://example.invalid/o/r (fetch)");
+        assert_no_tokens(&out, &tokens);
+    }
+}

@@ -29,13 +29,30 @@ pub struct GitConfigFile {
     pub text: Vec<u8>,
 }
 
-/// The git config files of the repository at `workspace` (canonical), read
-/// safely. Missing or unreadable ones are left out.
-pub fn workspace_git_configs(workspace: &Path) -> Vec<GitConfigFile> {
+/// The git config files of the repository at `workspace` (canonical) and
+/// of the checkouts whose `.git` entries are `nested` (found by the
+/// probe's walk), read safely. Missing or unreadable ones are left out.
+pub fn workspace_git_configs(workspace: &Path, nested: &[PathBuf]) -> Vec<GitConfigFile> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let checkouts = std::iter::once(workspace).chain(nested.iter().filter_map(|g| g.parent()));
+    for checkout in checkouts {
+        for d in git_dirs(checkout) {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
     let mut out = Vec::new();
-    for dir in git_dirs(workspace) {
+    for dir in dirs {
         collect(&dir, &mut out);
     }
+    // A submodule's checkout points into the module dir already walked.
+    let mut seen: Vec<PathBuf> = Vec::new();
+    out.retain(|f| {
+        let new = !seen.contains(&f.path);
+        seen.push(f.path.clone());
+        new
+    });
     out
 }
 
@@ -175,7 +192,7 @@ mod tests {
         )
         .unwrap();
         let paths = |ws: &Path| -> Vec<PathBuf> {
-            workspace_git_configs(ws)
+            workspace_git_configs(ws, &[])
                 .into_iter()
                 .map(|f| f.path)
                 .collect()
@@ -202,7 +219,7 @@ mod tests {
         std::fs::write(root.join("ws/.git/HEAD"), "x\n").unwrap();
         std::fs::write(root.join("secret"), "[core]\n\tx = SECRET\n").unwrap();
         std::os::unix::fs::symlink(root.join("secret"), root.join("ws/.git/config")).unwrap();
-        assert!(workspace_git_configs(&root.join("ws")).is_empty());
+        assert!(workspace_git_configs(&root.join("ws"), &[]).is_empty());
         std::fs::remove_dir_all(root).unwrap();
     }
 }

@@ -342,13 +342,14 @@ pub struct Prepared {
 }
 
 /// The workspace's own git configs (`.git/config`, a linked worktree's
-/// common dir's, submodules'): one with credentials in it (a token in a
+/// common dir's, submodules', nested checkouts' the probe's walk found): one with credentials in it (a token in a
 /// remote URL, a persisted `extraheader`, a credential helper) is hidden
 /// like a protected file and shown as its redacted copy (on the Landlock
 /// backend, which cannot mount one, reading it is refused); a grant naming
 /// the file exactly shows it raw. `explain-policy` shows the same view.
 pub fn redact_workspace_git_configs(workspace: &std::path::Path, facts: &mut HostFacts) {
-    for f in moat_linux::gitconfigs::workspace_git_configs(workspace) {
+    let nested = facts.workspace_nested_git.clone();
+    for f in moat_linux::gitconfigs::workspace_git_configs(workspace, &nested) {
         if let Some(contents) = moat_config::workspace_git_config_view(&f.text) {
             facts
                 .secrets
