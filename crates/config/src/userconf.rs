@@ -393,9 +393,9 @@ pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
 
 /// What in the workspace's own `.git/config` the git-config redaction
 /// would remove (names only, never values): a token in a remote URL, a
-/// persisted `http.*.extraheader` (CI checkouts). moat shows that file as
-/// it is (the project's file, which git inside needs), so `explain-policy`
-/// reports these for the user to move into a credential helper.
+/// persisted `http.*.extraheader` (CI checkouts). The command sees the
+/// redacted copy ([`workspace_git_config_view`]); `explain-policy` names
+/// these so the user knows why a push inside would not authenticate.
 pub fn workspace_git_config_credentials(workspace: &Path) -> Vec<String> {
     let path = workspace.join(".git/config");
     let Ok(meta) = std::fs::symlink_metadata(&path) else {
