@@ -332,3 +332,18 @@ fn a_nested_checkouts_config_is_redacted() {
         assert_no_tokens(&out, &tokens);
     }
 }
+
+#[test]
+fn a_nested_run_sees_the_redacted_config_too() {
+    let fx = Fixture::new();
+    let tokens = repo(&fx);
+    let out = run(fx.sh(
+        "workspace-write",
+        &[],
+        &format!("moat exec --policy read-only -- {BASH} -c \"{PROBE}\""),
+    ));
+    out.expect_stdout_has("GITCFG-RAN")
+        .expect_stdout_has("GITCFG-DONE")
+        .expect_stdout_has("# moat: removed:");
+    assert_no_tokens(&out, &tokens);
+}
