@@ -347,3 +347,26 @@ fn a_nested_run_sees_the_redacted_config_too() {
         .expect_stdout_has("# moat: removed:");
     assert_no_tokens(&out, &tokens);
 }
+
+#[test]
+fn a_per_worktree_config_is_redacted() {
+    for level in LEVELS {
+        let fx = Fixture::new();
+        git(&fx.ws, &["init", "-q", "-b", "main"]);
+        git(&fx.ws, &["config", "extensions.worktreeConfig", "true"]);
+        let t = unique("GITTOKWTx");
+        write(
+            fx.w(".git/config.worktree"),
+            &format!("[remote \"wt\"]\n\turl = https://u:{t}@example.invalid/w\n"),
+        );
+        let out = run(fx.sh(
+            level,
+            &[],
+            "echo GITCFG-RAN; cat .git/config.worktree; git config --list --show-origin; git remote -v; echo GITCFG-DONE",
+        ));
+        out.expect_stdout_has("GITCFG-RAN")
+            .expect_stdout_has("GITCFG-DONE")
+            .expect_stdout_has("wt\thttps://example.invalid/w (fetch)");
+        out.expect_absent(&t, "a token in config.worktree");
+    }
+}

@@ -119,12 +119,16 @@ pub fn explain(
         }
         // The stand-in itself, or something "inside" an empty directory.
         if x.mode == Mode::Hidden && (x.path == abs || x.kind == Kind::Dir) {
-            // A git dir's `config` (a `HEAD` beside it) hidden as a secret:
+            // A git dir's config file (a `HEAD` beside it) hidden as a secret:
             // only a git config with credentials is (the Landlock backend
             // has no mounts to show its redacted copy).
             let git_config = x.path == abs
                 && x.why == Why::Secret
-                && abs.file_name() == Some(std::ffi::OsStr::new("config"))
+                && abs.file_name().is_some_and(|n| {
+                    crate::gitconfigs::CONFIG_NAMES
+                        .iter()
+                        .any(|c| n == std::ffi::OsStr::new(c))
+                })
                 && abs.parent().is_some_and(|d| host_exists(&d.join("HEAD")));
             if git_config {
                 return Some(DenyReason::GitCredentials);

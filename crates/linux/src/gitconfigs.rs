@@ -1,5 +1,6 @@
-//! The workspace's own git config files (`.git/config`, a linked
-//! worktree's common dir's `config`, submodules' `.git/modules/**/config`),
+//! The workspace's own git config files (`.git/config` and
+//! `config.worktree`, a linked worktree's common dir's, submodules'
+//! `.git/modules/**/config`, checkouts nested in the workspace),
 //! found and read without following a symlink the command could have
 //! planted: each git dir is resolved once, opened with no symlink on its
 //! path, and its `config` opened beneath it with
@@ -20,6 +21,9 @@ const MAX_SIZE: u64 = 256 * 1024;
 /// How deep `.git/modules` is walked (`modules/a/modules/b`, names with
 /// slashes such as `modules/lib/x`).
 const MAX_MODULES_DEPTH: usize = 8;
+
+/// The config files of one git dir.
+pub const CONFIG_NAMES: &[&str] = &["config", "config.worktree"];
 
 /// One git config file, read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,11 +101,14 @@ fn collect(dir: &Path, out: &mut Vec<GitConfigFile>) {
     if !is_git_dir(dir) {
         return;
     }
-    if let Some(text) = read_beneath(dir, Path::new("config")) {
-        out.push(GitConfigFile {
-            path: dir.join("config"),
-            text,
-        });
+    // `config.worktree`: read by git with `extensions.worktreeConfig`.
+    for name in CONFIG_NAMES {
+        if let Some(text) = read_beneath(dir, Path::new(name)) {
+            out.push(GitConfigFile {
+                path: dir.join(name),
+                text,
+            });
+        }
     }
     modules(&dir.join("modules"), 0, out);
 }
