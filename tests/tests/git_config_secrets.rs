@@ -227,25 +227,27 @@ fn a_symlinked_config_or_git_dir_copies_no_secret() {
 
 #[test]
 fn landlock_backend_refuses_reading_a_git_config_with_credentials() {
-    let fx = Fixture::new();
-    let tokens = repo(&fx);
-    let out = run(fx.sh(
-        "workspace-write",
-        &["--backend", "landlock"],
-        "echo GITCFG-RAN; cat .git/config; grep -r . . 2>/dev/null; echo GITCFG-DONE",
-    ));
-    if out.code == Some(125) && out.stderr.contains("Landlock") {
-        skip("no Landlock on this kernel");
-        return;
+    for level in LEVELS {
+        let fx = Fixture::new();
+        let tokens = repo(&fx);
+        let out = run(fx.sh(
+            level,
+            &["--backend", "landlock"],
+            "echo GITCFG-RAN; cat .git/config; grep -r . . 2>/dev/null; echo GITCFG-DONE",
+        ));
+        if out.code == Some(125) && out.stderr.contains("Landlock") {
+            skip("no Landlock ABI 6 on this kernel");
+            return;
+        }
+        out.expect_stdout_has("GITCFG-RAN")
+            .expect_stdout_has("GITCFG-DONE");
+        assert_no_tokens(&out, &tokens);
+        assert!(
+            out.stderr.contains(".git/config") && out.stderr.contains("credentials"),
+            "the denial names the file and why: {}",
+            out.dump()
+        );
     }
-    out.expect_stdout_has("GITCFG-RAN")
-        .expect_stdout_has("GITCFG-DONE");
-    assert_no_tokens(&out, &tokens);
-    assert!(
-        out.stderr.contains(".git/config") && out.stderr.contains("credentials"),
-        "the denial names the file and why: {}",
-        out.dump()
-    );
 }
 
 #[test]
