@@ -345,6 +345,16 @@ impl Drop for RmOnDrop {
     }
 }
 
+/// Kills and reaps a spawned process (a `moat serve`) when dropped, so a
+/// test that fails halfway leaves no server running.
+pub struct ChildGuard(pub std::process::Child);
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Result of one moat run.
 #[derive(Debug)]
 pub struct Out {
