@@ -145,8 +145,9 @@ pub fn parse(text: &str) -> Result<Vec<GitConfigEntry>, GitConfigError> {
         } else if let Some(v) = after.strip_prefix('=') {
             // Value, possibly continued onto following lines.
             let mut raw = v.to_string();
-            while raw.ends_with('\\') && !ends_in_escaped_backslash(&raw) && i < lines.len() {
-                raw.pop();
+            while continues(&raw) && i < lines.len() {
+                // Kept as the escape `\` + newline, which `parse_value`
+                // skips (inside quotes too, as git does).
                 raw.push('\n');
                 raw.push_str(lines[i]);
                 i += 1;
@@ -165,8 +166,24 @@ pub fn parse(text: &str) -> Result<Vec<GitConfigEntry>, GitConfigError> {
     Ok(out)
 }
 
-fn ends_in_escaped_backslash(s: &str) -> bool {
-    s.bytes().rev().take_while(|b| *b == b'\\').count() % 2 == 0
+/// Whether a value's text so far continues on the next line, as git reads
+/// it: it ends in a backslash that escapes the newline. A backslash inside
+/// a comment (`name = x ; note \`) is the comment's: git ends the value at
+/// the newline and reads the next line as a line of its own (a
+/// `[credential]` header), so joining it here would read that section's
+/// keys as the previous section's.
+fn continues(raw: &str) -> bool {
+    let mut quoted = false;
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.next().is_none() => return true,
+            '"' => quoted = !quoted,
+            '#' | ';' if !quoted => return false,
+            _ => {}
+        }
+    }
+    false
 }
 
 fn parse_header(h: &str) -> Option<(String, Option<String>)> {
@@ -368,6 +385,20 @@ mod tests {
         assert!(!out.to_ascii_lowercase().contains("evil"), "{out}");
         assert!(out.contains("https://example.com/r.git"));
         assert!(out.contains("+refs/heads/*:refs/remotes/o/*"));
+    }
+
+    #[test]
+    fn a_backslash_in_a_comment_continues_nothing() {
+        // git: user.name = "me", then a [credential] section; the
+        // backslash belongs to the comment.
+        let text = "[user]\n\tname = me ; note \\\n[credential \"https://h\"]\n\tusername = u\n";
+        let entries = parse(text).unwrap();
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        assert_eq!(entries[1].name(), "credential.https://h.username");
+        // A backslash before the newline, quoted or not, continues the
+        // value and adds nothing (as git).
+        let text = "[user]\n\tname = \"a\\\nb\" c\\\n d\n";
+        assert_eq!(parse(text).unwrap()[0].value.as_deref(), Some("ab c d"));
     }
 
     #[test]

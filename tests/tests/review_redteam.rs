@@ -1,0 +1,53 @@
+//! Red team of the grown protected home list and the sanitized git config
+//! copy: a `~/.gitconfig` line git reads differently from moat's parser
+//! must not carry a credential into the copy, and the Landlock backend and
+//! grants of a parent directory must hide the nested protected paths. Each
+//! probe prints a marker proving it ran and the secret's bytes are checked
+//! absent from everything it printed.
+
+use moat_conformance::*;
+
+/// A comment after a value that ends in a backslash: git ends the value at
+/// the comment and ignores the backslash (no continuation inside a
+/// comment), so the next line is a `[credential]` header to git. A parser
+/// that joins the next line into the comment reads the credential's keys as
+/// keys of `[user]` and keeps them.
+#[test]
+fn gitconfig_backslash_in_a_comment_does_not_hide_a_credential_section() {
+    let fx = Fixture::new();
+    let user = unique("GITCOMMENTUSER");
+    let helper = unique("GITCOMMENTHELPER");
+    write(
+        fx.home.join(".gitconfig"),
+        &format!(
+            "[user]\n\tname = Ada Lovelace ; work identity \\\n\
+             [credential \"https://git.corp.example\"]\n\tusername = {user}\n\
+             \thelper = \"!echo {helper}\"\n[core]\n\teditor = vim\n"
+        ),
+    );
+    // Host git agrees the values are a credential section's.
+    let listed = std::process::Command::new("git")
+        .args(["config", "--file"])
+        .arg(fx.home.join(".gitconfig"))
+        .args(["--list"])
+        .output()
+        .expect("host git");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.contains(&format!(
+            "credential.https://git.corp.example.username={user}"
+        )),
+        "{listed}"
+    );
+    let script =
+        "cat ~/.gitconfig 2>&1; git config --list 2>&1; echo \"NAME=$(git config user.name)\"; \
+                  echo PROBE_DONE";
+    for level in ["read-only", "workspace-write"] {
+        let out = run(fx.sh(level, &[], script));
+        out.expect_stdout_has("PROBE_DONE");
+        // The copy is still there: the identity reaches git.
+        out.expect_stdout_has("NAME=Ada Lovelace");
+        out.expect_absent(&user, "the credential section's username");
+        out.expect_absent(&helper, "the credential section's helper");
+    }
+}
