@@ -51,3 +51,52 @@ fn gitconfig_backslash_in_a_comment_does_not_hide_a_credential_section() {
         out.expect_absent(&helper, "the credential section's helper");
     }
 }
+
+/// The protected paths the list grew by are nested (`.local/share/keyrings`,
+/// `.var/app`) or reached through a dotfiles symlink (`.config/gh` →
+/// `dotfiles/gh`); both backends hide them, and so does a grant of the
+/// directory above them (`--rw ~/.config`, `--ro ~/.local`), while a
+/// sibling stays readable.
+#[test]
+fn nested_and_symlinked_protected_paths_stay_hidden_on_both_backends_and_under_parent_grants() {
+    let fx = Fixture::new();
+    let h = &fx.home;
+    let keyring = unique("KEYRINGSECRET");
+    let flatpak = unique("FLATPAKSECRET");
+    let gh = unique("GHLINKSECRET");
+    let sibling = unique("SIBLINGPUBLIC");
+    write(h.join(".local/share/keyrings/login.keyring"), &keyring);
+    write(h.join(".var/app/org.signal.Signal/config/db"), &flatpak);
+    std::fs::remove_dir_all(h.join(".config/gh")).expect("rm fixture gh");
+    write(
+        h.join("dotfiles/gh/hosts.yml"),
+        &format!("oauth_token: {gh}\n"),
+    );
+    std::os::unix::fs::symlink("../dotfiles/gh", h.join(".config/gh")).expect("symlink");
+    write(h.join(".config/tool/settings"), &sibling);
+    let home = h.display().to_string();
+    let script = format!(
+        "for f in .local/share/keyrings/login.keyring .var/app/org.signal.Signal/config/db \
+         .config/gh/hosts.yml dotfiles/gh/hosts.yml .config/tool/settings; do \
+         cat {home}/$f 2>/dev/null; echo; done; grep -r '' {home} 2>/dev/null; echo PROBE_DONE"
+    );
+    let grant_config = format!("{home}/.config");
+    let grant_local = format!("{home}/.local");
+    let grants: [&[&str]; 3] = [&[], &["--rw", &grant_config], &["--ro", &grant_local]];
+    for backend in ["namespaces", "landlock"] {
+        for grant in grants {
+            let mut extra = vec!["--backend", backend];
+            extra.extend_from_slice(grant);
+            let out = run(fx.sh("read-only", &extra, &script));
+            out.expect_stdout_has("PROBE_DONE");
+            out.expect_stdout_has(&sibling);
+            for (s, what) in [
+                (&keyring, "~/.local/share/keyrings"),
+                (&flatpak, "~/.var/app"),
+                (&gh, "~/.config/gh through its symlink"),
+            ] {
+                out.expect_absent(s, &format!("{what} ({backend} {grant:?})"));
+            }
+        }
+    }
+}
