@@ -11,44 +11,55 @@ use moat_conformance::*;
 /// the comment and ignores the backslash (no continuation inside a
 /// comment), so the next line is a `[credential]` header to git. A parser
 /// that joins the next line into the comment reads the credential's keys as
-/// keys of `[user]` and keeps them.
+/// keys of `[user]` and keeps them, and misses an `[include]` header the
+/// same way, so the included file (where users keep a token) is not hidden.
 #[test]
 fn gitconfig_backslash_in_a_comment_does_not_hide_a_credential_section() {
     let fx = Fixture::new();
     let user = unique("GITCOMMENTUSER");
     let helper = unique("GITCOMMENTHELPER");
+    let local = unique("GITINCLUDEDTOKEN");
     write(
         fx.home.join(".gitconfig"),
         &format!(
             "[user]\n\tname = Ada Lovelace ; work identity \\\n\
              [credential \"https://git.corp.example\"]\n\tusername = {user}\n\
-             \thelper = \"!echo {helper}\"\n[core]\n\teditor = vim\n"
+             \thelper = \"!echo {helper}\"\n\
+             [user]\n\temail = ada@example.com ; personal \\\n\
+             [include]\n\tpath = ~/.gitconfig.local\n[core]\n\teditor = vim\n"
         ),
     );
-    // Host git agrees the values are a credential section's.
+    write(
+        fx.home.join(".gitconfig.local"),
+        &format!("[github]\n\ttoken = {local}\n"),
+    );
+    // Host git agrees: a credential section and an include.
     let listed = std::process::Command::new("git")
-        .args(["config", "--file"])
+        .args(["config", "--no-includes", "--file"])
         .arg(fx.home.join(".gitconfig"))
         .args(["--list"])
         .output()
         .expect("host git");
     let listed = String::from_utf8_lossy(&listed.stdout);
-    assert!(
-        listed.contains(&format!(
-            "credential.https://git.corp.example.username={user}"
-        )),
-        "{listed}"
+    for entry in [
+        format!("credential.https://git.corp.example.username={user}"),
+        "include.path=~/.gitconfig.local".to_string(),
+    ] {
+        assert!(listed.contains(&entry), "{entry}: {listed}");
+    }
+    let script = format!(
+        "cat ~/.gitconfig {}/.gitconfig.local 2>&1; git config --list 2>&1; \
+         echo \"NAME=$(git config user.name)\"; echo PROBE_DONE",
+        fx.home.display()
     );
-    let script =
-        "cat ~/.gitconfig 2>&1; git config --list 2>&1; echo \"NAME=$(git config user.name)\"; \
-                  echo PROBE_DONE";
     for level in ["read-only", "workspace-write"] {
-        let out = run(fx.sh(level, &[], script));
+        let out = run(fx.sh(level, &[], &script));
         out.expect_stdout_has("PROBE_DONE");
         // The copy is still there: the identity reaches git.
         out.expect_stdout_has("NAME=Ada Lovelace");
         out.expect_absent(&user, "the credential section's username");
         out.expect_absent(&helper, "the credential section's helper");
+        out.expect_absent(&local, "the file an [include] names");
     }
 }
 
