@@ -222,9 +222,10 @@ fn valid_section(s: &str) -> bool {
 fn parse_value(raw: &str) -> Option<String> {
     let mut out = String::new();
     let mut quoted = false;
-    // Whitespace outside quotes is kept only between words.
+    // As git: whitespace outside quotes (space, tab, CR) is dropped before
+    // the value and at its end, and kept as it is between words.
     let mut pending_space = String::new();
-    let mut chars = raw.trim_start().chars();
+    let mut chars = raw.chars();
     while let Some(c) = chars.next() {
         match c {
             '"' => {
@@ -238,9 +239,8 @@ fn parse_value(raw: &str) -> Option<String> {
                 match chars.next()? {
                     'n' => out.push('\n'),
                     't' => out.push('\t'),
-                    'b' => {
-                        out.pop();
-                    }
+                    // git adds a backspace character (it erases nothing).
+                    'b' => out.push('\u{8}'),
                     '\\' => out.push('\\'),
                     '"' => out.push('"'),
                     '\n' => {}
@@ -248,8 +248,11 @@ fn parse_value(raw: &str) -> Option<String> {
                 }
             }
             '#' | ';' if !quoted => break,
-            '\r' | '\n' if !quoted => {}
-            c if c.is_whitespace() && !quoted => pending_space.push(c),
+            ' ' | '\t' | '\r' | '\n' if !quoted => {
+                if !out.is_empty() {
+                    pending_space.push(c);
+                }
+            }
             c => {
                 out.push_str(&pending_space);
                 pending_space.clear();
@@ -399,6 +402,20 @@ mod tests {
         // value and adds nothing (as git).
         let text = "[user]\n\tname = \"a\\\nb\" c\\\n d\n";
         assert_eq!(parse(text).unwrap()[0].value.as_deref(), Some("ab c d"));
+    }
+
+    #[test]
+    fn values_read_as_git_reads_them() {
+        // Checked against git 2.47 (`git config --list`): a backspace
+        // escape is a character, whitespace between words is kept as it is
+        // (a tab stays a tab), leading and trailing whitespace goes.
+        let text = "[user]\n\tname = ab\\bc\n\temail =\t a\tb \r\n\tx = \\\n\ty\n";
+        let values: Vec<_> = parse(text)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.value.unwrap_or_default())
+            .collect();
+        assert_eq!(values, ["ab\u{8}c", "a\tb", "y"]);
     }
 
     #[test]
