@@ -111,3 +111,36 @@ fn nested_and_symlinked_protected_paths_stay_hidden_on_both_backends_and_under_p
         }
     }
 }
+
+/// The same comment-backslash line in the workspace's own `.git/config`:
+/// a copy replaces the file only when the redactor found something to
+/// remove, so a `[credential]` section read as the remote's keys left the
+/// raw file (and its credential) in the view.
+#[test]
+fn workspace_git_config_backslash_in_a_comment_does_not_show_a_credential_section() {
+    let fx = Fixture::new();
+    let user = unique("WSGITCOMMENTUSER");
+    let init = std::process::Command::new("git")
+        .args(["init", "-q", "."])
+        .current_dir(&fx.ws)
+        .env("HOME", &fx.home)
+        .status()
+        .expect("host git init");
+    assert!(init.success());
+    write(
+        fx.w(".git/config"),
+        &format!(
+            "[core]\n\trepositoryformatversion = 0\n\
+             [remote \"origin\"]\n\turl = https://git.corp.example/r.git ; mirror \\\n\
+             [credential \"https://git.corp.example\"]\n\tusername = {user}\n"
+        ),
+    );
+    let script = "cat .git/config 2>&1; git config --list 2>&1; \
+                  echo \"URL=$(git config remote.origin.url)\"; echo PROBE_DONE";
+    for level in ["read-only", "workspace-write"] {
+        let out = run(fx.sh(level, &[], script));
+        out.expect_stdout_has("PROBE_DONE");
+        out.expect_stdout_has("URL=https://git.corp.example/r.git");
+        out.expect_absent(&user, "the workspace config's credential section");
+    }
+}
