@@ -144,3 +144,37 @@ fn workspace_git_config_backslash_in_a_comment_does_not_show_a_credential_sectio
         out.expect_absent(&user, "the workspace config's credential section");
     }
 }
+
+/// A `]` inside a quoted subsection (an IPv6 host: `[url
+/// "https://[fd00::1]/"]`) is part of the subsection to git. A parser that
+/// ends the header at the first `]` cannot read the file, so it neither
+/// copies it nor learns what it includes: the included file (where the
+/// token is kept) was left readable.
+#[test]
+fn gitconfig_with_a_bracket_in_a_subsection_still_hides_what_it_includes() {
+    let fx = Fixture::new();
+    let token = unique("GITIPV6INCLUDEDTOKEN");
+    write(
+        fx.home.join(".gitconfig"),
+        "[user]\n\tname = Ada Lovelace\n\
+         [url \"https://[fd00::1]:8443/\"]\n\tinsteadOf = https://git.lab/\n\
+         [include]\n\tpath = ~/.gitconfig.local\n",
+    );
+    write(
+        fx.home.join(".gitconfig.local"),
+        &format!("[github]\n\ttoken = {token}\n"),
+    );
+    let script = format!(
+        "cat {}/.gitconfig.local 2>&1; echo \"NAME=$(git config user.name)\"; \
+         echo \"URL=$(git config --get-regexp '^url\\.' 2>&1)\"; echo PROBE_DONE",
+        fx.home.display()
+    );
+    for level in ["read-only", "workspace-write"] {
+        let out = run(fx.sh(level, &[], &script));
+        out.expect_stdout_has("PROBE_DONE");
+        out.expect_absent(&token, "the file an [include] names");
+        // The copy is made: the identity and the IPv6 rewrite reach git.
+        out.expect_stdout_has("NAME=Ada Lovelace");
+        out.expect_stdout_has("https://[fd00::1]:8443/");
+    }
+}

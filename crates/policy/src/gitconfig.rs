@@ -109,6 +109,9 @@ fn err(line: usize, what: &'static str) -> GitConfigError {
 pub fn parse(text: &str) -> Result<Vec<GitConfigEntry>, GitConfigError> {
     let mut out = Vec::new();
     let mut section: Option<(String, Option<String>)> = None;
+    // git reads a CR before a newline as part of the newline (a backslash
+    // before CRLF continues the value).
+    let text = text.replace("\r\n", "\n");
     let lines: Vec<&str> = text.split('\n').collect();
     let mut i = 0;
     while i < lines.len() {
@@ -116,7 +119,7 @@ pub fn parse(text: &str) -> Result<Vec<GitConfigEntry>, GitConfigError> {
         let mut rest: String = lines[i].trim_start().to_string();
         i += 1;
         if rest.starts_with('[') {
-            let close = rest.find(']').ok_or_else(|| err(lineno, "unclosed ["))?;
+            let close = header_end(&rest).ok_or_else(|| err(lineno, "unclosed ["))?;
             let header = &rest[1..close];
             section = Some(parse_header(header).ok_or_else(|| err(lineno, "bad section"))?);
             // git reads a key on the same line after the header.
@@ -145,12 +148,17 @@ pub fn parse(text: &str) -> Result<Vec<GitConfigEntry>, GitConfigError> {
         } else if let Some(v) = after.strip_prefix('=') {
             // Value, possibly continued onto following lines.
             let mut raw = v.to_string();
-            while continues(&raw) && i < lines.len() {
+            while continues(&raw) {
                 // Kept as the escape `\` + newline, which `parse_value`
-                // skips (inside quotes too, as git does).
+                // skips (inside quotes too, as git does); at the end of the
+                // file (no newline) git reads the same.
                 raw.push('\n');
-                raw.push_str(lines[i]);
-                i += 1;
+                if let Some(next) = lines.get(i) {
+                    raw.push_str(next);
+                    i += 1;
+                } else {
+                    break;
+                }
             }
             Some(parse_value(&raw).ok_or_else(|| err(lineno, "bad value"))?)
         } else {
@@ -184,6 +192,25 @@ fn continues(raw: &str) -> bool {
         }
     }
     false
+}
+
+/// Where the header that `line` starts with ends (its `]`): the first one
+/// outside the quoted subsection, as git reads it (`[url
+/// "https://[fd00::1]/"]`: an IPv6 host's brackets are the subsection's).
+fn header_end(line: &str) -> Option<usize> {
+    let mut quoted = false;
+    let mut chars = line.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' if quoted => {
+                chars.next()?;
+            }
+            '"' => quoted = !quoted,
+            ']' if !quoted => return Some(i),
+            _ => {}
+        }
+    }
+    None
 }
 
 fn parse_header(h: &str) -> Option<(String, Option<String>)> {
@@ -402,6 +429,23 @@ mod tests {
         // value and adds nothing (as git).
         let text = "[user]\n\tname = \"a\\\nb\" c\\\n d\n";
         assert_eq!(parse(text).unwrap()[0].value.as_deref(), Some("ab c d"));
+    }
+
+    #[test]
+    fn a_bracket_in_a_quoted_subsection_is_the_subsections() {
+        let text = "[url \"https://[fd00::1]:8443/\"]\n\tinsteadOf = x\n[include] path = y\n";
+        let names: Vec<_> = parse(text).unwrap().iter().map(|e| e.name()).collect();
+        assert_eq!(
+            names,
+            ["url.https://[fd00::1]:8443/.insteadof", "include.path"]
+        );
+    }
+
+    #[test]
+    fn a_backslash_before_crlf_or_the_end_of_the_file_continues() {
+        let text = "[user]\r\n\tname = a\\\r\n b\r\n\temail = c\\";
+        let values: Vec<_> = parse(text).unwrap().into_iter().map(|e| e.value).collect();
+        assert_eq!(values, [Some("a b".to_string()), Some("c".to_string())]);
     }
 
     #[test]
