@@ -178,3 +178,29 @@ fn gitconfig_with_a_bracket_in_a_subsection_still_hides_what_it_includes() {
         out.expect_stdout_has("https://[fd00::1]:8443/");
     }
 }
+
+/// A `~/.gitconfig` that is not UTF-8 (a Latin-1 name, which git reads as
+/// bytes) is not copied; what it includes must still be hidden.
+#[test]
+fn gitconfig_not_in_utf8_still_hides_what_it_includes() {
+    let fx = Fixture::new();
+    let token = unique("GITLATIN1INCLUDEDTOKEN");
+    std::fs::write(
+        fx.home.join(".gitconfig"),
+        b"[user]\n\tname = Jos\xe9\n[include]\n\tpath = ~/.gitconfig.local\n",
+    )
+    .expect("write .gitconfig");
+    write(
+        fx.home.join(".gitconfig.local"),
+        &format!("[github]\n\ttoken = {token}\n"),
+    );
+    let script = format!(
+        "cat {}/.gitconfig.local 2>&1; echo PROBE_DONE",
+        fx.home.display()
+    );
+    for level in ["read-only", "workspace-write"] {
+        let out = run(fx.sh(level, &[], &script));
+        out.expect_stdout_has("PROBE_DONE");
+        out.expect_absent(&token, "the file a non-UTF-8 ~/.gitconfig includes");
+    }
+}

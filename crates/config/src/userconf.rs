@@ -352,9 +352,14 @@ pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
         if !meta.is_file() || meta.len() > MAX_SIZE {
             continue;
         }
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        // Bytes, not UTF-8 only: git reads a Latin-1 name as bytes, and the
+        // copy is skipped for such a file, so its includes must be found
+        // here or nowhere (a path itself in another encoding is mangled,
+        // and then not found either way).
+        let Ok(bytes) = std::fs::read(&path) else {
             continue;
         };
+        let text = String::from_utf8_lossy(&bytes);
         let paths: Vec<String> = match moat_policy::gitconfig::parse(&text) {
             Ok(entries) => entries
                 .into_iter()
@@ -790,6 +795,18 @@ mod tests {
                 h.join(".config/git/tok"),
             ]
         );
+    }
+
+    #[test]
+    fn includes_of_a_config_not_in_utf8_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path();
+        std::fs::write(
+            h.join(".gitconfig"),
+            b"[user]\n\tname = Jos\xe9\n[include]\n\tpath = ~/.tok\n",
+        )
+        .unwrap();
+        assert_eq!(git_include_targets(h), vec![h.join(".tok")]);
     }
 
     #[test]
