@@ -204,3 +204,30 @@ fn gitconfig_not_in_utf8_still_hides_what_it_includes() {
         out.expect_absent(&token, "the file a non-UTF-8 ~/.gitconfig includes");
     }
 }
+
+/// A `~/.gitconfig` larger than the copy's limit (256 KiB: a long generated
+/// alias list) is not copied; what it includes must still be hidden.
+#[test]
+fn gitconfig_too_large_to_copy_still_hides_what_it_includes() {
+    let fx = Fixture::new();
+    let token = unique("GITLARGEINCLUDEDTOKEN");
+    let mut text = String::from("[include]\n\tpath = ~/.gitconfig.local\n[alias]\n");
+    for i in 0..12_000 {
+        text.push_str(&format!("\ta{i} = log --oneline -n {i}\n"));
+    }
+    assert!(text.len() > 256 * 1024);
+    write(fx.home.join(".gitconfig"), &text);
+    write(
+        fx.home.join(".gitconfig.local"),
+        &format!("[github]\n\ttoken = {token}\n"),
+    );
+    let script = format!(
+        "cat {}/.gitconfig.local 2>&1; echo PROBE_DONE",
+        fx.home.display()
+    );
+    for level in ["read-only", "workspace-write"] {
+        let out = run(fx.sh(level, &[], &script));
+        out.expect_stdout_has("PROBE_DONE");
+        out.expect_absent(&token, "the file a large ~/.gitconfig includes");
+    }
+}

@@ -34,6 +34,10 @@ const GIT_DROPPED_SECTIONS: &[&str] = &["credential", "include", "includeif"];
 /// Largest file copied (a configuration file is small).
 const MAX_SIZE: u64 = 256 * 1024;
 
+/// How much of a git config file is read for its includes (one too large to
+/// copy still has its includes hidden).
+const MAX_INCLUDE_SCAN: u64 = 16 * 1024 * 1024;
+
 /// Words in a key (lowercased) that mark a credential.
 const SECRET_KEY_WORDS: &[&str] = &[
     "password",
@@ -349,16 +353,21 @@ pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
         let Ok(meta) = std::fs::metadata(&path) else {
             continue;
         };
-        if !meta.is_file() || meta.len() > MAX_SIZE {
+        if !meta.is_file() {
             continue;
         }
         // Bytes, not UTF-8 only: git reads a Latin-1 name as bytes, and the
         // copy is skipped for such a file, so its includes must be found
         // here or nowhere (a path itself in another encoding is mangled,
-        // and then not found either way).
-        let Ok(bytes) = std::fs::read(&path) else {
+        // and then not found either way). Likewise a file too large to copy
+        // is still read for its includes, up to a bound.
+        let mut bytes = Vec::new();
+        let read = std::fs::File::open(&path).and_then(|f| {
+            std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_INCLUDE_SCAN), &mut bytes)
+        });
+        if read.is_err() {
             continue;
-        };
+        }
         let text = String::from_utf8_lossy(&bytes);
         let paths: Vec<String> = match moat_policy::gitconfig::parse(&text) {
             Ok(entries) => entries
