@@ -34,6 +34,10 @@ const GIT_DROPPED_SECTIONS: &[&str] = &["credential", "include", "includeif"];
 /// Largest file copied (a configuration file is small).
 const MAX_SIZE: u64 = 256 * 1024;
 
+/// How much of a git config file is read for its includes (one too large to
+/// copy still has its includes hidden).
+const MAX_INCLUDE_SCAN: u64 = 16 * 1024 * 1024;
+
 /// Words in a key (lowercased) that mark a credential.
 const SECRET_KEY_WORDS: &[&str] = &[
     "password",
@@ -349,14 +353,34 @@ pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
         let Ok(meta) = std::fs::metadata(&path) else {
             continue;
         };
-        if !meta.is_file() || meta.len() > MAX_SIZE {
+        if !meta.is_file() {
             continue;
         }
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        // Bytes, not UTF-8 only: git reads a Latin-1 name as bytes, and the
+        // copy is skipped for such a file, so its includes must be found
+        // here or nowhere (a path itself in another encoding is mangled,
+        // and then not found either way). Likewise a file too large to copy
+        // is still read for its includes, up to a bound.
+        let mut bytes = Vec::new();
+        let read = std::fs::File::open(&path).and_then(|f| {
+            std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_INCLUDE_SCAN), &mut bytes)
+        });
+        if read.is_err() {
             continue;
-        };
-        let Ok(entries) = moat_policy::gitconfig::parse(&text) else {
-            continue;
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let paths: Vec<String> = match moat_policy::gitconfig::parse(&text) {
+            Ok(entries) => entries
+                .into_iter()
+                .filter(|e| GIT_DROPPED_SECTIONS[1..].contains(&e.section.as_str()))
+                .filter(|e| e.key == "path")
+                .filter_map(|e| e.value)
+                .collect(),
+            // A file git may read but moat cannot (a form the parser does
+            // not know yet): every `path = …` line, in any section, is
+            // taken for an include. Hiding too much is harmless; missing
+            // the file where the token is kept is not.
+            Err(_) => loose_path_values(&text),
         };
         // A relative include is relative to the including file; for a
         // symlinked config (dotfile managers) both its directory and the
@@ -370,13 +394,10 @@ pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
                 dirs.push(d);
             }
         }
-        for e in entries {
-            if !GIT_DROPPED_SECTIONS[1..].contains(&e.section.as_str()) || e.key != "path" {
+        for v in paths {
+            if v.is_empty() {
                 continue;
             }
-            let Some(v) = e.value.filter(|v| !v.is_empty()) else {
-                continue;
-            };
             let targets = match v.strip_prefix("~/") {
                 Some(r) => vec![home.join(r)],
                 None => dirs.iter().map(|d| d.join(&v)).collect(),
@@ -391,11 +412,32 @@ pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The values of every line that reads `path = VALUE` (after an optional
+/// `[header]`), quotes removed: the includes of a file the parser could not
+/// read, over-approximated.
+fn loose_path_values(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let line = match line.strip_prefix('[') {
+                Some(_) => line.rfind(']').map_or("", |i| &line[i + 1..]).trim_start(),
+                None => line,
+            };
+            let rest = line
+                .get(..4)?
+                .eq_ignore_ascii_case("path")
+                .then(|| &line[4..])?;
+            let value = rest.trim_start().strip_prefix('=')?.trim();
+            Some(value.trim_matches('"').to_string())
+        })
+        .collect()
+}
+
 /// What in the workspace's own `.git/config` the git-config redaction
 /// would remove (names only, never values): a token in a remote URL, a
-/// persisted `http.*.extraheader` (CI checkouts). moat shows that file as
-/// it is (the project's file, which git inside needs), so `explain-policy`
-/// reports these for the user to move into a credential helper.
+/// persisted `http.*.extraheader` (CI checkouts). The command sees the
+/// redacted copy ([`workspace_git_config_view`]); `explain-policy` names
+/// these so the user knows why a push inside would not authenticate.
 pub fn workspace_git_config_credentials(workspace: &Path) -> Vec<String> {
     let path = workspace.join(".git/config");
     let Ok(meta) = std::fs::symlink_metadata(&path) else {
@@ -412,6 +454,34 @@ pub fn workspace_git_config_credentials(workspace: &Path) -> Vec<String> {
         None => vec!["an unreadable git config (not checked)".into()],
     }
 }
+
+/// What the command sees of one of the workspace's own git config files
+/// (`.git/config`, a common dir's or a submodule's `config`): None when
+/// the git-config redaction removes nothing (the file is shown as it is);
+/// otherwise the redacted file (rendered from what git's syntax parsed:
+/// URL userinfo and query strings, `[credential]`, `[include]`,
+/// `*.extraheader` and every entry `moat_audit::redact_arg` flags gone),
+/// headed by a comment naming what was removed (names only). A file that
+/// does not read as git config (not UTF-8, a parse error) is shown as that
+/// comment alone: moat cannot tell what in it is secret.
+pub fn workspace_git_config_view(text: &[u8]) -> Option<String> {
+    let parsed = std::str::from_utf8(text).ok().and_then(redact_git_config);
+    let Some((contents, removed)) = parsed else {
+        return Some(format!(
+            "{WORKSPACE_GIT_CONFIG_MARK} this git config is not shown: moat could not read it as git config; opt in with --ro PATH to see the file\n"
+        ));
+    };
+    if removed.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{WORKSPACE_GIT_CONFIG_MARK} a copy with credentials removed; the original stays on the host (opt in with --ro PATH to see it)\n{WORKSPACE_GIT_CONFIG_MARK} removed: {}\n{contents}",
+        removed.join(", ")
+    ))
+}
+
+/// How the first line of a redacted workspace git config starts.
+pub const WORKSPACE_GIT_CONFIG_MARK: &str = "# moat:";
 
 /// `text` without URL userinfo and query strings, and what went: the names
 /// ("userinfo", "query") of what was removed, never values.
@@ -737,6 +807,35 @@ mod tests {
     }
 
     #[test]
+    fn includes_of_a_config_not_in_utf8_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path();
+        std::fs::write(
+            h.join(".gitconfig"),
+            b"[user]\n\tname = Jos\xe9\n[include]\n\tpath = ~/.tok\n",
+        )
+        .unwrap();
+        assert_eq!(git_include_targets(h), vec![h.join(".tok")]);
+    }
+
+    #[test]
+    fn includes_of_a_config_moat_cannot_parse_are_still_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path();
+        // Not git config moat can read (an unclosed header), yet it names
+        // two files.
+        std::fs::write(
+            h.join(".gitconfig"),
+            "[include\n\tpath = ~/.tok\n[includeIf \"x\"] PATH = \"rel.inc\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            git_include_targets(h),
+            vec![h.join(".tok"), h.join("rel.inc")]
+        );
+    }
+
+    #[test]
     fn workspace_git_config_credentials_are_named_not_shown() {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path();
@@ -754,6 +853,32 @@ mod tests {
             vec!["userinfo of remote.*.url", "http.*.extraheader"],
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn workspace_git_config_view_redacts_only_what_holds_credentials() {
+        let clean =
+            b"[core]\n\tbare = false\n[remote \"origin\"]\n\turl = https://github.com/o/r\n";
+        assert_eq!(workspace_git_config_view(clean), None);
+        let secret = b"[remote \"origin\"]\n\turl = https://x:TOK1@github.com/o/r\n\
+                       [http \"https://github.com/\"]\n\textraheader = AUTHORIZATION: basic TOK2\n\
+                       [credential]\n\thelper = !echo password=TOK3\n\
+                       [url \"https://TOK4@github.com/\"]\n\tinsteadOf = https://m/\n";
+        let shown = workspace_git_config_view(secret).unwrap();
+        for t in ["TOK1", "TOK2", "TOK3", "TOK4"] {
+            assert!(!shown.contains(t), "{t} in {shown}");
+        }
+        assert!(shown.starts_with(WORKSPACE_GIT_CONFIG_MARK), "{shown}");
+        assert!(shown.contains("http.*.extraheader") && shown.contains("section credential"));
+        assert!(shown.contains("https://github.com/o/r"), "{shown}");
+        // Not git config (or not UTF-8): nothing of it is shown.
+        for bad in [
+            &b"-----BEGIN KEY-----\nTOK5\n"[..],
+            &b"[core]\n\tx = \xff TOK6\n"[..],
+        ] {
+            let shown = workspace_git_config_view(bad).unwrap();
+            assert!(!shown.contains("TOK"), "{shown}");
+        }
     }
 
     #[test]

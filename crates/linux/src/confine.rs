@@ -3,7 +3,12 @@
 //! seccomp floor. Order matters and is fixed here:
 //! caps first (nothing after needs them), no_new_privs before Landlock and
 //! seccomp (both require it for an unprivileged caller), seccomp last (it
-//! forbids syscalls the earlier steps make).
+//! forbids syscalls the earlier steps make). What needs memory — the
+//! Landlock ruleset with its rules, the seccomp program, the highest
+//! capability number — is prepared by the init before it starts the
+//! command's process, which shares the init's memory until exec and so
+//! only makes syscalls ([`drop_privileges`], [`enter_landlock`],
+//! [`enter_seccomp`] allocate nothing and report a [`StepFailed`]).
 
 use std::collections::BTreeMap;
 use std::io;
@@ -63,10 +68,13 @@ pub enum ConfineError {
     NoNewPrivs(io::Error),
     #[error("Landlock: {0}")]
     Landlock(String),
-    #[error("Landlock is not enforced by this kernel; refusing to run with less than the policy promised")]
+    #[error("{}", LANDLOCK_NOT_ENFORCED)]
     LandlockNotEnforced,
     #[error("seccomp: {0}")]
     Seccomp(String),
+    /// A step of [`StepFailed`], with its errno's text.
+    #[error("{0}")]
+    Step(String),
 }
 
 /// The newest Landlock ABI moat has been tested with; newer kernels are used
@@ -81,14 +89,100 @@ fn abi_of(n: i32) -> ABI {
     }
 }
 
-/// Drops capabilities and sets no_new_privs.
-pub fn drop_privileges() -> Result<(), ConfineError> {
-    sys::drop_all_capabilities().map_err(ConfineError::Capabilities)?;
-    sys::set_no_new_privs().map_err(ConfineError::NoNewPrivs)
+const LANDLOCK_NOT_ENFORCED: &str =
+    "Landlock is not enforced by this kernel; refusing to run with less than the policy promised";
+
+/// A step of the command's confinement that failed, said without
+/// allocating (the command's process shares the init's memory): the step,
+/// and the errno behind it (0: none), which the supervisor renders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepFailed {
+    pub step: &'static str,
+    pub errno: i32,
 }
 
-/// Enters a Landlock domain matching `spec`; returns how fully it is enforced.
+impl StepFailed {
+    fn io(step: &'static str, e: &io::Error) -> StepFailed {
+        StepFailed {
+            step,
+            errno: e.raw_os_error().unwrap_or(0),
+        }
+    }
+}
+
+impl From<StepFailed> for ConfineError {
+    fn from(f: StepFailed) -> ConfineError {
+        ConfineError::Step(crate::init_msg::setup_failure_text(
+            crate::init_msg::SetupStage::Confine,
+            f.errno,
+            f.step,
+        ))
+    }
+}
+
+/// Drops capabilities (up to `last_cap`, [`sys::last_cap`]) and sets
+/// no_new_privs. Allocates nothing.
+pub fn drop_privileges(last_cap: libc::c_ulong) -> Result<(), StepFailed> {
+    sys::drop_all_capabilities(last_cap).map_err(|e| StepFailed::io("drop capabilities", &e))?;
+    sys::set_no_new_privs().map_err(|e| StepFailed::io("set no_new_privs", &e))
+}
+
+/// Enters the Landlock domain of `ruleset` ([`landlock_ruleset`]); returns
+/// how fully it is enforced. Allocates nothing: the domain is entered
+/// through a duplicate of the ruleset's fd, so `ruleset` stays the init's.
+pub fn enter_landlock(ruleset: &landlock::RulesetCreated) -> Result<Enforcement, StepFailed> {
+    let own = ruleset
+        .try_clone()
+        .map_err(|e| StepFailed::io("Landlock: duplicate the ruleset", &e))?;
+    let status = own.restrict_self().map_err(|e| StepFailed {
+        step: "Landlock: enter the domain",
+        errno: os_errno_of(&e),
+    })?;
+    match status.ruleset {
+        RulesetStatus::FullyEnforced => Ok(Enforcement::Full),
+        RulesetStatus::PartiallyEnforced => Ok(Enforcement::Partial),
+        RulesetStatus::NotEnforced => Err(StepFailed {
+            step: LANDLOCK_NOT_ENFORCED,
+            errno: 0,
+        }),
+    }
+}
+
+/// The errno at the root of an error chain (0: none), found without allocating.
+fn os_errno_of(e: &(dyn std::error::Error + 'static)) -> i32 {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(code) = err
+            .downcast_ref::<io::Error>()
+            .and_then(|i| i.raw_os_error())
+        {
+            return code;
+        }
+        cur = err.source();
+    }
+    0
+}
+
+/// Enters a Landlock domain matching `spec` in a process that may allocate
+/// ([`landlock_ruleset`] for its own stdio, then [`enter_landlock`]);
+/// returns how fully it is enforced.
 pub fn apply_landlock(spec: &LandlockSpec, kernel_abi: i32) -> Result<Enforcement, ConfineError> {
+    let ruleset = landlock_ruleset(spec, kernel_abi, [0, 1, 2])?;
+    enter_landlock(&ruleset).map_err(|f| match f.errno {
+        0 if f.step == LANDLOCK_NOT_ENFORCED => ConfineError::LandlockNotEnforced,
+        _ => ConfineError::from(f),
+    })
+}
+
+/// The Landlock ruleset matching `spec`, created but not entered.
+/// `stdio[i]` is the fd the command will have as its fd `i` (the pty's
+/// slave where it gets one): the files behind those are granted as opened
+/// (see [`stdio_reopen_rights`]).
+pub fn landlock_ruleset(
+    spec: &LandlockSpec,
+    kernel_abi: i32,
+    stdio: [std::os::fd::RawFd; 3],
+) -> Result<landlock::RulesetCreated, ConfineError> {
     let abi = abi_of(kernel_abi);
     let ll = |e: landlock::RulesetError| ConfineError::Landlock(e.to_string());
     let all = AccessFs::from_all(abi);
@@ -175,15 +269,10 @@ pub fn apply_landlock(spec: &LandlockSpec, kernel_abi: i32) -> Result<Enforcemen
     // by the caller) that lie outside every rule above; `cat /dev/stdin`
     // and `echo > /dev/stderr` reopen them by path. Grant exactly those
     // files, with the access the caller opened them with — no more.
-    for (fd, access) in stdio_reopen_rights(abi) {
+    for (fd, access) in stdio_reopen_rights(abi, stdio) {
         created = created.add_rule(PathBeneath::new(fd, access)).map_err(ll)?;
     }
-    let status = created.restrict_self().map_err(ll)?;
-    match status.ruleset {
-        RulesetStatus::FullyEnforced => Ok(Enforcement::Full),
-        RulesetStatus::PartiallyEnforced => Ok(Enforcement::Partial),
-        RulesetStatus::NotEnforced => Err(ConfineError::LandlockNotEnforced),
-    }
+    Ok(created)
 }
 
 /// The O_PATH handle refers to a symlink itself (O_NOFOLLOW on the last component).
@@ -193,14 +282,18 @@ fn fd_is_symlink(fd: &std::os::fd::OwnedFd) -> bool {
         .unwrap_or(true)
 }
 
-/// For each of fds 0–2 that is a file or device (not a pipe or socket,
-/// which Landlock does not govern): an O_PATH handle to it and the rights
+/// For each of the command's fds 0–2 (`stdio[i]` is the fd here that will
+/// be its fd `i`) that is a file or device (not a pipe or socket, which
+/// Landlock does not govern): an O_PATH handle to it and the rights
 /// matching its open mode.
-fn stdio_reopen_rights(abi: ABI) -> Vec<(PathFd, landlock::BitFlags<AccessFs>)> {
+fn stdio_reopen_rights(
+    abi: ABI,
+    stdio: [std::os::fd::RawFd; 3],
+) -> Vec<(PathFd, landlock::BitFlags<AccessFs>)> {
     use nix::fcntl::{fcntl, FcntlArg, OFlag};
     use nix::sys::stat::{fstat, SFlag};
     let mut out = Vec::new();
-    for fd in 0..3 {
+    for fd in stdio {
         let Some(b) = sys::borrow_stdio(fd) else {
             continue;
         };
@@ -405,8 +498,13 @@ pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, Con
 
 /// Installs the ABI guard and the floor. Must be the last step before exec.
 pub fn apply_seccomp(program: &seccompiler::BpfProgram) -> Result<Enforcement, ConfineError> {
-    sys::install_syscall_abi_guard().map_err(|e| ConfineError::Seccomp(e.to_string()))?;
-    seccompiler::apply_filter(program).map_err(|e| ConfineError::Seccomp(e.to_string()))?;
+    enter_seccomp(program).map_err(ConfineError::from)
+}
+
+/// [`apply_seccomp`] without allocating (the command's process).
+pub fn enter_seccomp(program: &seccompiler::BpfProgram) -> Result<Enforcement, StepFailed> {
+    sys::install_syscall_abi_guard().map_err(|e| StepFailed::io("seccomp: the ABI guard", &e))?;
+    sys::install_seccomp_filter(program).map_err(|e| StepFailed::io("seccomp: the floor", &e))?;
     Ok(Enforcement::Full)
 }
 

@@ -83,41 +83,123 @@ pub fn main(args: InitArgs<'_>) -> ! {
 }
 
 /// The init's second half, once the view is in place and the cwd entered:
-/// forks the command, confines and execs it, and reaps the tree until the
-/// command is done (also the end of an execution forked from a sandbox
-/// template). Never returns.
-pub(crate) fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) -> ! {
+/// starts the command, confined, and reaps the tree until the command is
+/// done. Never returns. (A sandbox template's execution forks and confines
+/// its command ahead of the request instead, see `template.rs`, and ends
+/// in [`supervise_tree`] too.)
+fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) -> ! {
+    use std::os::fd::AsRawFd;
     let fd = args.report_fd;
     let sandboxed = args.plan.namespaces();
-    // The command: forked with glibc's fork so its thread state is right.
-    let main_pid = match fork_command() {
-        Ok(None) => {
-            crate::timing::mark("command: forked from the init");
-            command(args, slave.as_ref())
-        }
-        Ok(Some(pid)) => {
-            // Only the command holds the slave: its last close is the end
-            // of the session for the supervisor's relay.
-            drop(slave);
-            pid
-        }
+    let prepared = match CommandPrep::new(args, slave.as_ref().map(|s| s.as_raw_fd())) {
+        Ok(p) => p,
+        Err((stage, detail)) => fail(fd, stage, 0, &detail),
+    };
+    crate::timing::mark("init: the command's confinement and exec prepared");
+    let stack = match sys::ChildStack::new(COMMAND_STACK) {
+        Ok(s) => s,
         Err(e) => fail(
             fd,
             SetupStage::Fork,
             e.raw_os_error().unwrap_or(0),
-            &format!("fork the command: {e}"),
+            &format!("map a stack for the command's process: {e}"),
         ),
     };
+    // SAFETY: the init is single-threaded (the child of a fork-like clone);
+    // `command` only makes syscalls on its own stack,
+    // reads `prepared` and ends in execve or _exit (see `command`).
+    let main_pid = match unsafe { sys::spawn_shared_vm(&stack, command, &prepared) } {
+        // The child has exec'd or exited by now: its stack is free again.
+        Ok(pid) => Pid::from_raw(pid),
+        Err(e) => fail(
+            fd,
+            SetupStage::Fork,
+            e.raw_os_error().unwrap_or(0),
+            &format!("start the command's process: {e}"),
+        ),
+    };
+    drop(stack);
+    drop(prepared);
+    // Only the command holds the slave: its last close is the end of the
+    // session for the supervisor's relay.
+    drop(slave);
     supervise_tree(fd, main_pid, sandboxed)
 }
 
-/// Forks the command's process: None in the child, its pid in the init.
-fn fork_command() -> io::Result<Option<Pid>> {
-    // SAFETY: the init is a clone's child and so has one thread; glibc's
-    // fork also makes malloc usable in the child.
-    match unsafe { sys::fork_glibc() }? {
-        0 => Ok(None),
-        pid => Ok(Some(Pid::from_raw(pid))),
+/// The command's process's stack: what `command` needs (the report frame
+/// is the largest item, 4 KiB) with a wide margin.
+const COMMAND_STACK: usize = 256 * 1024;
+
+/// Everything the command's process needs, prepared by the init: that
+/// process shares the init's memory until exec, so it allocates nothing
+/// and only reads this.
+struct CommandPrep<'a> {
+    report_fd: RawFd,
+    rlimits: &'a [(nix::sys::resource::Resource, u64, u64)],
+    /// The pty's slave and which stdio fds it becomes.
+    terminal: Option<(RawFd, crate::pty::Attach)>,
+    /// Sandboxed: capabilities dropped up to this one, then Landlock and
+    /// seccomp (None: danger-full-access, nothing to confine).
+    confine: Option<Confinement<'a>>,
+    /// The paths execve tries, in PATH order, and the NULL-terminated
+    /// argument and environment arrays (pointers into `args`).
+    candidates: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+}
+
+struct Confinement<'a> {
+    last_cap: libc::c_ulong,
+    landlock: landlock::RulesetCreated,
+    seccomp: Option<&'a seccompiler::BpfProgram>,
+}
+
+impl<'a> CommandPrep<'a> {
+    fn new(args: &'a InitArgs<'_>, slave: Option<RawFd>) -> Result<Self, (SetupStage, String)> {
+        let terminal = slave.map(|s| {
+            let attach = args.pty.unwrap_or(crate::pty::Attach {
+                stdin: true,
+                stdout: true,
+                stderr: false,
+            });
+            (s, attach)
+        });
+        let confine = if args.plan.sandboxed {
+            // The rules name the files behind the command's own stdio: the
+            // slave where it will be attached, the init's fd otherwise.
+            let mut stdio = [0, 1, 2];
+            if let Some((s, a)) = terminal {
+                for (on, slot) in [(a.stdin, 0), (a.stdout, 1), (a.stderr, 2)] {
+                    if on {
+                        stdio[slot] = s;
+                    }
+                }
+            }
+            let landlock =
+                confine::landlock_ruleset(&args.plan.landlock, args.plan.landlock_abi, stdio)
+                    .map_err(|e| (SetupStage::Confine, e.to_string()))?;
+            Some(Confinement {
+                last_cap: sys::last_cap(),
+                landlock,
+                seccomp: args.seccomp.as_ref(),
+            })
+        } else {
+            None
+        };
+        let candidates = exec_candidates(&args.argv, &args.envp);
+        let mut argv: Vec<*const libc::c_char> = args.argv.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let mut envp: Vec<*const libc::c_char> = args.envp.iter().map(|a| a.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        Ok(CommandPrep {
+            report_fd: args.report_fd,
+            rlimits: args.rlimits,
+            terminal,
+            confine,
+            candidates,
+            argv,
+            envp,
+        })
     }
 }
 
@@ -233,30 +315,52 @@ fn close_all_but(keep: &[RawFd]) -> io::Result<()> {
 }
 
 /// The command's own process: confine, then exec. Never returns.
-fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
-    let fd = args.report_fd;
+///
+/// It shares the init's memory until exec (see `sys::spawn_shared_vm`):
+/// only syscalls, on its own stack, reading `p`. Failures are reported
+/// as a step and an errno (the supervisor renders the errno), formatted
+/// nowhere here.
+fn command(p: &CommandPrep<'_>) -> ! {
+    crate::timing::mark("command: started from the init");
+    let fd = p.report_fd;
     sys::reset_signals();
-    if let Err(e) = crate::limits::apply_rlimits(args.rlimits) {
-        fail(fd, SetupStage::Limits, 0, &e.to_string());
-    }
-    if let Some(s) = slave {
-        use std::os::fd::AsRawFd;
-        let attach = args.pty.unwrap_or(crate::pty::Attach {
-            stdin: true,
-            stdout: true,
-            stderr: false,
-        });
-        if let Err(e) = crate::pty::attach_slave(s.as_raw_fd(), attach) {
-            fail(
+    for (resource, soft, hard) in p.rlimits {
+        if let Err(e) = crate::limits::lower_rlimit(*resource, *soft, *hard) {
+            fail_step(
                 fd,
-                SetupStage::Terminal,
-                e.raw_os_error().unwrap_or(0),
-                &format!("attach the command's terminal: {e}"),
+                SetupStage::Limits,
+                crate::limits::rlimit_step(*resource),
+                e as i32,
             );
         }
     }
-    let layers = confine_command(args.plan, args.seccomp.as_ref())
-        .unwrap_or_else(|e| fail(fd, SetupStage::Confine, 0, &e.to_string()));
+    if let Some((slave, attach)) = p.terminal {
+        if let Err(e) = crate::pty::attach_slave(slave, attach) {
+            fail_step(
+                fd,
+                SetupStage::Terminal,
+                "attach the command's terminal",
+                e.raw_os_error().unwrap_or(0),
+            );
+        }
+    }
+    let mut layers = [Enforcement::None; 2];
+    if let Some(c) = &p.confine {
+        let r = (|| -> Result<(), confine::StepFailed> {
+            confine::drop_privileges(c.last_cap)?;
+            crate::timing::mark("command: drop capabilities");
+            layers[0] = confine::enter_landlock(&c.landlock)?;
+            crate::timing::mark("command: Landlock");
+            if let Some(prog) = c.seccomp {
+                layers[1] = confine::enter_seccomp(prog)?;
+            }
+            Ok(())
+        })();
+        if let Err(f) = r {
+            fail_step(fd, SetupStage::Confine, f.step, f.errno);
+        }
+    }
+    crate::timing::mark("command: seccomp");
     let _ = sys::cloexec_from(3);
     init_msg::send(
         fd,
@@ -265,19 +369,21 @@ fn command(args: &InitArgs<'_>, slave: Option<&std::os::fd::OwnedFd>) -> ! {
             seccomp: layers[1],
         },
     );
-    exec_search(fd, &args.argv, &args.envp)
+    exec_first(fd, &p.candidates, &p.argv, &p.envp)
 }
 
-/// The command's confinement, in its own process: capabilities dropped,
-/// its Landlock domain, the seccomp filter. Returns what each layer gave.
-/// (A template's execution does this ahead of its request.)
+/// The command's confinement in a process of its own that may allocate (a
+/// template's execution does this ahead of its request, see
+/// `template.rs`): capabilities dropped, its Landlock domain, the seccomp
+/// filter. Returns what each layer gave. (The one-shot command's process
+/// does the same steps from what its init prepared, see `command`.)
 pub(crate) fn confine_command(
     plan: &Plan,
     seccomp: Option<&seccompiler::BpfProgram>,
 ) -> Result<[Enforcement; 2], confine::ConfineError> {
     let mut layers = [Enforcement::None; 2];
     if plan.sandboxed {
-        confine::drop_privileges()?;
+        confine::drop_privileges(sys::last_cap()).map_err(confine::ConfineError::from)?;
         crate::timing::mark("command: drop capabilities");
         layers[0] = confine::apply_landlock(&plan.landlock, plan.landlock_abi)?;
         crate::timing::mark("command: Landlock");
@@ -290,46 +396,34 @@ pub(crate) fn confine_command(
 }
 
 /// execvpe, resolved inside the view with the command's own PATH; failures
-/// are reported on `fd`.
+/// are reported on `fd`. For a process that may allocate (a template's
+/// execution); the one-shot command's process execs from what its init
+/// prepared (`command`).
 pub(crate) fn exec_search(fd: RawFd, args_argv: &[CString], args_envp: &[CString]) -> ! {
     let mut argv: Vec<*const libc::c_char> = args_argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
     let mut envp: Vec<*const libc::c_char> = args_envp.iter().map(|a| a.as_ptr()).collect();
     envp.push(std::ptr::null());
-    let Some(prog) = args_argv.first() else {
-        init_msg::send(
-            fd,
-            &InitMessage::ExecFailed {
-                errno: libc::ENOENT,
-            },
-        );
-        sys::exit_now(127);
-    };
-    let prog_bytes = prog.as_bytes();
-    let mut candidates: Vec<CString> = Vec::new();
-    if prog_bytes.contains(&b'/') {
-        candidates.push(prog.clone());
-    } else {
-        let path = args_envp
-            .iter()
-            .find_map(|e| e.as_bytes().strip_prefix(b"PATH="))
-            .unwrap_or(b"/usr/local/bin:/usr/bin:/bin");
-        for dir in path.split(|b| *b == b':') {
-            let dir = if dir.is_empty() { &b"."[..] } else { dir };
-            let mut full = dir.to_vec();
-            full.push(b'/');
-            full.extend_from_slice(prog_bytes);
-            if let Ok(c) = CString::new(full) {
-                candidates.push(c);
-            }
-        }
-    }
+    let candidates = exec_candidates(args_argv, args_envp);
+    exec_first(fd, &candidates, &argv, &envp)
+}
+
+/// Tries each candidate with execve; when none execs, reports the errno
+/// that decides the exit code (ENOENT: 127, else 126) and leaves.
+/// Allocates nothing.
+fn exec_first(
+    fd: RawFd,
+    candidates: &[CString],
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+) -> ! {
     let mut saw_eacces = false;
     let mut last = libc::ENOENT;
-    for c in &candidates {
-        // SAFETY: argv and envp are NULL-terminated arrays of pointers into
-        // `args_argv`/`args_envp`, which outlive the call.
-        let e = unsafe { sys::execve(c, &argv, &envp) }
+    for c in candidates {
+        // SAFETY: argv and envp are NULL-terminated arrays of pointers to C
+        // strings the caller keeps alive across the call (the init's
+        // `args.argv`/`args.envp` while it waits for this exec).
+        let e = unsafe { sys::execve(c, argv, envp) }
             .raw_os_error()
             .unwrap_or(libc::ENOENT);
         match e {
@@ -350,6 +444,41 @@ pub(crate) fn exec_search(fd: RawFd, args_argv: &[CString], args_envp: &[CString
     };
     init_msg::send(fd, &InitMessage::ExecFailed { errno });
     sys::exit_now(if errno == libc::ENOENT { 127 } else { 126 });
+}
+
+/// Reports a failed step of the command's process (no allocation: the
+/// supervisor adds the errno's text) and leaves with moat's exit code.
+fn fail_step(fd: RawFd, stage: SetupStage, step: &'static str, errno: i32) -> ! {
+    fail(fd, stage, errno, step)
+}
+
+/// The paths execve tries for the command, as execvpe would: the name
+/// itself when it has a slash, else each entry of the command's own PATH
+/// (resolved inside the view). None without a command (ENOENT, 127).
+fn exec_candidates(argv: &[CString], envp: &[CString]) -> Vec<CString> {
+    let Some(prog) = argv.first() else {
+        return Vec::new();
+    };
+    let prog_bytes = prog.as_bytes();
+    let mut candidates: Vec<CString> = Vec::new();
+    if prog_bytes.contains(&b'/') {
+        candidates.push(prog.clone());
+    } else {
+        let path = envp
+            .iter()
+            .find_map(|e| e.as_bytes().strip_prefix(b"PATH="))
+            .unwrap_or(b"/usr/local/bin:/usr/bin:/bin");
+        for dir in path.split(|b| *b == b':') {
+            let dir = if dir.is_empty() { &b"."[..] } else { dir };
+            let mut full = dir.to_vec();
+            full.push(b'/');
+            full.extend_from_slice(prog_bytes);
+            if let Ok(c) = CString::new(full) {
+                candidates.push(c);
+            }
+        }
+    }
+    candidates
 }
 
 /// Waits for the command, relays signals, and tears the tree down. Never returns.
@@ -409,9 +538,13 @@ pub(crate) fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> !
                     cpu_ms,
                 },
             );
-            // The report's end now, not after the exit has torn this
-            // process's memory down: the supervisor is done at its EOF.
-            let _ = nix::unistd::close(fd);
+            // Every fd closed now rather than by the exit, which first
+            // tears down this process's copy of moat's address space: the
+            // supervisor waits for the end of the report pipe and of the
+            // captured output, and wakes that much sooner.
+            // SAFETY: the init leaves right below by `_exit`; none of the
+            // fds' owners in its memory is used or dropped again.
+            let _ = unsafe { sys::close_range(0, u32::MAX) };
             sys::exit_now(0);
         }
     }

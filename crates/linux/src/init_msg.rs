@@ -38,6 +38,14 @@ pub enum SetupStage {
 }
 
 impl SetupStage {
+    /// The stages of the command's own process, whose `detail` is a bare
+    /// step: the reader adds the text of a non-zero errno.
+    pub fn from_command_process(self) -> bool {
+        matches!(
+            self,
+            SetupStage::Limits | SetupStage::Terminal | SetupStage::Confine
+        )
+    }
     const ALL: [SetupStage; 5] = [
         SetupStage::Sandbox,
         SetupStage::Fork,
@@ -272,6 +280,17 @@ pub fn decode_all(buf: &[u8], at_eof: bool) -> Result<Vec<InitMessage<'_>>, Deco
 
 /// Writes `msg` to the report pipe as one frame (from the init or the
 /// command's process: no allocation).
+/// The message for the user of a `SetupFailed` report. The command's
+/// process cannot format (it allocates nothing): its steps come bare, with
+/// the errno, whose text is added here; the init's own details are whole.
+pub fn setup_failure_text(stage: SetupStage, errno: i32, detail: &str) -> String {
+    if errno != 0 && stage.from_command_process() {
+        format!("{detail}: {}", std::io::Error::from_raw_os_error(errno))
+    } else {
+        detail.to_string()
+    }
+}
+
 pub(crate) fn send(fd: std::os::fd::RawFd, msg: &InitMessage<'_>) {
     let mut frame = [0u8; MAX_FRAME];
     let n = msg.encode(&mut frame);
@@ -281,6 +300,35 @@ pub(crate) fn send(fd: std::os::fd::RawFd, msg: &InitMessage<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn command_process_steps_get_their_errno_text_and_init_details_stay_whole() {
+        assert_eq!(
+            setup_failure_text(SetupStage::Confine, libc::EPERM, "drop capabilities"),
+            format!(
+                "drop capabilities: {}",
+                std::io::Error::from_raw_os_error(libc::EPERM)
+            )
+        );
+        assert_eq!(
+            setup_failure_text(SetupStage::Limits, libc::EINVAL, "set the limit RLIMIT_AS"),
+            format!(
+                "set the limit RLIMIT_AS: {}",
+                std::io::Error::from_raw_os_error(libc::EINVAL)
+            )
+        );
+        // The init formats its own (the errno is already in the text).
+        let whole = "build the sandbox view: mount proc /proc: Operation not permitted";
+        assert_eq!(
+            setup_failure_text(SetupStage::Sandbox, libc::EPERM, whole),
+            whole
+        );
+        // No errno: the step alone (Landlock not enforced, a ruleset error).
+        assert_eq!(
+            setup_failure_text(SetupStage::Confine, 0, "Landlock: x"),
+            "Landlock: x"
+        );
+    }
 
     fn samples() -> Vec<InitMessage<'static>> {
         vec![

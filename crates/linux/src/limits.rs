@@ -1126,14 +1126,29 @@ pub fn restore_open_files() -> Result<(), String> {
 /// Only lowers: a value above the current hard limit becomes that limit.
 pub fn apply_rlimits(rlimits: &[(Resource, u64, u64)]) -> Result<(), String> {
     for (r, soft, hard) in rlimits {
-        let (_, cur_hard) =
-            nix::sys::resource::getrlimit(*r).map_err(|e| format!("read the limit {r:?}: {e}"))?;
-        let hard = (*hard).min(cur_hard);
-        let soft = (*soft).min(hard);
-        nix::sys::resource::setrlimit(*r, soft, hard)
-            .map_err(|e| format!("set the limit {r:?}: {e}"))?;
+        lower_rlimit(*r, *soft, *hard).map_err(|e| format!("{}: {e}", rlimit_step(*r)))?;
     }
     Ok(())
+}
+
+/// Sets one limit of the calling process to (soft, hard), never above its
+/// current hard limit. Allocates nothing (the command's process calls it).
+pub fn lower_rlimit(r: Resource, soft: u64, hard: u64) -> nix::Result<()> {
+    let (_, cur_hard) = nix::sys::resource::getrlimit(r)?;
+    let hard = hard.min(cur_hard);
+    nix::sys::resource::setrlimit(r, soft.min(hard), hard)
+}
+
+/// The step that sets limit `r`, for a failure report.
+pub fn rlimit_step(r: Resource) -> &'static str {
+    match r {
+        Resource::RLIMIT_AS => "set the limit RLIMIT_AS",
+        Resource::RLIMIT_NPROC => "set the limit RLIMIT_NPROC",
+        Resource::RLIMIT_CPU => "set the limit RLIMIT_CPU",
+        Resource::RLIMIT_FSIZE => "set the limit RLIMIT_FSIZE",
+        Resource::RLIMIT_NOFILE => "set the limit RLIMIT_NOFILE",
+        _ => "set a resource limit",
+    }
 }
 
 /// The per-limit report of `moat capabilities`: which mechanism this host

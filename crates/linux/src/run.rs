@@ -1346,7 +1346,11 @@ fn interpret(
     let mut final_status: Option<(i32, i32)> = None;
     for msg in messages {
         match msg {
-            InitMessage::SetupFailed { detail, .. } => return Err(detail.to_string()),
+            InitMessage::SetupFailed {
+                stage,
+                errno,
+                detail,
+            } => return Err(init_msg::setup_failure_text(stage, errno, detail)),
             InitMessage::Confined { landlock, seccomp } => {
                 out.layers.landlock = landlock;
                 out.layers.seccomp = seccomp;

@@ -421,7 +421,9 @@ pub fn landlock_abi() -> i32 {
 
 /// Drops every capability: effective/permitted/inheritable, ambient, and the
 /// bounding set, so not even an exec of a uid-0 binary gains one back.
-pub fn drop_all_capabilities() -> io::Result<()> {
+/// `last` is the highest capability the kernel knows ([`last_cap`], read
+/// before: this runs where nothing may be allocated).
+pub fn drop_all_capabilities(last: libc::c_ulong) -> io::Result<()> {
     // SAFETY: integer-only prctls.
     check(unsafe {
         libc::prctl(
@@ -432,7 +434,6 @@ pub fn drop_all_capabilities() -> io::Result<()> {
             0,
         )
     } as libc::c_long)?;
-    let last = last_cap();
     for cap in 0..=last {
         // SAFETY: integer-only prctl; EINVAL for caps unknown to the kernel is
         // impossible since we stop at cap_last_cap.
@@ -472,7 +473,8 @@ pub fn drop_all_capabilities() -> io::Result<()> {
     Ok(())
 }
 
-fn last_cap() -> libc::c_ulong {
+/// The highest capability number of the running kernel.
+pub fn last_cap() -> libc::c_ulong {
     std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -726,7 +728,7 @@ pub fn install_syscall_abi_guard() -> io::Result<()> {
     const ARCH: u32 = 183 | 0x8000_0000 | 0x4000_0000;
     const X32_BIT: u32 = 0x4000_0000;
     let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
-    let prog = vec![
+    let prog = [
         ins(BPF_LD_W_ABS, 0, 0, 4),             // arch
         ins(BPF_JEQ_K, 1, 0, ARCH),             // native arch?
         ins(BPF_RET_K, 0, 0, RET_KILL_PROCESS), // foreign ABI: kill
@@ -744,7 +746,17 @@ pub fn install_syscall_abi_guard() -> io::Result<()> {
         ins(BPF_RET_K, 0, 0, RET_ERRNO | libc::EPERM as u32),
         ins(BPF_RET_K, 0, 0, RET_ALLOW),
     ];
-    seccompiler::apply_filter(&prog).map_err(|e| io::Error::other(e.to_string()))
+    install_seccomp_filter(&prog)
+}
+
+/// Sets no_new_privs and installs `prog` for the calling task (seccompiler's
+/// `apply_filter`), with its failure as the errno behind it: nothing is
+/// allocated, so the command's process may call it before exec.
+pub fn install_seccomp_filter(prog: &[seccompiler::sock_filter]) -> io::Result<()> {
+    seccompiler::apply_filter(prog).map_err(|e| match e {
+        seccompiler::Error::Prctl(e) | seccompiler::Error::Seccomp(e) => e,
+        _ => io::Error::from_raw_os_error(libc::EINVAL),
+    })
 }
 
 /// glibc's fork(): unlike a raw clone it also fixes up libc's per-thread
@@ -757,6 +769,108 @@ pub unsafe fn fork_glibc() -> io::Result<libc::pid_t> {
     // SAFETY: fork itself has no memory-safety preconditions; what the
     // child may do afterwards is this function's caller's contract.
     let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(pid)
+}
+
+/// The stack of a [`spawn_shared_vm`] child: anonymous memory with a
+/// `PROT_NONE` guard page below it, so an overflow faults instead of
+/// writing into whatever lies below.
+pub struct ChildStack {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+impl ChildStack {
+    /// Maps `size` bytes of stack (rounded up to pages) plus the guard page.
+    pub fn new(size: usize) -> io::Result<ChildStack> {
+        let page = 4096usize;
+        let len = size.div_ceil(page) * page + page;
+        // SAFETY: an anonymous private mapping at an address the kernel
+        // chooses; no existing memory is touched.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let stack = ChildStack { base, len };
+        // SAFETY: the first page of the mapping just made, owned by `stack`.
+        if unsafe { libc::mprotect(base, page, libc::PROT_NONE) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, no longer used: the child that
+        // ran on it has exec'd or exited before `spawn_shared_vm` returned.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+/// What the trampoline of [`spawn_shared_vm`] calls, on the parent's stack.
+struct SharedVmCall<'a, T> {
+    entry: fn(&T) -> !,
+    arg: &'a T,
+}
+
+extern "C" fn shared_vm_trampoline<T>(call: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `call` is the `SharedVmCall<T>` in `spawn_shared_vm`'s frame,
+    // which stays alive: the parent is suspended in clone(2) (CLONE_VFORK)
+    // until this child has exec'd or exited. Read only.
+    let call = unsafe { &*(call as *const SharedVmCall<'_, T>) };
+    (call.entry)(call.arg)
+}
+
+/// Starts `entry(arg)` in a child that shares this process's memory
+/// (`clone(CLONE_VM | CLONE_VFORK | SIGCHLD)` on `stack`, what glibc's
+/// `posix_spawn` does): no page tables are copied, and this process is
+/// suspended until the child has exec'd or exited. Returns the child's pid.
+/// The child has its own fd table, signal handlers, credentials, rlimits,
+/// seccomp filter and Landlock domain (none of `CLONE_FILES`,
+/// `CLONE_SIGHAND`, `CLONE_THREAD`), so what it sets for itself there
+/// stays its own.
+///
+/// # Safety
+/// The caller is single-threaded (nothing else can hold a lock the child
+/// might take, or change memory while the child reads it). `entry` must end
+/// in `execve` or `_exit`, and until then touch only its own stack and
+/// read `arg`: no allocation, no locks, no writes to memory the caller can
+/// see (memory is shared: a heap or global changed by the child is changed
+/// for the caller), and no unwinding. Only async-signal-safe calls.
+pub unsafe fn spawn_shared_vm<T>(
+    stack: &ChildStack,
+    entry: fn(&T) -> !,
+    arg: &T,
+) -> io::Result<libc::pid_t> {
+    let call = SharedVmCall { entry, arg };
+    // The stack grows down: the child starts at the top of the mapping.
+    // SAFETY: `base + len` is one past the end of the mapping `stack` owns.
+    let top = unsafe { (stack.base as *mut u8).add(stack.len) } as *mut libc::c_void;
+    // SAFETY: the trampoline and `call` are valid for the child's whole
+    // life (this frame outlives it, see CLONE_VFORK); `top` is the top of a
+    // writable mapping no one else uses; the child's contract is the
+    // caller's (see # Safety).
+    let pid = unsafe {
+        libc::clone(
+            shared_vm_trampoline::<T>,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            &call as *const SharedVmCall<'_, T> as *mut libc::c_void,
+        )
+    };
     if pid < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -1132,4 +1246,31 @@ pub fn default_signal(sig: libc::c_int) {
 pub fn ignore_signal(sig: libc::c_int) {
     // SAFETY: installing SIG_IGN has no memory-safety implications.
     unsafe { libc::signal(sig, libc::SIG_IGN) };
+}
+
+#[cfg(test)]
+mod shared_vm_tests {
+    use super::*;
+
+    fn leave_with(code: &i32) -> ! {
+        exit_now(*code)
+    }
+
+    /// The child runs `entry` with the argument on its own stack and has
+    /// released the shared memory when the call returns (CLONE_VFORK; its
+    /// exit status may come a moment later). The child only calls `_exit`,
+    /// which keeps the contract even in the test harness's threaded process.
+    #[test]
+    fn the_child_runs_entry_with_its_argument_and_is_done_on_return() {
+        let stack = ChildStack::new(64 * 1024).expect("map a stack");
+        let code = 7;
+        // SAFETY: `leave_with` only reads its argument and calls _exit.
+        let pid = unsafe { spawn_shared_vm(&stack, leave_with, &code) }.expect("spawn");
+        let status =
+            nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).expect("waitpid");
+        assert_eq!(
+            status,
+            nix::sys::wait::WaitStatus::Exited(nix::unistd::Pid::from_raw(pid), 7)
+        );
+    }
 }
