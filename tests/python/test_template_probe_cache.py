@@ -79,3 +79,27 @@ def test_template_cached_probe_new_netrc_in_home_is_hidden(ws):
         lambda: write(os.path.join(ws, ".netrc"), f"machine h login u password netrc{t}\n"),
         "cat .netrc")
     assert f"netrc{t}" not in o, f"a .netrc created after a kept probe is visible:\n{o}"
+
+
+def test_template_cached_probe_home_through_a_symlink_new_secret_is_hidden(ws):
+    # HOME names the workspace through a symlink: the symlink's own times
+    # do not change when a file is created in its target.
+    t = token()
+    link = ws + "-home"
+    os.symlink(ws, link)
+    try:
+        time.sleep(0.5)
+        s = Server(["--policy", "workspace-write"], cwd=ws, env=dict(os.environ, HOME=link))
+        try:
+            for _ in range(2):
+                eid, r = run(s, ["sh", "-c", "echo BEFORE"])
+                assert r["launch"] == "template" and "BEFORE" in output(s, eid), r
+            write(os.path.join(ws, ".netrc"), f"machine h login u password netrc{t}\n")
+            eid, r = run(s, ["sh", "-c", "cat .netrc; echo READ-RAN"])
+            o = output(s, eid)
+            assert "READ-RAN" in o, (r, output(s, eid, "execution.stderr"))
+            assert f"netrc{t}" not in o, f"a .netrc created after a kept probe is visible:\n{o}"
+        finally:
+            s.close()
+    finally:
+        os.unlink(link)

@@ -10,7 +10,8 @@
 //! inode, mtime, ctime) of every directory the probe consulted, and of
 //! every ancestor of each, decides. Never cached (the full probe runs):
 //! an answer that followed a symlink (its target's directories are not
-//! signed); a directory changed within the last [`UNSTABLE`] (a second
+//! signed), or one where a directory it read is itself a symlink; a
+//! directory changed within the last [`UNSTABLE`] (a second
 //! change in the same timestamp tick would leave its times unchanged); a
 //! directory on a filesystem not known to keep directory times exactly
 //! (NFS caches them, FUSE may not set them).
@@ -134,6 +135,11 @@ pub(super) fn store(
     let mut signed = Vec::with_capacity(dirs.len());
     let mut ok = cacheable;
     for d in dirs {
+        // A signed path that is a symlink stands for its target, whose
+        // changes its own times do not show (a HOME that is a symlink).
+        if super::lstat_kind(&d) == Some(Kind::Symlink) {
+            ok = false;
+        }
         let s = sig(&d);
         if let Some((_, _, ms, mns, cs, cns)) = s {
             let t = |s: i64, ns: i64| {
