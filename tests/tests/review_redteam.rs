@@ -231,3 +231,42 @@ fn gitconfig_too_large_to_copy_still_hides_what_it_includes() {
         out.expect_absent(&token, "the file a large ~/.gitconfig includes");
     }
 }
+
+/// A home whose `~/.local` and `~/.config` are symlinks into a dotfiles
+/// directory (a common setup), granted writable whole (`--rw ~`): the run
+/// starts (it failed closed on a bind source with a symlink in it), and
+/// what the host runs later — `~/.local/bin/…` on PATH, `~/.config/autostart`
+/// — cannot be planted through the links, nor moat's own audit state changed.
+#[test]
+fn a_writable_home_with_symlinked_dotfile_dirs_runs_and_stays_write_protected() {
+    let fx = Fixture::new();
+    let h = &fx.home;
+    for (link, target) in [(".local", "dotfiles/local"), (".config", "dotfiles/config")] {
+        let _ = std::fs::remove_dir_all(h.join(link));
+        let _ = std::fs::remove_file(h.join(link));
+        std::fs::create_dir_all(h.join(target)).expect("mkdir dotfiles");
+        std::os::unix::fs::symlink(target, h.join(link)).expect("symlink");
+    }
+    let home = h.display().to_string();
+    let script = format!(
+        "mkdir -p {home}/.local/bin && echo 'echo pwned' > {home}/.local/bin/ls; \
+         mkdir -p {home}/.config/autostart && echo '[Desktop Entry]' > {home}/.config/autostart/x.desktop; \
+         echo ok > {home}/allowed; echo PROBE_DONE"
+    );
+    let out = run(fx.sh("workspace-write", &["--rw", &home], &script));
+    out.expect_stdout_has("PROBE_DONE");
+    assert!(
+        h.join("allowed").exists(),
+        "the grant is writable: {}",
+        out.stderr
+    );
+    for planted in [
+        "dotfiles/local/bin/ls",
+        "dotfiles/config/autostart/x.desktop",
+    ] {
+        assert!(
+            !h.join(planted).exists(),
+            "{planted} was planted through a symlinked dotfiles dir"
+        );
+    }
+}
