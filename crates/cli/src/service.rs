@@ -367,6 +367,11 @@ impl Service {
         )?;
         let moat = std::env::current_exe()
             .map_err(|e| anyhow::anyhow!("cannot find moat's own executable: {e}"))?;
+        if args.launch == "template" {
+            // Executions probed in this process reuse the secrets probe's
+            // answer while the directories it read are unchanged.
+            moat_linux::probe::cache_secrets_probe();
+        }
         Ok(Service {
             ceiling,
             audit_log: args.audit_log.clone(),

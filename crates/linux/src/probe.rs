@@ -15,6 +15,9 @@ use crate::sweep::{PrefixGuard, SweepRoot};
 use crate::sys;
 use crate::timing::mark;
 
+mod secrets_cache;
+pub use secrets_cache::enable as cache_secrets_probe;
+
 /// What kind of filesystem object a path is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -325,6 +328,54 @@ fn existing_names(dir: &Path, rels: &[&str]) -> Vec<PathBuf> {
     out
 }
 
+/// The directories [`HostFacts::probe_secrets`] read names from (each
+/// home's listing and the existing directories beneath it that the
+/// protected list names, /etc's and /etc/ssh's, /home, each passwd home's
+/// parent), and whether none of them is reached through a symlink (a
+/// symlink's target directories are not among them: then nothing is
+/// cached).
+fn secrets_consulted(
+    passwd: &[(u32, PathBuf)],
+    uid: u32,
+    homes: &[PathBuf],
+    shown: impl Fn(&Path) -> bool,
+) -> (Vec<PathBuf>, bool) {
+    let mut cacheable = true;
+    let mut dirs = vec![PathBuf::from("/home"), PathBuf::from("/etc/ssh")];
+    dirs.extend(
+        ETC_SECRETS
+            .iter()
+            .filter_map(|s| Path::new(s).parent())
+            .map(Path::to_path_buf),
+    );
+    for (owner, home) in passwd.iter().filter(|(_, h)| shown(h)) {
+        dirs.extend(home.parent().map(Path::to_path_buf));
+        if *owner == uid {
+            cacheable &= fs::canonicalize(home).map_or(true, |c| &c == home);
+        }
+    }
+    let mut prefixes: Vec<&str> = PROTECTED_HOME_PATHS
+        .iter()
+        .flat_map(|rel| rel.match_indices('/').map(move |(i, _)| &rel[..i]))
+        .collect();
+    prefixes.sort_unstable();
+    prefixes.dedup();
+    for home in homes {
+        dirs.push(home.clone());
+        for prefix in &prefixes {
+            // A prefix below a missing one is missing too: its parent's
+            // signature covers its creation.
+            let d = home.join(prefix);
+            match lstat_kind(&d) {
+                Some(Kind::Dir) => dirs.push(d),
+                Some(Kind::Symlink) => cacheable = false,
+                _ => {}
+            }
+        }
+    }
+    (dirs, cacheable)
+}
+
 impl HostFacts {
     /// Hides the audit log `file` from the command wherever the view would
     /// show it (a custom `--audit-log` may live anywhere).
@@ -477,6 +528,20 @@ impl HostFacts {
     }
 
     fn probe_secrets(&mut self, policy: &Policy, passwd: &[(u32, PathBuf)]) {
+        let caching = secrets_cache::enabled();
+        let inputs = caching.then(|| secrets_cache::Inputs {
+            policy: policy.clone(),
+            uid: self.uid,
+            passwd: passwd.to_vec(),
+        });
+        if let Some(answer) = inputs.as_ref().and_then(secrets_cache::lookup) {
+            self.take_secrets(answer);
+            return;
+        }
+        let started = std::time::SystemTime::now();
+        let mut answer = secrets_cache::Answer::default();
+        // A secret found through a symlink (its canonical path another).
+        let mut via_symlink = false;
         // Every home on the host, whoever runs moat: as root they are all
         // readable, and an unprivileged caller may still read a home (and a
         // secret in it) that another user left group/world-readable.
@@ -485,16 +550,18 @@ impl HostFacts {
         for home in &homes {
             for p in existing_names(home, PROTECTED_HOME_PATHS) {
                 if let Some((c, k)) = resolve(&p) {
+                    via_symlink |= c != p;
                     if home == &policy.home {
-                        self.home_protected.insert(p, c.clone());
+                        answer.home_protected.push((p.clone(), c.clone()));
                     }
-                    self.secrets.insert(c, k);
+                    answer.secrets.push((c, k));
                 }
             }
         }
         for s in ETC_SECRETS {
             if let Some((c, k)) = resolve(Path::new(s)) {
-                self.secrets.insert(c, k);
+                via_symlink |= c != Path::new(s);
+                answer.secrets.push((c, k));
             }
         }
         // SSH host private keys: every /etc/ssh/ssh_host_*_key.
@@ -503,11 +570,23 @@ impl HostFacts {
                 let n = e.file_name().to_string_lossy().into_owned();
                 if n.starts_with("ssh_host_") && n.ends_with("_key") {
                     if let Some((c, k)) = resolve(&e.path()) {
-                        self.secrets.insert(c, k);
+                        via_symlink |= c != e.path();
+                        answer.secrets.push((c, k));
                     }
                 }
             }
         }
+        if let Some(inputs) = inputs {
+            let (consulted, cacheable) = secrets_consulted(passwd, self.uid, &homes, shown);
+            let cacheable = cacheable && !via_symlink;
+            secrets_cache::store(inputs, consulted, cacheable, &answer, started);
+        }
+        self.take_secrets(answer);
+    }
+
+    fn take_secrets(&mut self, answer: secrets_cache::Answer) {
+        self.home_protected.extend(answer.home_protected);
+        self.secrets.extend(answer.secrets);
     }
 
     fn probe_sockets(&mut self) {
