@@ -240,17 +240,20 @@ fn main() -> ExitCode {
                         )
                     })
                     .collect();
-                let view =
-                    moat_linux::view::compute(&policy, &moat_linux::HostFacts::probe(&policy, env));
-                // The workspace's own .git/config is shown as it is (the
-                // project's file; git inside needs it): name what in it is
-                // a credential the command can read, never the value.
+                let mut facts = moat_linux::HostFacts::probe(&policy, env);
+                if policy.level.is_sandboxed() {
+                    moat_runtime::redact_workspace_git_configs(&policy.workspace, &mut facts);
+                }
+                let view = moat_linux::view::compute(&policy, &facts);
+                // The workspace's own .git/config with credentials is shown
+                // redacted (hidden on the Landlock backend): name what in it
+                // is a credential, never the value.
                 let found = moat_config::workspace_git_config_credentials(&policy.workspace);
                 let notes: Vec<String> = if found.is_empty() || !policy.level.is_sandboxed() {
                     Vec::new()
                 } else {
                     vec![format!(
-                        "{} is the project's own file, readable by the command, and holds credentials ({}); keep them in a credential helper instead",
+                        "{} holds credentials ({}): the command sees a copy without them (the Landlock backend refuses reading it); --ro PATH shows it the raw file; a credential helper keeps them out of the file",
                         policy.workspace.join(".git/config").display(),
                         found.join(", ")
                     )]

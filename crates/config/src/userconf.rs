@@ -393,9 +393,9 @@ pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
 
 /// What in the workspace's own `.git/config` the git-config redaction
 /// would remove (names only, never values): a token in a remote URL, a
-/// persisted `http.*.extraheader` (CI checkouts). moat shows that file as
-/// it is (the project's file, which git inside needs), so `explain-policy`
-/// reports these for the user to move into a credential helper.
+/// persisted `http.*.extraheader` (CI checkouts). The command sees the
+/// redacted copy ([`workspace_git_config_view`]); `explain-policy` names
+/// these so the user knows why a push inside would not authenticate.
 pub fn workspace_git_config_credentials(workspace: &Path) -> Vec<String> {
     let path = workspace.join(".git/config");
     let Ok(meta) = std::fs::symlink_metadata(&path) else {
@@ -412,6 +412,34 @@ pub fn workspace_git_config_credentials(workspace: &Path) -> Vec<String> {
         None => vec!["an unreadable git config (not checked)".into()],
     }
 }
+
+/// What the command sees of one of the workspace's own git config files
+/// (`.git/config`, a common dir's or a submodule's `config`): None when
+/// the git-config redaction removes nothing (the file is shown as it is);
+/// otherwise the redacted file (rendered from what git's syntax parsed:
+/// URL userinfo and query strings, `[credential]`, `[include]`,
+/// `*.extraheader` and every entry `moat_audit::redact_arg` flags gone),
+/// headed by a comment naming what was removed (names only). A file that
+/// does not read as git config (not UTF-8, a parse error) is shown as that
+/// comment alone: moat cannot tell what in it is secret.
+pub fn workspace_git_config_view(text: &[u8]) -> Option<String> {
+    let parsed = std::str::from_utf8(text).ok().and_then(redact_git_config);
+    let Some((contents, removed)) = parsed else {
+        return Some(format!(
+            "{WORKSPACE_GIT_CONFIG_MARK} this git config is not shown: moat could not read it as git config; opt in with --ro PATH to see the file\n"
+        ));
+    };
+    if removed.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{WORKSPACE_GIT_CONFIG_MARK} a copy with credentials removed; the original stays on the host (opt in with --ro PATH to see it)\n{WORKSPACE_GIT_CONFIG_MARK} removed: {}\n{contents}",
+        removed.join(", ")
+    ))
+}
+
+/// How the first line of a redacted workspace git config starts.
+pub const WORKSPACE_GIT_CONFIG_MARK: &str = "# moat:";
 
 /// `text` without URL userinfo and query strings, and what went: the names
 /// ("userinfo", "query") of what was removed, never values.
@@ -754,6 +782,32 @@ mod tests {
             vec!["userinfo of remote.*.url", "http.*.extraheader"],
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn workspace_git_config_view_redacts_only_what_holds_credentials() {
+        let clean =
+            b"[core]\n\tbare = false\n[remote \"origin\"]\n\turl = https://github.com/o/r\n";
+        assert_eq!(workspace_git_config_view(clean), None);
+        let secret = b"[remote \"origin\"]\n\turl = https://x:TOK1@github.com/o/r\n\
+                       [http \"https://github.com/\"]\n\textraheader = AUTHORIZATION: basic TOK2\n\
+                       [credential]\n\thelper = !echo password=TOK3\n\
+                       [url \"https://TOK4@github.com/\"]\n\tinsteadOf = https://m/\n";
+        let shown = workspace_git_config_view(secret).unwrap();
+        for t in ["TOK1", "TOK2", "TOK3", "TOK4"] {
+            assert!(!shown.contains(t), "{t} in {shown}");
+        }
+        assert!(shown.starts_with(WORKSPACE_GIT_CONFIG_MARK), "{shown}");
+        assert!(shown.contains("http.*.extraheader") && shown.contains("section credential"));
+        assert!(shown.contains("https://github.com/o/r"), "{shown}");
+        // Not git config (or not UTF-8): nothing of it is shown.
+        for bad in [
+            &b"-----BEGIN KEY-----\nTOK5\n"[..],
+            &b"[core]\n\tx = \xff TOK6\n"[..],
+        ] {
+            let shown = workspace_git_config_view(bad).unwrap();
+            assert!(!shown.contains("TOK"), "{shown}");
+        }
     }
 
     #[test]

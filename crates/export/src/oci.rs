@@ -224,8 +224,14 @@ pub fn bundle(input: &OciInput) -> Result<Bundle, ExportError> {
             MountOp::StandIn { target, .. } if target.starts_with("/proc") => {
                 masked.push(s(target))
             }
-            MountOp::StandIn { target, kind } => {
-                if *kind == Kind::Dir {
+            // A redacted git config is exported as an empty stand-in (the
+            // bundle carries no moat-made file contents over host paths).
+            MountOp::StandIn { target, .. } | MountOp::Redacted { target, .. } => {
+                let kind = match op {
+                    MountOp::StandIn { kind, .. } => *kind,
+                    _ => Kind::File,
+                };
+                if kind == Kind::Dir {
                     mounts.push(mount(
                         target,
                         "tmpfs",

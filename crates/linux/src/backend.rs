@@ -78,6 +78,17 @@ fn desired(view: &View, scratch: &Path) -> Vec<(PathBuf, u8)> {
         };
         out.push((e.path.clone(), r));
     }
+    // Two entries at one path (a write-protected `.git/config` that is
+    // also hidden, holding credentials): the later one decides, as in the
+    // view; only it gets a rule.
+    let mut seen: Vec<PathBuf> = Vec::new();
+    out.reverse();
+    out.retain(|(p, _)| {
+        let first = !seen.contains(p);
+        seen.push(p.clone());
+        first
+    });
+    out.reverse();
     // /dev is the host's: only the plain device nodes, below.
     out.push(("/dev".into(), 0));
     out.push((scratch.to_path_buf(), 2));

@@ -29,6 +29,9 @@ pub enum DenyReason {
     ReadOnlyGrant,
     /// A path moat built into the view (/moat/bin, /moat/shims…): no flag grants it.
     MoatBuilt,
+    /// The workspace's git config holding credentials: a redacted copy in
+    /// a mount namespace, refused on the Landlock backend (no copy there).
+    GitCredentials,
 }
 
 impl DenyReason {
@@ -41,6 +44,7 @@ impl DenyReason {
             DenyReason::MoatState => "moat_state",
             DenyReason::ReadOnlyGrant => "read_only_grant",
             DenyReason::MoatBuilt => "moat_built",
+            DenyReason::GitCredentials => "git_credentials",
         }
     }
 
@@ -66,6 +70,9 @@ impl DenyReason {
             DenyReason::ReadOnlyGrant => "granted read-only; grant it with --rw to write".into(),
             DenyReason::MoatBuilt => {
                 "built by moat for this run (its binary, shims and their table); read-only, no flag changes it".into()
+            }
+            DenyReason::GitCredentials => {
+                "a git config holding credentials (a token in a URL, an extraheader, a credential helper); moat shows a redacted copy where it can mount one, the Landlock backend cannot, so it is refused; opt in with --ro PATH to show the raw file".into()
             }
         }
     }
@@ -112,6 +119,20 @@ pub fn explain(
         }
         // The stand-in itself, or something "inside" an empty directory.
         if x.mode == Mode::Hidden && (x.path == abs || x.kind == Kind::Dir) {
+            // A git dir's config file (a `HEAD` beside it) hidden as a secret:
+            // only a git config with credentials is (the Landlock backend
+            // has no mounts to show its redacted copy).
+            let git_config = x.path == abs
+                && x.why == Why::Secret
+                && abs.file_name().is_some_and(|n| {
+                    crate::gitconfigs::CONFIG_NAMES
+                        .iter()
+                        .any(|c| n == std::ffi::OsStr::new(c))
+                })
+                && abs.parent().is_some_and(|d| host_exists(&d.join("HEAD")));
+            if git_config {
+                return Some(DenyReason::GitCredentials);
+            }
             return Some(DenyReason::Protected);
         }
     }

@@ -19,6 +19,7 @@ pub mod confine;
 pub mod control;
 pub mod explain;
 pub mod fd;
+pub mod gitconfigs;
 mod init;
 pub mod init_msg;
 pub mod limits;

@@ -75,15 +75,27 @@ pub(crate) fn set_identity<S: Syscall>(sys: &S, plan: &Plan) -> Result<(), Strin
 const SCRATCH_DIR: &str = "d";
 const SCRATCH_FILE: &str = "f";
 
-/// What every sandbox root starts with, one-shot or template: mounts made
-/// private, a fresh tmpfs pivoted to as `/` (the host's root under
-/// `OLD_ROOT`), and the detached, read-only scratch tmpfs holding the empty
-/// directory and file that stand-ins are bound from.
 /// The mount flags of every stand-in.
 const STAND_IN_ATTRS: u64 =
     MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
 
-fn enter_staging_root<S: Syscall>(sys: &S) -> Result<S::Handle, MountError> {
+/// The scratch file a [`MountOp::Redacted`] at `target` is bound from: one
+/// name per target (the plan has one such op per target).
+fn redacted_name(target: &Path) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    // DefaultHasher::new() is deterministic (fixed keys): the name is the
+    // same when the scratch is filled and when the op is laid.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    target.hash(&mut h);
+    PathBuf::from(format!("r{:016x}", h.finish()))
+}
+
+/// What every sandbox root starts with, one-shot or template: mounts made
+/// private, a fresh tmpfs pivoted to as `/` (the host's root under
+/// `OLD_ROOT`), and the detached, read-only scratch tmpfs holding the empty
+/// directory and file that stand-ins are bound from, and the contents of
+/// `ops`' redacted copies.
+fn enter_staging_root<S: Syscall>(sys: &S, ops: &[MountOp]) -> Result<S::Handle, MountError> {
     // Our mount events must never propagate to the host (and host events
     // should not trickle into the sandbox mid-run).
     sys.mount(
@@ -113,8 +125,14 @@ fn enter_staging_root<S: Syscall>(sys: &S) -> Result<S::Handle, MountError> {
         .detached_tmpfs(c"0555")
         .map_err(err("create scratch tmpfs", Path::new("(detached)")))?;
     sys.mkdir_at(&scratch, Path::new(SCRATCH_DIR), 0o555)
-        .and_then(|()| sys.create_at(&scratch, Path::new(SCRATCH_FILE), 0o444))
+        .and_then(|()| sys.create_at(&scratch, Path::new(SCRATCH_FILE), 0o444, b""))
         .map_err(err("fill scratch tmpfs", Path::new("(detached)")))?;
+    for op in ops {
+        if let MountOp::Redacted { target, contents } = op {
+            sys.create_at(&scratch, &redacted_name(target), 0o444, contents.as_bytes())
+                .map_err(err("fill scratch tmpfs", target))?;
+        }
+    }
     sys.make_superblock_readonly(&scratch)
         .map_err(err("make scratch tmpfs read-only", Path::new("(detached)")))?;
     // The stand-ins' mount flags, set once here: a clone of a mount
@@ -136,7 +154,7 @@ pub(crate) fn build_root<S: Syscall>(
     ops: &[MountOp],
     broker: bool,
 ) -> Result<Option<S::Listener>, MountError> {
-    let scratch = enter_staging_root(sys)?;
+    let scratch = enter_staging_root(sys, ops)?;
     let (empty_dir, empty_file) = (Path::new(SCRATCH_DIR), Path::new(SCRATCH_FILE));
 
     for op in ops {
@@ -283,12 +301,17 @@ fn apply_op<S: Syscall>(
             sys.move_mount(&tree, target)
                 .map_err(err("remount read-only", target))?;
         }
-        MountOp::StandIn { target, kind } => {
+        MountOp::StandIn { .. } | MountOp::Redacted { .. } => {
             // The target exists in the view (the plan only hides what it shows).
-            let src = if *kind == Kind::Dir {
-                empty_dir
-            } else {
-                empty_file
+            let named;
+            let (target, src) = match op {
+                MountOp::StandIn { target, kind } if *kind == Kind::Dir => (target, empty_dir),
+                MountOp::StandIn { target, .. } => (target, empty_file),
+                MountOp::Redacted { target, .. } => {
+                    named = redacted_name(target);
+                    (target, named.as_path())
+                }
+                _ => return Ok(()),
             };
             // Read-only, nosuid, nodev, noexec: carried from the scratch
             // tmpfs's own mount (see `enter_staging_root`).
@@ -385,7 +408,7 @@ fn narrows(ops: &[MountOp], i: usize) -> bool {
         return false;
     };
     match &ops[i] {
-        MountOp::StandIn { .. } => true,
+        MountOp::StandIn { .. } | MountOp::Redacted { .. } => true,
         MountOp::ReadOnlyAgain { .. } | MountOp::Bind { readonly: true, .. } => !below_ro,
         _ => false,
     }
@@ -424,7 +447,7 @@ pub(crate) fn build_template_root<S: Syscall>(
     ops: &[MountOp],
     per_exec: &[bool],
 ) -> Result<S::Handle, MountError> {
-    let scratch = enter_staging_root(sys)?;
+    let scratch = enter_staging_root(sys, ops)?;
     for (op, own) in ops.iter().zip(per_exec) {
         if !own {
             apply_op(

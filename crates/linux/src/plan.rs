@@ -52,6 +52,9 @@ pub enum MountOp {
     ReadOnlyAgain { target: PathBuf },
     /// An empty, read-only directory or file covering a secret.
     StandIn { target: PathBuf, kind: Kind },
+    /// A read-only file of moat's (a redacted copy) covering a host file,
+    /// bound from the detached scratch tmpfs like a stand-in.
+    Redacted { target: PathBuf, contents: String },
     /// A small file of moat's own in the new root (read-only once sealed).
     File { target: PathBuf, contents: String },
 }
@@ -66,6 +69,7 @@ impl MountOp {
             | MountOp::Devpts { target }
             | MountOp::ReadOnlyAgain { target }
             | MountOp::StandIn { target, .. }
+            | MountOp::Redacted { target, .. }
             | MountOp::File { target, .. } => target,
         }
     }
@@ -506,9 +510,16 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         }
         let Some(source) = &x.host else { continue };
         all_ops.push(match x.mode {
-            Mode::Hidden => MountOp::StandIn {
-                target: x.path.clone(),
-                kind: x.kind,
+            // A git config with credentials: its redacted copy.
+            Mode::Hidden => match host.redacted_files.get(source) {
+                Some(contents) => MountOp::Redacted {
+                    target: x.path.clone(),
+                    contents: contents.clone(),
+                },
+                None => MountOp::StandIn {
+                    target: x.path.clone(),
+                    kind: x.kind,
+                },
             },
             Mode::Built => continue,
             Mode::Read | Mode::Write | Mode::WriteProtected => MountOp::Bind {
@@ -637,7 +648,9 @@ fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
     for op in ops {
         let protected = matches!(
             op,
-            MountOp::StandIn { .. } | MountOp::Bind { readonly: true, .. }
+            MountOp::StandIn { .. }
+                | MountOp::Redacted { .. }
+                | MountOp::Bind { readonly: true, .. }
         );
         if !protected {
             continue;

@@ -54,6 +54,9 @@ pub struct HostFacts {
     /// walk, and write-protected paths (looked up by name), with their kind.
     pub workspace_protected: BTreeMap<PathBuf, Kind>,
     pub workspace_write_protected: BTreeMap<PathBuf, Kind>,
+    /// The `.git` entries below the workspace root the walk found
+    /// (vendored checkouts): their configs are redacted like the root's.
+    pub workspace_nested_git: Vec<PathBuf>,
     /// What the post-run sweep checks, per writable root, with the state
     /// before the run (missing write-protected paths, `.moat*` names
     /// present, git dirs and their executable parts).
@@ -82,6 +85,10 @@ pub struct HostFacts {
     /// The user's tool configuration files, redacted (relative to HOME,
     /// contents): copied under the sandbox HOME. Filled in by the caller.
     pub home_config_copies: Vec<(PathBuf, String)>,
+    /// Host files shown as moat's redacted copy instead of an empty
+    /// stand-in (the workspace's git configs with credentials in them), by
+    /// host path; each is also in `secrets`. Filled in by the caller.
+    pub redacted_files: BTreeMap<PathBuf, String>,
     /// moat's config/state directories that do not exist and could not be
     /// created (the plan refuses if the command could create them).
     pub moat_missing: Vec<PathBuf>,
@@ -816,6 +823,7 @@ impl HostFacts {
     ) -> Result<(), String> {
         let ws = &policy.workspace;
         let (nested_git, ws_listing) = self.walk_workspace(ws)?;
+        self.workspace_nested_git.clone_from(&nested_git);
         // Roots the command may write: the workspace at the writable
         // levels, and every writable grant at any level (a grant, from the
         // command line or a project file, never reaches a write-protected

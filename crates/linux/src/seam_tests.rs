@@ -106,7 +106,10 @@ fn assert_every_op_lands(plan: &Plan, log: &str) {
     for op in &plan.mounts {
         let t = op.target().display().to_string();
         let landed = match op {
-            MountOp::Bind { .. } | MountOp::ReadOnlyAgain { .. } | MountOp::StandIn { .. } => log
+            MountOp::Bind { .. }
+            | MountOp::ReadOnlyAgain { .. }
+            | MountOp::StandIn { .. }
+            | MountOp::Redacted { .. } => log
                 .lines()
                 .any(|l| l.starts_with("move_mount ") && l.ends_with(&format!(" {t}"))),
             MountOp::Tmpfs { .. } | MountOp::Proc { .. } | MountOp::Devpts { .. } => log
@@ -188,4 +191,46 @@ fn a_failing_call_stops_the_replay_with_its_step_and_path() {
         "nothing is mounted after a failed step:\n{}",
         fake.log()
     );
+}
+
+#[test]
+fn a_redacted_git_config_is_written_to_the_sealed_scratch_and_bound_over_the_file() {
+    let mut facts = host();
+    let cfg = PathBuf::from("/home/u/proj/.git/config");
+    facts
+        .workspace_write_protected
+        .insert(cfg.clone(), Kind::File);
+    facts.secrets.insert(cfg.clone(), Kind::File);
+    let copy = "# moat: removed: userinfo of remote.*.url\n[core]\n\tbare = \"false\"\n";
+    facts.redacted_files.insert(cfg.clone(), copy.to_string());
+    for level in [
+        Level::ReadOnly,
+        Level::WorkspaceWrite,
+        Level::WorkspaceContained,
+    ] {
+        let p = plan(&policy(level, |_| {}), &facts);
+        let ops: Vec<&MountOp> = p.mounts.iter().filter(|o| o.target() == cfg).collect();
+        // The copy is the last (topmost) op at the file, with its content.
+        assert!(
+            matches!(ops.last(), Some(MountOp::Redacted { contents, .. }) if contents == copy),
+            "{level:?}: {ops:?}"
+        );
+        let log = replay(&p);
+        assert_every_op_lands(&p, &log);
+        let lines: Vec<&str> = log.lines().collect();
+        let written = lines
+            .iter()
+            .position(|l| {
+                l.starts_with("create_at ") && l.ends_with(&format!("444 ({} bytes)", copy.len()))
+            })
+            .unwrap_or_else(|| panic!("the copy is not written to the scratch:\n{log}"));
+        let sealed = lines
+            .iter()
+            .position(|l| l.starts_with("make_superblock_readonly"))
+            .expect("scratch sealed");
+        assert!(
+            written < sealed,
+            "written after the scratch was sealed:\n{log}"
+        );
+    }
 }

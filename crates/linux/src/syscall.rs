@@ -63,8 +63,14 @@ pub(crate) trait Syscall {
     fn detached_tmpfs(&self, mode: &CStr) -> io::Result<Self::Handle>;
     /// mkdirat(2) in `dir`.
     fn mkdir_at(&self, dir: &Self::Handle, name: &Path, mode: u32) -> io::Result<()>;
-    /// A new empty file in `dir` (openat O_CREAT).
-    fn create_at(&self, dir: &Self::Handle, name: &Path, mode: u32) -> io::Result<()>;
+    /// A new file in `dir` (openat O_CREAT) holding `contents`.
+    fn create_at(
+        &self,
+        dir: &Self::Handle,
+        name: &Path,
+        mode: u32,
+        contents: &[u8],
+    ) -> io::Result<()>;
     /// Makes the superblock behind a detached mount read-only.
     fn make_superblock_readonly(&self, mount: &Self::Handle) -> io::Result<()>;
     /// openat2(O_PATH, RESOLVE_NO_SYMLINKS) of an absolute path.
@@ -164,16 +170,20 @@ impl Syscall for Kernel {
         )
         .map_err(nix_err)
     }
-    fn create_at(&self, dir: &OwnedFd, name: &Path, mode: u32) -> io::Result<()> {
+    fn create_at(&self, dir: &OwnedFd, name: &Path, mode: u32, contents: &[u8]) -> io::Result<()> {
         use nix::fcntl::OFlag;
-        nix::fcntl::openat(
+        use std::io::Write;
+        let fd = nix::fcntl::openat(
             dir,
             name,
             OFlag::O_CREAT | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
             nix::sys::stat::Mode::from_bits_truncate(mode as libc::mode_t),
         )
-        .map(drop)
-        .map_err(nix_err)
+        .map_err(nix_err)?;
+        if contents.is_empty() {
+            return Ok(());
+        }
+        std::fs::File::from(fd).write_all(contents)
     }
     fn make_superblock_readonly(&self, mount: &OwnedFd) -> io::Result<()> {
         sys::make_superblock_readonly(mount)
@@ -398,8 +408,16 @@ mod recorder {
         fn mkdir_at(&self, dir: &u32, name: &Path, mode: u32) -> io::Result<()> {
             self.line(format_args!("mkdir_at #{dir} {} {mode:o}", name.display()))
         }
-        fn create_at(&self, dir: &u32, name: &Path, mode: u32) -> io::Result<()> {
-            self.line(format_args!("create_at #{dir} {} {mode:o}", name.display()))
+        fn create_at(&self, dir: &u32, name: &Path, mode: u32, contents: &[u8]) -> io::Result<()> {
+            if contents.is_empty() {
+                self.line(format_args!("create_at #{dir} {} {mode:o}", name.display()))
+            } else {
+                self.line(format_args!(
+                    "create_at #{dir} {} {mode:o} ({} bytes)",
+                    name.display(),
+                    contents.len()
+                ))
+            }
         }
         fn make_superblock_readonly(&self, mount: &u32) -> io::Result<()> {
             self.line(format_args!("make_superblock_readonly #{mount}"))

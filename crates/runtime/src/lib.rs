@@ -341,6 +341,24 @@ pub struct Prepared {
     nested: Option<Handoff>,
 }
 
+/// The workspace's own git configs (`.git/config`, a linked worktree's
+/// common dir's, submodules', nested checkouts' the probe's walk found): one with credentials in it (a token in a
+/// remote URL, a persisted `extraheader`, a credential helper) is hidden
+/// like a protected file and shown as its redacted copy (on the Landlock
+/// backend, which cannot mount one, reading it is refused); a grant naming
+/// the file exactly shows it raw. `explain-policy` shows the same view.
+pub fn redact_workspace_git_configs(workspace: &std::path::Path, facts: &mut HostFacts) {
+    let nested = facts.workspace_nested_git.clone();
+    for f in moat_linux::gitconfigs::workspace_git_configs(workspace, &nested) {
+        if let Some(contents) = moat_config::workspace_git_config_view(&f.text) {
+            facts
+                .secrets
+                .insert(f.path.clone(), moat_linux::probe::Kind::File);
+            facts.redacted_files.insert(f.path, contents);
+        }
+    }
+}
+
 /// Opens the audit log, probes the host, builds the plan, and puts the
 /// start of the run on record (a run that cannot be recorded does not
 /// happen). Events go to `sink` as they are recorded.
@@ -404,6 +422,7 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
                 }
             }
         }
+        redact_workspace_git_configs(&policy.workspace, &mut facts);
     }
     mark("redacted copies of the user's tool config");
     if let Some(log) = &audit {

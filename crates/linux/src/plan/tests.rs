@@ -103,6 +103,7 @@ fn targets(plan: &Plan) -> Vec<String> {
                 MountOp::Devpts { .. } => "devpts",
                 MountOp::ReadOnlyAgain { .. } => "ro-again",
                 MountOp::StandIn { .. } => "stand-in",
+                MountOp::Redacted { .. } => "redacted",
                 MountOp::File { .. } => "file",
             };
             format!("{kind} {}", op.target().display())

@@ -1,0 +1,232 @@
+//! The workspace's own git config files (`.git/config` and
+//! `config.worktree`, a linked worktree's common dir's, submodules'
+//! `.git/modules/**/config`, checkouts nested in the workspace),
+//! found and read without following a symlink the command could have
+//! planted: each git dir is resolved once, opened with no symlink on its
+//! path, and its `config` opened beneath it with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`. A `config` that is a
+//! symlink, not a regular file or larger than a config file is not read
+//! (moat never copies what it points to into the view). The caller redacts
+//! what was read; the plan shows the copy over the host file.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use crate::sys;
+
+/// Largest config read (a git config is small; a larger file is not one).
+const MAX_SIZE: u64 = 256 * 1024;
+/// How deep `.git/modules` is walked (`modules/a/modules/b`, names with
+/// slashes such as `modules/lib/x`).
+const MAX_MODULES_DEPTH: usize = 8;
+
+/// The config files of one git dir.
+pub const CONFIG_NAMES: &[&str] = &["config", "config.worktree"];
+
+/// One git config file, read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GitConfigFile {
+    /// Its host path (no symlink on it).
+    pub path: PathBuf,
+    pub text: Vec<u8>,
+}
+
+/// The git config files of the repository at `workspace` (canonical) and
+/// of the checkouts whose `.git` entries are `nested` (found by the
+/// probe's walk), read safely. Missing or unreadable ones are left out.
+pub fn workspace_git_configs(workspace: &Path, nested: &[PathBuf]) -> Vec<GitConfigFile> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let checkouts = std::iter::once(workspace).chain(nested.iter().filter_map(|g| g.parent()));
+    for checkout in checkouts {
+        for d in git_dirs(checkout) {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for dir in dirs {
+        collect(&dir, &mut out);
+    }
+    // A submodule's checkout points into the module dir already walked.
+    let mut seen: Vec<PathBuf> = Vec::new();
+    out.retain(|f| {
+        let new = !seen.contains(&f.path);
+        seen.push(f.path.clone());
+        new
+    });
+    out
+}
+
+/// The git dirs whose configs git reads for `workspace`: its `.git` (a
+/// directory, or where a gitfile or symlink points) and that dir's common
+/// dir (a linked worktree's main `.git`), each canonical.
+fn git_dirs(workspace: &Path) -> Vec<PathBuf> {
+    let dot_git = workspace.join(".git");
+    let Ok(meta) = std::fs::symlink_metadata(&dot_git) else {
+        return Vec::new();
+    };
+    let git_dir = if meta.is_file() {
+        // `gitdir: PATH` (a linked worktree, a submodule's checkout).
+        let Some(text) = read_beneath(workspace, Path::new(".git")) else {
+            return Vec::new();
+        };
+        let text = String::from_utf8_lossy(&text);
+        let Some(target) = text.lines().next().and_then(|l| l.strip_prefix("gitdir:")) else {
+            return Vec::new();
+        };
+        workspace.join(target.trim())
+    } else {
+        dot_git
+    };
+    let Ok(git_dir) = std::fs::canonicalize(git_dir) else {
+        return Vec::new();
+    };
+    let mut dirs = vec![git_dir.clone()];
+    if let Some(common) = read_beneath(&git_dir, Path::new("commondir")) {
+        let common = String::from_utf8_lossy(&common);
+        if let Ok(c) = std::fs::canonicalize(git_dir.join(common.trim())) {
+            if !dirs.contains(&c) {
+                dirs.push(c);
+            }
+        }
+    }
+    dirs
+}
+
+/// `dir/config` and every `config` beneath `dir/modules`.
+fn collect(dir: &Path, out: &mut Vec<GitConfigFile>) {
+    if !is_git_dir(dir) {
+        return;
+    }
+    // `config.worktree`: read by git with `extensions.worktreeConfig`.
+    for name in CONFIG_NAMES {
+        if let Some(text) = read_beneath(dir, Path::new(name)) {
+            out.push(GitConfigFile {
+                path: dir.join(name),
+                text,
+            });
+        }
+    }
+    modules(&dir.join("modules"), 0, out);
+}
+
+fn modules(dir: &Path, depth: usize, out: &mut Vec<GitConfigFile>) {
+    if depth >= MAX_MODULES_DEPTH {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        // A symlinked entry is not followed (file_type does not follow).
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        collect_module(&e.path(), depth + 1, out);
+    }
+}
+
+fn collect_module(dir: &Path, depth: usize, out: &mut Vec<GitConfigFile>) {
+    if is_git_dir(dir) {
+        // A module's git dir, and its own submodules.
+        collect(dir, out);
+    } else {
+        // A part of a module name with slashes (`modules/lib/x`).
+        modules(dir, depth, out);
+    }
+}
+
+/// `dir` holds a `HEAD` file, as every git dir does: a directory a gitfile
+/// or `commondir` names that is no git dir is not read.
+fn is_git_dir(dir: &Path) -> bool {
+    sys::open_dir_nofollow(dir)
+        .and_then(|d| sys::openat_beneath(d.as_raw_fd(), Path::new("HEAD"), libc::O_PATH))
+        .is_ok()
+}
+
+/// `name` beneath the directory `dir` (no symlink on `dir`'s path, none at
+/// or under `name`), when it is a regular file no larger than [`MAX_SIZE`].
+fn read_beneath(dir: &Path, name: &Path) -> Option<Vec<u8>> {
+    let dfd: OwnedFd = sys::open_dir_nofollow(dir).ok()?;
+    let fd = sys::openat_beneath(dfd.as_raw_fd(), name, libc::O_RDONLY | libc::O_NONBLOCK).ok()?;
+    let file = File::from(fd);
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > MAX_SIZE {
+        return None;
+    }
+    let mut text = Vec::new();
+    file.take(MAX_SIZE + 1).read_to_end(&mut text).ok()?;
+    (text.len() as u64 <= MAX_SIZE).then_some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "moat-gitconfigs-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::canonicalize(d).unwrap()
+    }
+
+    #[test]
+    fn finds_repo_module_and_common_dir_configs() {
+        let root = tmp();
+        let main = root.join("main");
+        std::fs::create_dir_all(main.join(".git/modules/lib/x")).unwrap();
+        std::fs::create_dir_all(main.join(".git/worktrees/wt")).unwrap();
+        std::fs::write(main.join(".git/config"), "[core]\n").unwrap();
+        std::fs::write(main.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+        std::fs::write(main.join(".git/modules/lib/x/config"), "[core]\n").unwrap();
+        std::fs::write(main.join(".git/modules/lib/x/HEAD"), "x\n").unwrap();
+        std::fs::write(main.join(".git/worktrees/wt/HEAD"), "x\n").unwrap();
+        std::fs::write(main.join(".git/worktrees/wt/commondir"), "../..\n").unwrap();
+        let wt = root.join("wt");
+        std::fs::create_dir_all(&wt).unwrap();
+        std::fs::write(
+            wt.join(".git"),
+            format!("gitdir: {}\n", main.join(".git/worktrees/wt").display()),
+        )
+        .unwrap();
+        let paths = |ws: &Path| -> Vec<PathBuf> {
+            workspace_git_configs(ws, &[])
+                .into_iter()
+                .map(|f| f.path)
+                .collect()
+        };
+        assert_eq!(
+            paths(&main),
+            vec![
+                main.join(".git/config"),
+                main.join(".git/modules/lib/x/config")
+            ]
+        );
+        assert!(
+            paths(&wt).contains(&main.join(".git/config")),
+            "{:?}",
+            paths(&wt)
+        );
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn a_symlinked_config_is_not_read() {
+        let root = tmp();
+        std::fs::create_dir_all(root.join("ws/.git")).unwrap();
+        std::fs::write(root.join("ws/.git/HEAD"), "x\n").unwrap();
+        std::fs::write(root.join("secret"), "[core]\n\tx = SECRET\n").unwrap();
+        std::os::unix::fs::symlink(root.join("secret"), root.join("ws/.git/config")).unwrap();
+        assert!(workspace_git_configs(&root.join("ws"), &[]).is_empty());
+        std::fs::remove_dir_all(root).unwrap();
+    }
+}
