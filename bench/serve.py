@@ -4,12 +4,17 @@
 template (`--launch template`, the default) and as a one-shot child
 (`--launch oneshot`), vs one-shot `moat exec -- /bin/true` vs
 `bwrap --unshare-all -- /bin/true`, p50/p99 in one run, with the template's
-ratio to bwrap (issue 11's target: at most 0.5); then N executions in
-sequence with the service's RSS and open fd count before and after (growth
-would be a leak).
+ratio to bwrap (issue 11's target: at most 0.5); then a soak: SEQ
+executions in sequence (default 3,000) with the service's RSS and open fd
+count after a warm-up and at 1k, 2k, 3k…, exiting 1 when the fds grow or
+the RSS keeps growing past its plateau (more than PLATEAU_KB, default
+2048 kB, per 1,000 executions after the first 1,000: the service
+remembers its last 1,000 executions, so it fills up to there and must
+stay flat after).
 
 Env: MOAT_BIN (default target/release/moat, else target/debug/moat),
-RUNS (default 200), SEQ (default 1000)."""
+RUNS (default 200), SEQ (default 3000), PLATEAU_KB (default 2048).
+SOAK_ONLY=1 skips the latency table."""
 
 import json
 import os
@@ -24,7 +29,10 @@ MOAT = os.environ.get("MOAT_BIN") or next(
     p for p in (f"{ROOT}/target/release/moat", f"{ROOT}/target/debug/moat") if os.path.exists(p)
 )
 RUNS = int(os.environ.get("RUNS", "200"))
-SEQ = int(os.environ.get("SEQ", "1000"))
+SEQ = int(os.environ.get("SEQ", "3000"))
+PLATEAU_KB = int(os.environ.get("PLATEAU_KB", "2048"))
+# The service remembers this many executions (docs/protocol.md).
+REMEMBERED = 1000
 
 
 def pct(xs, p):
@@ -95,14 +103,49 @@ class Service:
         self.srv.wait()
 
 
+def soak(svc):
+    """SEQ executions in sequence; the RSS and fds at each 1,000. Returns
+    whether the service stayed flat past its plateau."""
+    for _ in range(100):
+        svc.execute()
+    marks = [(0, *proc_stats(svc.srv.pid))]
+    for i in range(1, SEQ + 1):
+        svc.execute()
+        if i % 1000 == 0 or i == SEQ:
+            marks.append((i, *proc_stats(svc.srv.pid)))
+    print(f"\nsoak: {SEQ} executions in sequence ({svc.launch}), after 100 to warm up:")
+    print("| executions | RSS kB | open fds |\n|---|---|---|")
+    for n, rss, fds in marks:
+        print(f"| {n} | {rss} | {fds} |")
+    ok = True
+    if marks[-1][2] > marks[0][2] + 2:
+        print(f"FAIL: open fds grew from {marks[0][2]} to {marks[-1][2]}")
+        ok = False
+    past = [m for m in marks if m[0] >= REMEMBERED]
+    if len(past) >= 2:
+        (n0, r0, _), (n1, r1, _) = past[0], past[-1]
+        per_k = (r1 - r0) * 1000 / (n1 - n0)
+        print(f"RSS growth past {REMEMBERED} executions: {per_k:.0f} kB per 1,000 (limit {PLATEAU_KB})")
+        if per_k > PLATEAU_KB:
+            print("FAIL: the RSS keeps growing past its plateau")
+            ok = False
+    else:
+        print(f"(SEQ below {2 * REMEMBERED}: no plateau to check)")
+    return ok
+
+
 def main():
     ws = tempfile.mkdtemp(prefix="moat-bench-")
+    if os.environ.get("SOAK_ONLY"):
+        svc = Service(ws, "template")
+        ok = soak(svc)
+        svc.close()
+        shutil.rmtree(ws, ignore_errors=True)
+        raise SystemExit(0 if ok else 1)
     oneshot = Service(ws, "oneshot")
     served_oneshot = oneshot.timed()
     oneshot.close()
     svc = Service(ws, "template")
-    srv = svc.srv
-    execute = svc.execute
     served = svc.timed()
     rows = [("moat serve execute /bin/true (template)", served),
             ("moat serve execute /bin/true (one-shot child)", served_oneshot),
@@ -119,14 +162,10 @@ def main():
         ratio = statistics.median(served) / statistics.median(rows[3][1])
         print(f"\ntemplate execute p50 / bwrap p50 = {ratio:.2f} (target: at most 0.50)")
 
-    before = proc_stats(srv.pid)
-    for _ in range(SEQ):
-        execute()
-    after = proc_stats(srv.pid)
-    print(f"\n{SEQ} executions in sequence: service RSS {before[0]} kB -> {after[0]} kB, "
-          f"open fds {before[1]} -> {after[1]}")
+    ok = soak(svc)
     svc.close()
     shutil.rmtree(ws, ignore_errors=True)
+    raise SystemExit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def wait_for(pred, what):
 class Server:
     """`moat serve --stdio ARGS`, with every line it writes queued."""
 
-    def __init__(self, args, cwd, env=None):
+    def __init__(self, args, cwd, env=None, preexec=None):
         self.proc = subprocess.Popen(
             [MOAT, "serve", "--stdio", "--no-audit", *args],
             cwd=cwd,
@@ -54,6 +54,7 @@ class Server:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
+            preexec_fn=preexec,
         )
         self.log = []  # every message, in arrival order
         self.taken = set()  # indices into log already returned by wait()

@@ -6,6 +6,7 @@ import base64
 import os
 import random
 import shutil
+import signal
 import subprocess
 import tempfile
 
@@ -346,7 +347,7 @@ def test_socket_peer_of_another_user_is_refused(ws):
     marker = os.path.join(ws, "peer-marker")
     p = subprocess.Popen(
         [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--", MOAT, "serve", "--no-audit", "--policy", "workspace-write", "--socket", path],
-        cwd=ws, stderr=subprocess.PIPE,
+        cwd=ws, stderr=subprocess.PIPE, start_new_session=True,
     )
     try:
         wait_for(lambda: os.path.exists(path), "the socket")
@@ -363,7 +364,12 @@ def test_socket_peer_of_another_user_is_refused(ws):
         c.close()
         assert not os.path.exists(marker)
     finally:
-        p.kill()
+        # runuser waits for the server it started; killing runuser alone
+        # would leave the server running: kill the whole session.
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         p.wait()
         shutil.rmtree(d, ignore_errors=True)
 

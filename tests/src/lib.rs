@@ -345,6 +345,16 @@ impl Drop for RmOnDrop {
     }
 }
 
+/// Kills and reaps a spawned process (a `moat serve`) when dropped, so a
+/// test that fails halfway leaves no server running.
+pub struct ChildGuard(pub std::process::Child);
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Result of one moat run.
 #[derive(Debug)]
 pub struct Out {
@@ -1215,5 +1225,56 @@ impl Drop for ServeSession {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Each process's parent, from /proc.
+pub fn parents() -> std::collections::HashMap<u32, u32> {
+    let mut out = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
+            out.insert(pid, ppid);
+        }
+    }
+    out
+}
+
+/// Waits until a process three levels below the service exists (service →
+/// template → the next execution's init → its command): the command is
+/// forked only once its init laid the whole view, detached the host root
+/// and so on. No execution runs meanwhile, so it is the waiting one.
+pub fn wait_until_the_next_view_is_laid(s: &ServeSession) {
+    let service = s.pid();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let p = parents();
+        let depth = |mut pid: u32| {
+            for d in 1..=3 {
+                match p.get(&pid) {
+                    Some(&pp) if pp == service => return Some(d),
+                    Some(&pp) => pid = pp,
+                    None => return None,
+                }
+            }
+            None
+        };
+        if p.keys().any(|&pid| depth(pid) == Some(3)) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no execution's command waits below the service after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
     }
 }

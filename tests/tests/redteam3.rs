@@ -345,8 +345,8 @@ fn serve_socket_refuses_clients_inside_a_sandbox() {
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     let sock = dir.join("moat.sock");
-    let mut server = fx
-        .moat([
+    let server = ChildGuard(
+        fx.moat([
             "serve",
             "--socket",
             sock.to_str().unwrap(),
@@ -356,7 +356,8 @@ fn serve_socket_refuses_clients_inside_a_sandbox() {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .unwrap();
+        .unwrap(),
+    );
     for _ in 0..600 {
         if exists(&sock) {
             break;
@@ -398,8 +399,7 @@ print("CLIENT_DONE", len(buf))
         .args(["-c", client, sock.to_str().unwrap(), host.to_str().unwrap()])
         .output()
         .unwrap();
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     out.expect_stdout_has("CLIENT_START");
     assert!(
         !exists(&inside),
@@ -746,8 +746,8 @@ fn serve_cwd_swapped_for_a_symlink_after_the_check_never_leads_outside() {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::fs::create_dir(fx.w("sub")).unwrap();
     let sock = dir.join("moat.sock");
-    let mut server = fx
-        .moat([
+    let server = ChildGuard(
+        fx.moat([
             "serve",
             "--no-audit",
             "--socket",
@@ -758,7 +758,8 @@ fn serve_cwd_swapped_for_a_symlink_after_the_check_never_leads_outside() {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .unwrap();
+        .unwrap(),
+    );
     for _ in 0..600 {
         if exists(&sock) {
             break;
@@ -809,8 +810,7 @@ fn serve_cwd_swapped_for_a_symlink_after_the_check_never_leads_outside() {
     }
     drop(client);
     drop(flipper);
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     let outside: Vec<String> = std::fs::read_dir(&fx.outside)
         .unwrap()
         .flatten()

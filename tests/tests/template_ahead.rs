@@ -8,61 +8,7 @@
 //! laid ahead, every run (tests/tests/template_redteam.rs races the next
 //! view's mounts against the rename).
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
-
 use moat_conformance::*;
-
-/// Each process's parent, from /proc.
-fn parents() -> HashMap<u32, u32> {
-    let mut out = HashMap::new();
-    for e in std::fs::read_dir("/proc").expect("read /proc").flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-            continue;
-        };
-        if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
-            out.insert(pid, ppid);
-        }
-    }
-    out
-}
-
-/// Waits until a process three levels below the service exists (service →
-/// template → the next execution's init → its command): the command is
-/// forked only once its init laid the whole view, detached the host root
-/// and so on. No execution runs meanwhile, so it is the waiting one.
-fn wait_until_the_next_view_is_laid(s: &ServeSession) {
-    let service = s.pid();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let p = parents();
-        let depth = |mut pid: u32| {
-            for d in 1..=3 {
-                match p.get(&pid) {
-                    Some(&pp) if pp == service => return Some(d),
-                    Some(&pp) => pid = pp,
-                    None => return None,
-                }
-            }
-            None
-        };
-        if p.keys().any(|&pid| depth(pid) == Some(3)) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no execution's command waits below the service after 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 #[test]
 fn template_env_file_replaced_after_the_next_view_was_laid_stays_hidden() {

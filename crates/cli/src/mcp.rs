@@ -38,6 +38,8 @@ pub(crate) fn mcp(args: McpArgs) -> ExitCode {
         eprintln!("moat mcp: a command after -- needs --wrap");
         return ExitCode::from(crate::EXIT_MOAT_FAILED);
     }
+    // As `moat serve` (see there).
+    moat_linux::limits::raise_open_files();
     let service = match Service::new(&args.server) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -317,7 +319,9 @@ fn exec_tool(service: &Arc<Service>, args: &Value, abandon: &Abandon) -> Value {
         None => return refused("the execution did not start", "INTERNAL_ERROR"),
     };
     service.wait(&id);
-    let result = service.with(&id, 0, |r| {
+    // Taken, not read: the call returns the output, no one can ask for it
+    // again, and a session of calls kept up to 2 MiB of output each.
+    let result = service.take_finished(&id, 0).map(|r| {
         let mut v = r.result();
         v.stdout = Some(String::from_utf8_lossy(&r.stdout).into_owned());
         v.stderr = Some(String::from_utf8_lossy(&r.stderr).into_owned());

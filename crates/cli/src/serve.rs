@@ -153,6 +153,9 @@ pub(crate) fn parse_message(line: &[u8]) -> Incoming {
 }
 
 pub(crate) fn serve(args: ServeArgs) -> ExitCode {
+    // Several descriptors per running execution, many executions at once:
+    // the commands still get the soft limit the user started moat with.
+    moat_linux::limits::raise_open_files();
     let service = match Service::new(&args.server) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -500,20 +503,15 @@ fn call(
         "getAuditEvents" => {
             let keep = type_filter(params);
             let id = exec_id(params)?;
-            let events: Vec<Value> = service.with(id, owner, |r| {
-                r.events.iter().filter(|e| keep(e)).cloned().collect()
-            })?;
+            let events: Vec<Value> =
+                service.with(id, owner, |r| r.kept_events().filter(|e| keep(e)).collect())?;
             Ok(json!({"execution_id": id, "count": events.len(), "events": events}))
         }
         "tailAudit" => {
             let keep = type_filter(params);
             let events: Vec<Value> = service
                 .all(owner, |r| {
-                    r.events
-                        .iter()
-                        .filter(|e| keep(e))
-                        .cloned()
-                        .collect::<Vec<_>>()
+                    r.kept_events().filter(|e| keep(e)).collect::<Vec<_>>()
                 })
                 .into_iter()
                 .flatten()

@@ -33,6 +33,15 @@ pub(crate) const MAX_RECORDS: usize = 1000;
 /// executions. Past these, they are still streamed, not kept.
 pub(crate) const MAX_KEPT_EVENTS: usize = 1000;
 pub(crate) const MAX_KEPT_DENIALS: usize = 256;
+/// Bytes of events (as compact JSON) kept per execution: 1000 network
+/// decisions of long host names, or a request's 16 KiB of metadata, make
+/// one execution's events large; past this, they are streamed, not kept.
+pub(crate) const MAX_KEPT_EVENT_BYTES: usize = 128 << 10;
+/// Bytes of events the service keeps across all its remembered
+/// executions: past this, the oldest finished ones are forgotten as past
+/// [`MAX_RECORDS`] (1000 executions of 8 KiB each fit: the count is the
+/// rule for ordinary runs; this bounds the large ones).
+pub(crate) const MAX_KEPT_BYTES: usize = 8 << 20;
 /// Events of an in-process execution that may wait for the client: past
 /// this the run stops reading the command's output (its output chunks are
 /// at most 64 KiB each) and the command waits, as on a full pipe.
@@ -145,8 +154,13 @@ pub(crate) struct Record {
     pub(crate) stdout: Vec<u8>,
     pub(crate) stderr: Vec<u8>,
     pub(crate) keep_output: bool,
-    /// Events kept for getAuditEvents/tailAudit: all but output chunks.
-    pub(crate) events: Vec<Value>,
+    /// Events kept for getAuditEvents/tailAudit: all but output chunks,
+    /// as compact JSON text (a parsed `Value` of the same event took about
+    /// three times the memory: a service remembering 1000 executions kept
+    /// ≈ 20 MB of them for `/bin/true`).
+    pub(crate) events: Vec<Box<str>>,
+    /// Bytes in `events`.
+    pub(crate) kept_bytes: usize,
     /// Stops this execution (by pidfd or its control channel: never a
     /// reused pid); None once it is over (a remembered execution holds
     /// no fd).
@@ -287,12 +301,24 @@ impl Source {
 }
 
 impl Record {
-    /// Keeps `ev` for getAuditEvents/tailAudit, up to [`MAX_KEPT_EVENTS`];
-    /// the last event (`last`) always.
+    /// Keeps `ev` for getAuditEvents/tailAudit, up to [`MAX_KEPT_EVENTS`]
+    /// and [`MAX_KEPT_EVENT_BYTES`]; the first and the last event (`last`)
+    /// always.
     fn keep_event(&mut self, ev: &Value, last: bool) {
-        if last || self.events.len() < MAX_KEPT_EVENTS {
-            self.events.push(ev.clone());
+        let text = ev.to_string();
+        let room = self.events.len() < MAX_KEPT_EVENTS
+            && self.kept_bytes + text.len() <= MAX_KEPT_EVENT_BYTES;
+        if last || room || self.events.is_empty() {
+            self.kept_bytes += text.len();
+            self.events.push(text.into_boxed_str());
         }
+    }
+
+    /// The kept events, parsed back.
+    pub(crate) fn kept_events(&self) -> impl Iterator<Item = Value> + '_ {
+        self.events
+            .iter()
+            .filter_map(|e| serde_json::from_str(e).ok())
     }
 
     /// The `Execution` object `execute` answers with.
@@ -667,6 +693,7 @@ impl Service {
             stderr: Vec::new(),
             keep_output: req.keep_output,
             events: Vec::new(),
+            kept_bytes: 0,
             supervisor: Some(sup.stopper()),
             input: sup.input(),
             done: false,
@@ -674,12 +701,7 @@ impl Service {
         let execution = record.execution();
         if let Ok(mut r) = self.records.lock() {
             r.push(record);
-            while r.len() > MAX_RECORDS {
-                match oldest_to_forget(&r) {
-                    Some(i) => drop(r.remove(i)),
-                    None => break,
-                }
-            }
+            forget_past_bounds(&mut r);
         }
         Ok((execution, sup, first))
     }
@@ -804,6 +826,9 @@ impl Service {
             r.supervisor = None;
             r.input = None;
         });
+        if let Ok(mut r) = self.records.lock() {
+            forget_past_bounds(&mut r);
+        }
         self.changed.notify_all();
     }
 
@@ -833,6 +858,23 @@ impl Service {
             .find(|r| r.view.execution_id == id && r.owner == owner)
         {
             Some(r) => Ok(f(r)),
+            None => Err(not_found(id)),
+        }
+    }
+
+    /// Removes `owner`'s finished execution `id` and returns it: a caller
+    /// that answers with the result once (`moat mcp`, whose tool call
+    /// returns the output) leaves nothing behind for no one to ask about.
+    pub(crate) fn take_finished(&self, id: &str, owner: u64) -> Result<Record, RpcError> {
+        let mut recs = self
+            .records
+            .lock()
+            .map_err(|_| RpcError::internal("execution table poisoned"))?;
+        match recs
+            .iter()
+            .position(|r| r.view.execution_id == id && r.owner == owner && r.done)
+        {
+            Some(i) => Ok(recs.remove(i)),
             None => Err(not_found(id)),
         }
     }
@@ -1007,13 +1049,33 @@ impl Service {
     }
 }
 
-/// The record to forget when the service remembers too many: the oldest
-/// finished one of the client that has the most, so one client's flood of
-/// executions forgets its own results, not another client's.
-fn oldest_to_forget(records: &[Record]) -> Option<usize> {
+/// Forgets finished executions while the service remembers more than
+/// [`MAX_RECORDS`] of them, or keeps more than [`MAX_KEPT_BYTES`] of
+/// their events: a long-lived service must not grow with every run.
+fn forget_past_bounds(records: &mut Vec<Record>) {
+    loop {
+        let i = if records.len() > MAX_RECORDS {
+            oldest_to_forget(records, |_| 1)
+        } else if records.iter().map(|r| r.kept_bytes).sum::<usize>() > MAX_KEPT_BYTES {
+            oldest_to_forget(records, |r| r.kept_bytes)
+        } else {
+            return;
+        };
+        match i {
+            Some(i) => drop(records.remove(i)),
+            None => return,
+        }
+    }
+}
+
+/// The record to forget when the service remembers too much: the oldest
+/// finished one of the client that holds the most (by `weight`: records,
+/// or bytes of events), so one client's flood of executions forgets its
+/// own results, not another client's.
+fn oldest_to_forget(records: &[Record], weight: impl Fn(&Record) -> usize) -> Option<usize> {
     let mut held: BTreeMap<u64, usize> = BTreeMap::new();
     for r in records.iter().filter(|r| r.done) {
-        *held.entry(r.owner).or_insert(0) += 1;
+        *held.entry(r.owner).or_insert(0) += weight(r);
     }
     let (owner, _) = held.into_iter().max_by_key(|(_, n)| *n)?;
     records.iter().position(|r| r.done && r.owner == owner)

@@ -34,6 +34,10 @@ const GIT_DROPPED_SECTIONS: &[&str] = &["credential", "include", "includeif"];
 /// Largest file copied (a configuration file is small).
 const MAX_SIZE: u64 = 256 * 1024;
 
+/// How much of a git config file is read for its includes (one too large to
+/// copy still has its includes hidden).
+const MAX_INCLUDE_SCAN: u64 = 16 * 1024 * 1024;
+
 /// Words in a key (lowercased) that mark a credential.
 const SECRET_KEY_WORDS: &[&str] = &[
     "password",
@@ -349,14 +353,34 @@ pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
         let Ok(meta) = std::fs::metadata(&path) else {
             continue;
         };
-        if !meta.is_file() || meta.len() > MAX_SIZE {
+        if !meta.is_file() {
             continue;
         }
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        // Bytes, not UTF-8 only: git reads a Latin-1 name as bytes, and the
+        // copy is skipped for such a file, so its includes must be found
+        // here or nowhere (a path itself in another encoding is mangled,
+        // and then not found either way). Likewise a file too large to copy
+        // is still read for its includes, up to a bound.
+        let mut bytes = Vec::new();
+        let read = std::fs::File::open(&path).and_then(|f| {
+            std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_INCLUDE_SCAN), &mut bytes)
+        });
+        if read.is_err() {
             continue;
-        };
-        let Ok(entries) = moat_policy::gitconfig::parse(&text) else {
-            continue;
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let paths: Vec<String> = match moat_policy::gitconfig::parse(&text) {
+            Ok(entries) => entries
+                .into_iter()
+                .filter(|e| GIT_DROPPED_SECTIONS[1..].contains(&e.section.as_str()))
+                .filter(|e| e.key == "path")
+                .filter_map(|e| e.value)
+                .collect(),
+            // A file git may read but moat cannot (a form the parser does
+            // not know yet): every `path = …` line, in any section, is
+            // taken for an include. Hiding too much is harmless; missing
+            // the file where the token is kept is not.
+            Err(_) => loose_path_values(&text),
         };
         // A relative include is relative to the including file; for a
         // symlinked config (dotfile managers) both its directory and the
@@ -370,13 +394,10 @@ pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
                 dirs.push(d);
             }
         }
-        for e in entries {
-            if !GIT_DROPPED_SECTIONS[1..].contains(&e.section.as_str()) || e.key != "path" {
+        for v in paths {
+            if v.is_empty() {
                 continue;
             }
-            let Some(v) = e.value.filter(|v| !v.is_empty()) else {
-                continue;
-            };
             let targets = match v.strip_prefix("~/") {
                 Some(r) => vec![home.join(r)],
                 None => dirs.iter().map(|d| d.join(&v)).collect(),
@@ -389,6 +410,27 @@ pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// The values of every line that reads `path = VALUE` (after an optional
+/// `[header]`), quotes removed: the includes of a file the parser could not
+/// read, over-approximated.
+fn loose_path_values(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let line = match line.strip_prefix('[') {
+                Some(_) => line.rfind(']').map_or("", |i| &line[i + 1..]).trim_start(),
+                None => line,
+            };
+            let rest = line
+                .get(..4)?
+                .eq_ignore_ascii_case("path")
+                .then(|| &line[4..])?;
+            let value = rest.trim_start().strip_prefix('=')?.trim();
+            Some(value.trim_matches('"').to_string())
+        })
+        .collect()
 }
 
 /// What in the workspace's own `.git/config` the git-config redaction
@@ -761,6 +803,35 @@ mod tests {
                 PathBuf::from("/etc/corp.gitconfig"),
                 h.join(".config/git/tok"),
             ]
+        );
+    }
+
+    #[test]
+    fn includes_of_a_config_not_in_utf8_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path();
+        std::fs::write(
+            h.join(".gitconfig"),
+            b"[user]\n\tname = Jos\xe9\n[include]\n\tpath = ~/.tok\n",
+        )
+        .unwrap();
+        assert_eq!(git_include_targets(h), vec![h.join(".tok")]);
+    }
+
+    #[test]
+    fn includes_of_a_config_moat_cannot_parse_are_still_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path();
+        // Not git config moat can read (an unclosed header), yet it names
+        // two files.
+        std::fs::write(
+            h.join(".gitconfig"),
+            "[include\n\tpath = ~/.tok\n[includeIf \"x\"] PATH = \"rel.inc\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            git_include_targets(h),
+            vec![h.join(".tok"), h.join("rel.inc")]
         );
     }
 

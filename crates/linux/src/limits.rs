@@ -1073,6 +1073,55 @@ fn field(text: &str, name: &str) -> Option<u64> {
     })
 }
 
+/// The soft open-file limit this process was started with, once
+/// [`raise_open_files`] raised it (0: not raised).
+static STARTING_OPEN_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Raises this process's soft open-file limit to its hard limit, for a
+/// long-lived process that holds descriptors for many executions at once
+/// (`moat serve`, `moat mcp`, a sandbox template); hosts commonly start
+/// programs with a soft limit of 1024. The soft limit it was started with
+/// is remembered: the commands it starts get that one back
+/// ([`starting_open_files`]), never the raised one. Call it once, first.
+pub fn raise_open_files() {
+    let Ok((soft, hard)) = nix::sys::resource::getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if nix::sys::resource::setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() && soft < hard {
+        STARTING_OPEN_FILES.store(soft, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The soft open-file limit the user started this process with, when
+/// [`raise_open_files`] raised it since; None when it was not raised.
+pub fn starting_open_files() -> Option<u64> {
+    match STARTING_OPEN_FILES.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => None,
+        soft => Some(soft),
+    }
+}
+
+/// Starts `cmd` (a helper moat process: a `moat exec` child, a sandbox
+/// template) with the soft open-file limit the user started this process
+/// with, when it raised its own.
+pub fn start_with_starting_open_files(cmd: &mut std::process::Command) {
+    if let Some(soft) = starting_open_files() {
+        crate::sys::with_open_files_soft(cmd, soft);
+    }
+}
+
+/// Gives the calling process (a command about to exec) back the soft
+/// open-file limit the user started moat with, when moat raised its own.
+pub fn restore_open_files() -> Result<(), String> {
+    let Some(soft) = starting_open_files() else {
+        return Ok(());
+    };
+    let (_, hard) = nix::sys::resource::getrlimit(Resource::RLIMIT_NOFILE)
+        .map_err(|e| format!("read the open-file limit: {e}"))?;
+    nix::sys::resource::setrlimit(Resource::RLIMIT_NOFILE, soft.min(hard), hard)
+        .map_err(|e| format!("restore the open-file limit: {e}"))
+}
+
 /// Sets the rlimits in the calling process (the command, just before exec).
 /// Only lowers: a value above the current hard limit becomes that limit.
 pub fn apply_rlimits(rlimits: &[(Resource, u64, u64)]) -> Result<(), String> {

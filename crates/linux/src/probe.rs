@@ -255,6 +255,30 @@ fn resolve(p: &Path) -> Option<(PathBuf, Kind)> {
     }
 }
 
+/// `p` with its longest existing prefix resolved (symlinks followed) and
+/// the missing rest appended; `p` itself when that prefix cannot be
+/// resolved.
+fn canonical_prefix(p: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut cur = p;
+    loop {
+        if cur.symlink_metadata().is_ok() {
+            let Ok(mut c) = fs::canonicalize(cur) else {
+                return p.to_path_buf();
+            };
+            c.extend(rest.iter().rev());
+            return c;
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                cur = parent;
+            }
+            _ => return p.to_path_buf(),
+        }
+    }
+}
+
 /// The paths `dir/rel` (for each `rel` of `rels`, `/`-separated) that may
 /// exist, found level by level: one listing of a directory answers for all
 /// its names (the protected list holds ≈ 200 names, most homes a few of
@@ -546,7 +570,11 @@ impl HostFacts {
                 .map(|r| (*r, true))
                 .chain(PROTECTED_HOME_PATHS.iter().map(|r| (*r, false)));
             for (rel, write_protected) in rels {
-                let p = home.join(rel);
+                // Through a symlinked component (`~/.local` -> `dotfiles/local`)
+                // the command writes where the link leads: protect that
+                // place, by a path with no symlink in it (binds and the
+                // sweep never follow one).
+                let p = canonical_prefix(&home.join(rel));
                 if p == g.path || !p.starts_with(&g.path) {
                     continue;
                 }
@@ -666,11 +694,16 @@ impl HostFacts {
                 .iter()
                 .chain(missing_protected)
             {
-                let p = root.join(rel);
+                // Through a symlinked component (`~/.local` ->
+                // `dotfiles/local`) the command writes where the link
+                // leads: protect that place, by a path with no symlink in
+                // it (binds and the sweep never follow one).
+                let p = canonical_prefix(&root.join(rel));
                 if let Some(k) = lstat_kind(&p) {
                     self.workspace_write_protected.insert(p, k);
                     continue;
                 }
+                let rel = p.strip_prefix(root).unwrap_or(Path::new(rel));
                 // Sweep the first missing component (creating it is the
                 // first step towards the protected path), recorded only when
                 // every component before it is a real directory: the sweep
@@ -678,7 +711,7 @@ impl HostFacts {
                 // symlink, and never follows it.
                 let mut cur = PathBuf::new();
                 let mut real_dirs = true;
-                for c in Path::new(rel).components() {
+                for c in rel.components() {
                     cur.push(c);
                     match lstat_kind(&root.join(&cur)) {
                         None => break,

@@ -1132,6 +1132,33 @@ pub fn die_with_parent(cmd: &mut std::process::Command, sig: libc::c_int) {
     }
 }
 
+/// Starts `cmd` with the soft open-file limit `soft` (at most its hard
+/// limit, which stays): a service that raised its own soft limit for the
+/// descriptors of many executions starts its helpers with the limit the
+/// user started it with.
+pub fn with_open_files_soft(cmd: &mut std::process::Command, soft: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls getrlimit and setrlimit on a stack value, which are
+    // async-signal-safe; it neither allocates nor takes locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            lim.rlim_cur = soft.min(lim.rlim_max);
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// fork(2) with namespace flags and `CLONE_PIDFD`: the parent also gets a
 /// pidfd for the child, made atomically with it (no window in which the
 /// child could exit, be reaped and its pid be reused). For the sandbox

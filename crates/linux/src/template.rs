@@ -257,6 +257,7 @@ impl Template {
                 std::process::Stdio::null()
             });
         sys::pass_fd_as(&mut cmd, OwnedFd::from(theirs), CTL_FD);
+        crate::limits::start_with_starting_open_files(&mut cmd);
         let child = cmd
             .spawn()
             .map_err(|e| format!("start a sandbox template ({}): {e}", moat.display()))?;
@@ -656,6 +657,9 @@ fn recv_frame<T: serde::de::DeserializeOwned>(
 /// in main). Never returns.
 pub fn template_main() -> ! {
     crate::timing::init();
+    // Started with the user's soft limit (see `Template::start`): that one
+    // is the commands', the raised one this process's.
+    crate::limits::raise_open_files();
     let Ok(ctl) = crate::process::take_inherited_fd(CTL_FD) else {
         eprintln!("moat: `moat {SUBCOMMAND}` is internal: `moat serve` and `moat mcp` start it with its control socket");
         sys::exit_now(125)
@@ -994,7 +998,10 @@ fn command_main(
     marks: &LateMounts,
 ) -> ! {
     sys::reset_signals();
-    // A failure is reported once the report pipe arrives.
+    // The template raised its own open-file limit (it holds a pidfd per
+    // running execution); the command gets the user's back. A failure is
+    // reported once the report pipe arrives.
+    let restored = crate::limits::restore_open_files();
     let confined = init::confine_command(plan, Some(program));
     crate::timing::mark("command: confined ahead");
     let (argv, env, cwd, fds) = match recv_frame::<Request>(sock.as_fd()) {
@@ -1021,6 +1028,7 @@ fn command_main(
     if unsafe { sys::close_range(4, u32::MAX) }.is_err() {
         init::fail(report_fd, SetupStage::Sandbox, 0, "close inherited fds");
     }
+    restored.unwrap_or_else(|e| init::fail(report_fd, SetupStage::Sandbox, 0, &e));
     let layers =
         confined.unwrap_or_else(|e| init::fail(report_fd, SetupStage::Confine, 0, &e.to_string()));
     enter_cwd(plan, cwd)

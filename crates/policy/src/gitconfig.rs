@@ -109,6 +109,9 @@ fn err(line: usize, what: &'static str) -> GitConfigError {
 pub fn parse(text: &str) -> Result<Vec<GitConfigEntry>, GitConfigError> {
     let mut out = Vec::new();
     let mut section: Option<(String, Option<String>)> = None;
+    // git reads a CR before a newline as part of the newline (a backslash
+    // before CRLF continues the value).
+    let text = text.replace("\r\n", "\n");
     let lines: Vec<&str> = text.split('\n').collect();
     let mut i = 0;
     while i < lines.len() {
@@ -116,7 +119,7 @@ pub fn parse(text: &str) -> Result<Vec<GitConfigEntry>, GitConfigError> {
         let mut rest: String = lines[i].trim_start().to_string();
         i += 1;
         if rest.starts_with('[') {
-            let close = rest.find(']').ok_or_else(|| err(lineno, "unclosed ["))?;
+            let close = header_end(&rest).ok_or_else(|| err(lineno, "unclosed ["))?;
             let header = &rest[1..close];
             section = Some(parse_header(header).ok_or_else(|| err(lineno, "bad section"))?);
             // git reads a key on the same line after the header.
@@ -145,11 +148,17 @@ pub fn parse(text: &str) -> Result<Vec<GitConfigEntry>, GitConfigError> {
         } else if let Some(v) = after.strip_prefix('=') {
             // Value, possibly continued onto following lines.
             let mut raw = v.to_string();
-            while raw.ends_with('\\') && !ends_in_escaped_backslash(&raw) && i < lines.len() {
-                raw.pop();
+            while continues(&raw) {
+                // Kept as the escape `\` + newline, which `parse_value`
+                // skips (inside quotes too, as git does); at the end of the
+                // file (no newline) git reads the same.
                 raw.push('\n');
-                raw.push_str(lines[i]);
-                i += 1;
+                if let Some(next) = lines.get(i) {
+                    raw.push_str(next);
+                    i += 1;
+                } else {
+                    break;
+                }
             }
             Some(parse_value(&raw).ok_or_else(|| err(lineno, "bad value"))?)
         } else {
@@ -165,8 +174,43 @@ pub fn parse(text: &str) -> Result<Vec<GitConfigEntry>, GitConfigError> {
     Ok(out)
 }
 
-fn ends_in_escaped_backslash(s: &str) -> bool {
-    s.bytes().rev().take_while(|b| *b == b'\\').count() % 2 == 0
+/// Whether a value's text so far continues on the next line, as git reads
+/// it: it ends in a backslash that escapes the newline. A backslash inside
+/// a comment (`name = x ; note \`) is the comment's: git ends the value at
+/// the newline and reads the next line as a line of its own (a
+/// `[credential]` header), so joining it here would read that section's
+/// keys as the previous section's.
+fn continues(raw: &str) -> bool {
+    let mut quoted = false;
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.next().is_none() => return true,
+            '"' => quoted = !quoted,
+            '#' | ';' if !quoted => return false,
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Where the header that `line` starts with ends (its `]`): the first one
+/// outside the quoted subsection, as git reads it (`[url
+/// "https://[fd00::1]/"]`: an IPv6 host's brackets are the subsection's).
+fn header_end(line: &str) -> Option<usize> {
+    let mut quoted = false;
+    let mut chars = line.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' if quoted => {
+                chars.next()?;
+            }
+            '"' => quoted = !quoted,
+            ']' if !quoted => return Some(i),
+            _ => {}
+        }
+    }
+    None
 }
 
 fn parse_header(h: &str) -> Option<(String, Option<String>)> {
@@ -205,9 +249,10 @@ fn valid_section(s: &str) -> bool {
 fn parse_value(raw: &str) -> Option<String> {
     let mut out = String::new();
     let mut quoted = false;
-    // Whitespace outside quotes is kept only between words.
+    // As git: whitespace outside quotes (space, tab, CR) is dropped before
+    // the value and at its end, and kept as it is between words.
     let mut pending_space = String::new();
-    let mut chars = raw.trim_start().chars();
+    let mut chars = raw.chars();
     while let Some(c) = chars.next() {
         match c {
             '"' => {
@@ -221,9 +266,8 @@ fn parse_value(raw: &str) -> Option<String> {
                 match chars.next()? {
                     'n' => out.push('\n'),
                     't' => out.push('\t'),
-                    'b' => {
-                        out.pop();
-                    }
+                    // git adds a backspace character (it erases nothing).
+                    'b' => out.push('\u{8}'),
                     '\\' => out.push('\\'),
                     '"' => out.push('"'),
                     '\n' => {}
@@ -231,8 +275,11 @@ fn parse_value(raw: &str) -> Option<String> {
                 }
             }
             '#' | ';' if !quoted => break,
-            '\r' | '\n' if !quoted => {}
-            c if c.is_whitespace() && !quoted => pending_space.push(c),
+            ' ' | '\t' | '\r' | '\n' if !quoted => {
+                if !out.is_empty() {
+                    pending_space.push(c);
+                }
+            }
             c => {
                 out.push_str(&pending_space);
                 pending_space.clear();
@@ -368,6 +415,51 @@ mod tests {
         assert!(!out.to_ascii_lowercase().contains("evil"), "{out}");
         assert!(out.contains("https://example.com/r.git"));
         assert!(out.contains("+refs/heads/*:refs/remotes/o/*"));
+    }
+
+    #[test]
+    fn a_backslash_in_a_comment_continues_nothing() {
+        // git: user.name = "me", then a [credential] section; the
+        // backslash belongs to the comment.
+        let text = "[user]\n\tname = me ; note \\\n[credential \"https://h\"]\n\tusername = u\n";
+        let entries = parse(text).unwrap();
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        assert_eq!(entries[1].name(), "credential.https://h.username");
+        // A backslash before the newline, quoted or not, continues the
+        // value and adds nothing (as git).
+        let text = "[user]\n\tname = \"a\\\nb\" c\\\n d\n";
+        assert_eq!(parse(text).unwrap()[0].value.as_deref(), Some("ab c d"));
+    }
+
+    #[test]
+    fn a_bracket_in_a_quoted_subsection_is_the_subsections() {
+        let text = "[url \"https://[fd00::1]:8443/\"]\n\tinsteadOf = x\n[include] path = y\n";
+        let names: Vec<_> = parse(text).unwrap().iter().map(|e| e.name()).collect();
+        assert_eq!(
+            names,
+            ["url.https://[fd00::1]:8443/.insteadof", "include.path"]
+        );
+    }
+
+    #[test]
+    fn a_backslash_before_crlf_or_the_end_of_the_file_continues() {
+        let text = "[user]\r\n\tname = a\\\r\n b\r\n\temail = c\\";
+        let values: Vec<_> = parse(text).unwrap().into_iter().map(|e| e.value).collect();
+        assert_eq!(values, [Some("a b".to_string()), Some("c".to_string())]);
+    }
+
+    #[test]
+    fn values_read_as_git_reads_them() {
+        // Checked against git 2.47 (`git config --list`): a backspace
+        // escape is a character, whitespace between words is kept as it is
+        // (a tab stays a tab), leading and trailing whitespace goes.
+        let text = "[user]\n\tname = ab\\bc\n\temail =\t a\tb \r\n\tx = \\\n\ty\n";
+        let values: Vec<_> = parse(text)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.value.unwrap_or_default())
+            .collect();
+        assert_eq!(values, ["ab\u{8}c", "a\tb", "y"]);
     }
 
     #[test]

@@ -309,6 +309,9 @@ impl Supervisor {
         let mut cmd = Command::new(moat);
         moat_linux::process::start_in(&mut cmd, dir);
         moat_linux::process::die_with_parent(&mut cmd, libc::SIGTERM);
+        // As if the user had started it: the service's raised open-file
+        // limit is not the command's.
+        moat_linux::limits::start_with_starting_open_files(&mut cmd);
         let mut child = cmd
             .args(args)
             .stdin(if stdin == StdinSource::Empty {
