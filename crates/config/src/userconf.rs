@@ -480,6 +480,14 @@ pub fn workspace_git_config_view(text: &[u8]) -> Option<String> {
     ))
 }
 
+/// What the sandbox sees for a workspace git config too large to read
+/// (and so to redact): a comment saying so, never the raw file.
+pub fn workspace_git_config_too_large() -> String {
+    format!(
+        "{WORKSPACE_GIT_CONFIG_MARK} this git config is not shown: it is larger than a git config moat reads (256 KiB); opt in with --ro PATH to see the file\n"
+    )
+}
+
 /// How the first line of a redacted workspace git config starts.
 pub const WORKSPACE_GIT_CONFIG_MARK: &str = "# moat:";
 

@@ -5,9 +5,11 @@
 //! planted: each git dir is resolved once, opened with no symlink on its
 //! path, and its `config` opened beneath it with
 //! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`. A `config` that is a
-//! symlink, not a regular file or larger than a config file is not read
-//! (moat never copies what it points to into the view). The caller redacts
-//! what was read; the plan shows the copy over the host file.
+//! symlink or not a regular file is not read (moat never copies what it
+//! points to into the view); one larger than a config file is reported
+//! unread ([`GitConfigFile::too_large`]) so the caller hides it rather than
+//! show it raw. The caller redacts what was read; the plan shows the copy
+//! over the host file.
 
 use std::fs::File;
 use std::io::Read;
@@ -31,6 +33,9 @@ pub struct GitConfigFile {
     /// Its host path (no symlink on it).
     pub path: PathBuf,
     pub text: Vec<u8>,
+    /// A regular file larger than [`MAX_SIZE`], not read (`text` empty):
+    /// it may hold a credential past any cut, so it is not shown at all.
+    pub too_large: bool,
 }
 
 /// The git config files of the repository at `workspace` (canonical) and
@@ -103,11 +108,18 @@ fn collect(dir: &Path, out: &mut Vec<GitConfigFile>) {
     }
     // `config.worktree`: read by git with `extensions.worktreeConfig`.
     for name in CONFIG_NAMES {
-        if let Some(text) = read_beneath(dir, Path::new(name)) {
-            out.push(GitConfigFile {
+        match read_config(dir, Path::new(name)) {
+            Some(Config::Read(text)) => out.push(GitConfigFile {
                 path: dir.join(name),
                 text,
-            });
+                too_large: false,
+            }),
+            Some(Config::TooLarge) => out.push(GitConfigFile {
+                path: dir.join(name),
+                text: Vec::new(),
+                too_large: true,
+            }),
+            None => {}
         }
     }
     modules(&dir.join("modules"), 0, out);
@@ -147,19 +159,42 @@ fn is_git_dir(dir: &Path) -> bool {
         .is_ok()
 }
 
+/// A config file found beneath a git dir.
+enum Config {
+    Read(Vec<u8>),
+    /// A regular file larger than [`MAX_SIZE`] (or growing past it while read).
+    TooLarge,
+}
+
 /// `name` beneath the directory `dir` (no symlink on `dir`'s path, none at
-/// or under `name`), when it is a regular file no larger than [`MAX_SIZE`].
-fn read_beneath(dir: &Path, name: &Path) -> Option<Vec<u8>> {
+/// or under `name`), when it is a regular file: its bytes, or that it is
+/// larger than [`MAX_SIZE`].
+fn read_config(dir: &Path, name: &Path) -> Option<Config> {
     let dfd: OwnedFd = sys::open_dir_nofollow(dir).ok()?;
     let fd = sys::openat_beneath(dfd.as_raw_fd(), name, libc::O_RDONLY | libc::O_NONBLOCK).ok()?;
     let file = File::from(fd);
     let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() > MAX_SIZE {
+    if !meta.is_file() {
         return None;
+    }
+    if meta.len() > MAX_SIZE {
+        return Some(Config::TooLarge);
     }
     let mut text = Vec::new();
     file.take(MAX_SIZE + 1).read_to_end(&mut text).ok()?;
-    (text.len() as u64 <= MAX_SIZE).then_some(text)
+    Some(if text.len() as u64 <= MAX_SIZE {
+        Config::Read(text)
+    } else {
+        Config::TooLarge
+    })
+}
+
+/// `name` beneath `dir` as [`read_config`] reads it, when it is not too large.
+fn read_beneath(dir: &Path, name: &Path) -> Option<Vec<u8>> {
+    match read_config(dir, name)? {
+        Config::Read(text) => Some(text),
+        Config::TooLarge => None,
+    }
 }
 
 #[cfg(test)]

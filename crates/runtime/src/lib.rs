@@ -350,7 +350,13 @@ pub struct Prepared {
 pub fn redact_workspace_git_configs(workspace: &std::path::Path, facts: &mut HostFacts) {
     let nested = facts.workspace_nested_git.clone();
     for f in moat_linux::gitconfigs::workspace_git_configs(workspace, &nested) {
-        if let Some(contents) = moat_config::workspace_git_config_view(&f.text) {
+        // Too large to read: it may hold a credential, so it is not shown.
+        let view = if f.too_large {
+            Some(moat_config::workspace_git_config_too_large())
+        } else {
+            moat_config::workspace_git_config_view(&f.text)
+        };
+        if let Some(contents) = view {
             facts
                 .secrets
                 .insert(f.path.clone(), moat_linux::probe::Kind::File);
