@@ -34,6 +34,13 @@ def kept_answer_then(ws, make, read):
     time.sleep(0.5)
     s = Server(["--policy", "workspace-write"], cwd=ws, env=dict(os.environ, HOME=ws))
     try:
+        # The service makes its own directories in HOME as it starts (so
+        # HOME's times are new): an answer is kept only once they are older
+        # than the window. Without this wait no answer was ever kept
+        # before `make()` and every test here passed without the cache.
+        eid, r = run(s, ["sh", "-c", "echo WARM"])
+        assert "WARM" in output(s, eid), r
+        time.sleep(0.5)
         for _ in range(2):
             eid, r = run(s, ["sh", "-c", "echo BEFORE"])
             assert r["launch"] == "template" and "BEFORE" in output(s, eid), r
