@@ -121,3 +121,34 @@ fn a_fifo_or_device_git_config_does_not_hang_the_launch_contract() {
         out.expect_stdout_has("R2-RAN");
     }
 }
+
+/// At `workspace-contained` nothing outside the workspace is in the view:
+/// a gitfile pointing at a repository beside the workspace does not make
+/// moat lay that repository's (redacted) config into the view.
+#[test]
+fn a_gitfile_out_of_a_contained_workspace_shows_nothing_of_its_target() {
+    let fx = Fixture::new();
+    let repo = fx.root.join("elsewhere");
+    std::fs::create_dir_all(&repo).expect("mkdir repo");
+    git(&repo, &["init", "-q", "-b", "main"]);
+    let token = plant(&repo.join(".git"), 0);
+    let marker = unique("R2ELSEWHERE");
+    let cfg = repo.join(".git/config");
+    let mut text = read(&cfg).expect("config");
+    text.push_str(&format!(
+        "[remote \"b\"]\n\turl = https://{marker}.invalid/\n"
+    ));
+    write(&cfg, &text);
+    write(
+        fx.w(".git"),
+        &format!("gitdir: {}\n", repo.join(".git").display()),
+    );
+    let script = format!(
+        "echo R2-RAN; cat {p}/.git/config; ls -la {p}; git config --list; echo R2-DONE",
+        p = repo.display()
+    );
+    let out = run(fx.sh("workspace-contained", &[], &script));
+    out.expect_stdout_has("R2-RAN").expect_stdout_has("R2-DONE");
+    out.expect_absent(&token, "a token in a config outside the workspace");
+    out.expect_absent(&marker, "a config outside the workspace");
+}
