@@ -899,6 +899,24 @@ impl Pty {
         out
     }
 
+    /// What the master has shown once `needle` arrived (then until the line
+    /// stays quiet): for output the test knows is coming. A loaded machine
+    /// may run the pty's flush work well after the writer exited, so the
+    /// wait is a 60 s hang guard, not a timing assertion; without the needle
+    /// by then, whatever did arrive is returned for the assertion to show.
+    pub fn output_through(&self, needle: &str) -> Vec<u8> {
+        let guard = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut out = Vec::new();
+        while std::time::Instant::now() < guard {
+            out.extend(Pty::drain(self.master));
+            if out.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                out.extend(Pty::drain(self.master));
+                break;
+            }
+        }
+        out
+    }
+
     /// Bytes pending on the master (echo output) and slave (input queue).
     pub fn pending(&self) -> (Vec<u8>, Vec<u8>) {
         (Pty::drain(self.master), Pty::drain(self.slave))

@@ -652,7 +652,7 @@ fn terminal_output_cannot_set_the_host_clipboard() {
             .stderr(std::process::Stdio::from_raw_fd(b));
     }
     let status = c.status().expect("run moat");
-    let shown = String::from_utf8_lossy(&pty.pending().0).into_owned();
+    let shown = String::from_utf8_lossy(&pty.output_through("VISIBLE_END")).into_owned();
     assert!(status.success(), "{status:?}\n{shown:?}");
     assert!(
         shown.contains("VISIBLE_START") && shown.contains("VISIBLE_END"),
