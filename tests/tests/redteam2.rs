@@ -676,6 +676,44 @@ fn terminal_output_cannot_set_the_host_clipboard() {
     }
 }
 
+/// A terminal another program left non-blocking (node does; the flag
+/// belongs to the open file description, so moat's stdout shares it) still
+/// gets all of the command's output: moat waits for room on EAGAIN instead
+/// of dropping what did not fit. The reader starts late, so the terminal
+/// fills up first.
+#[test]
+fn output_to_a_non_blocking_terminal_arrives_whole() {
+    let fx = Fixture::new();
+    let pty = Pty::open();
+    let script = "i=0; while [ $i -lt 2000 ]; do printf 'L%04d-%0100d\\n' $i 0; i=$((i+1)); done; echo ALL_DONE";
+    let mut c = fx.sh("workspace-write", &[], script);
+    use std::os::fd::FromRawFd;
+    // SAFETY: fcntl on our fd; fresh fds from dup, each handed to exactly one Stdio.
+    unsafe {
+        let fl = libc::fcntl(pty.slave, libc::F_GETFL);
+        assert!(libc::fcntl(pty.slave, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0);
+        let (a, b) = (libc::dup(pty.slave), libc::dup(pty.slave));
+        assert!(a >= 0 && b >= 0);
+        c.stdout(std::process::Stdio::from_raw_fd(a))
+            .stderr(std::process::Stdio::from_raw_fd(b));
+    }
+    let mut child = c.spawn().expect("run moat");
+    std::thread::sleep(Duration::from_secs(1));
+    let shown = String::from_utf8_lossy(&pty.output_through("ALL_DONE")).into_owned();
+    let status = child.wait().expect("wait for moat");
+    assert!(status.success(), "{status:?}");
+    let missing: Vec<String> = (0..2000)
+        .map(|i| format!("L{i:04}-"))
+        .filter(|l| !shown.contains(l.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty() && shown.contains("ALL_DONE"),
+        "LOST: {} of 2000 lines never reached the terminal (first: {:?})",
+        missing.len(),
+        missing.first()
+    );
+}
+
 /// moat's own refusal lines name paths the command chose and are not part
 /// of the command's (filtered) terminal output; a file name carrying a
 /// control string must arrive escaped in them (here on a pipe, where moat

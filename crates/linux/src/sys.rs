@@ -658,16 +658,36 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// Write all of `buf` to a raw fd (used from forked children).
+/// Write all of `buf` to a raw fd (used from forked children). A
+/// non-blocking description (a terminal another program, node for one, left
+/// `O_NONBLOCK`: the flag is shared with every dup of it) is waited on until
+/// it takes more, rather than losing the rest of the output.
 pub fn write_all_fd(fd: RawFd, mut buf: &[u8]) {
     while !buf.is_empty() {
         // SAFETY: buf is a valid slice for its length.
         let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
         if n < 0 {
-            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => {
+                    let mut p = libc::pollfd {
+                        fd,
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    // SAFETY: one pollfd on the stack.
+                    if unsafe { libc::poll(&mut p, 1, -1) } < 0
+                        && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)
+                    {
+                        return;
+                    }
+                    if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+                        return;
+                    }
+                    continue;
+                }
+                _ => return,
             }
-            return;
         }
         buf = &buf[n as usize..];
     }
