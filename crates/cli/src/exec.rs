@@ -37,43 +37,69 @@ fn stdout_sink(events: bool) -> EventSink {
 /// command's output until the reader catches up.
 const EVENTS_BACKLOG: usize = 1 << 20;
 
-/// `--events` on stdout, written by a thread of its own: the run's sink
-/// never blocks on a reader that stopped reading (the timeout and stop
-/// requests must still fire); the run is told when the queue is long.
+/// `--events` on stdout, written by a thread of its own once the command
+/// runs: from then on the run's sink never blocks on a reader that stopped
+/// reading (the timeout and stop requests must still fire); the run is told
+/// when the queue is long. Before the command starts, events are written
+/// on the calling thread: the supervisor clones the sandbox's init as a
+/// copy of this process, which must then be single-threaded
+/// (`sys::clone_process`) — a writer thread inside `free` at that moment
+/// left the init waiting forever on the allocator's lock (one launch in
+/// about fifteen of 80 concurrent `serve --launch oneshot` executions).
 struct QueuedStdout {
-    tx: Mutex<std::sync::mpsc::Sender<Vec<u8>>>,
+    /// None until the command's start: events are written synchronously.
+    tx: Mutex<Option<std::sync::mpsc::Sender<Vec<u8>>>>,
     queued: Arc<AtomicUsize>,
     written: Arc<AtomicU64>,
 }
 
 impl QueuedStdout {
     fn start() -> Arc<QueuedStdout> {
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let written = Arc::new(AtomicU64::new(0));
-        let (q, w) = (queued.clone(), written.clone());
-        std::thread::spawn(move || {
-            let mut out = std::io::stdout();
-            for line in rx {
-                let _ = out.write_all(&line);
-                let _ = out.flush();
-                q.fetch_sub(line.len(), Ordering::Relaxed);
-                w.fetch_add(line.len() as u64, Ordering::Relaxed);
-            }
-        });
         Arc::new(QueuedStdout {
-            tx: Mutex::new(tx),
-            queued,
-            written,
+            tx: Mutex::new(None),
+            queued: Arc::new(AtomicUsize::new(0)),
+            written: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// The writer thread, or None when one cannot be started (then the
+    /// events stay synchronous rather than being lost).
+    fn spawn_writer(&self) -> Option<std::sync::mpsc::Sender<Vec<u8>>> {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        let (q, w) = (self.queued.clone(), self.written.clone());
+        std::thread::Builder::new()
+            .name("moat-events".into())
+            .spawn(move || {
+                let mut out = std::io::stdout();
+                for line in rx {
+                    let _ = out.write_all(&line);
+                    let _ = out.flush();
+                    q.fetch_sub(line.len(), Ordering::Relaxed);
+                    w.fetch_add(line.len() as u64, Ordering::Relaxed);
+                }
+            })
+            .ok()
+            .map(|_| tx)
     }
 
     fn send(&self, ev: &Value) {
         let mut line = ev.to_string().into_bytes();
         line.push(b'\n');
-        if let Ok(tx) = self.tx.lock() {
-            self.queued.fetch_add(line.len(), Ordering::Relaxed);
-            let _ = tx.send(line);
+        let Ok(mut tx) = self.tx.lock() else { return };
+        if tx.is_none() && ev["type"] == moat_runtime::Event::STARTED_KIND {
+            *tx = self.spawn_writer();
+        }
+        match tx.as_ref() {
+            Some(tx) => {
+                self.queued.fetch_add(line.len(), Ordering::Relaxed);
+                let _ = tx.send(line);
+            }
+            None => {
+                let mut out = std::io::stdout();
+                let _ = out.write_all(&line);
+                let _ = out.flush();
+                self.written.fetch_add(line.len() as u64, Ordering::Relaxed);
+            }
         }
     }
 

@@ -672,7 +672,19 @@ fn launch(
     // over), the service's per-execution supervisor processes, and
     // `capabilities::report`, which runs each level in a forked child for
     // the sake of `moat serve`/`moat mcp`. A caller with threads must do
-    // the same (see `sys::clone_process`).
+    // the same (see `sys::clone_process`). Debug builds (the test suites')
+    // check it: a thread inside the allocator at the clone leaves the init
+    // waiting forever on its lock, once in many runs.
+    #[cfg(debug_assertions)]
+    if let Some(n) = sys::thread_count().filter(|&n| n > 1) {
+        sys::restore_sigmask(&old_mask);
+        if let Some(cg) = &enforcer.cgroup {
+            let _ = cg.leave();
+        }
+        return Err(format!(
+            "internal error: moat's supervisor had {n} threads at the sandbox's clone (it must have one)"
+        ));
+    }
     let cloned = unsafe { sys::clone_process(ns_flags) };
     if let (Some(cg), Ok(Forked::Parent(_))) = (&enforcer.cgroup, &cloned) {
         if let Err(e) = cg.leave() {

@@ -55,6 +55,16 @@ pub unsafe fn clone_process(ns_flags: libc::c_int) -> io::Result<Forked> {
     }
 }
 
+/// This process's thread count (`Threads:` of /proc/self/status), for the
+/// debug-build check that [`clone_process`]'s caller is single-threaded.
+pub fn thread_count() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+}
+
 pub const OPEN_TREE_CLONE: libc::c_uint = 1;
 pub const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
 pub const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;

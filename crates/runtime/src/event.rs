@@ -277,11 +277,15 @@ pub struct Envelope {
 }
 
 impl Event {
+    /// The wire name of [`Event::Started`]: the command is about to exec
+    /// (the sandbox's init exists by then).
+    pub const STARTED_KIND: &'static str = "execution.started";
+
     /// The event's `type`.
     pub fn kind(&self) -> &'static str {
         match self {
             Event::PolicyResolved { .. } => "policy.resolved",
-            Event::Started { .. } => "execution.started",
+            Event::Started { .. } => Event::STARTED_KIND,
             Event::Stdout(_) => "execution.stdout",
             Event::Stderr(_) => "execution.stderr",
             Event::NetworkDecision(_) => "network.decision",
