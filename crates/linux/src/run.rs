@@ -666,15 +666,10 @@ fn launch(
         }
     }
     crate::timing::mark("seccomp filter, pipes, signal mask");
-    // SAFETY: every caller runs this from a single-threaded process, so the
-    // init may run ordinary code: `moat exec`'s supervisor (the proxy's
-    // threads start after the clone, when the init hands its listeners
-    // over), the service's per-execution supervisor processes, and
-    // `capabilities::report`, which runs each level in a forked child for
-    // the sake of `moat serve`/`moat mcp`. A caller with threads must do
-    // the same (see `sys::clone_process`). Debug builds (the test suites')
-    // check it: a thread inside the allocator at the clone leaves the init
-    // waiting forever on its lock, once in many runs.
+    // The clone's caller must be single-threaded (SAFETY below); debug
+    // builds (the test suites') check it: a thread inside the
+    // allocator at the clone leaves the init waiting forever on its lock,
+    // once in many runs.
     #[cfg(debug_assertions)]
     if let Some(n) = sys::thread_count().filter(|&n| n > 1) {
         sys::restore_sigmask(&old_mask);
@@ -685,6 +680,13 @@ fn launch(
             "internal error: moat's supervisor had {n} threads at the sandbox's clone (it must have one)"
         ));
     }
+    // SAFETY: every caller runs this from a single-threaded process, so the
+    // init may run ordinary code: `moat exec`'s supervisor (the proxy's
+    // threads start after the clone, when the init hands its listeners
+    // over), the service's per-execution supervisor processes, and
+    // `capabilities::report`, which runs each level in a forked child for
+    // the sake of `moat serve`/`moat mcp`. A caller with threads must do
+    // the same (see `sys::clone_process`).
     let cloned = unsafe { sys::clone_process(ns_flags) };
     if let (Some(cg), Ok(Forked::Parent(_))) = (&enforcer.cgroup, &cloned) {
         if let Err(e) = cg.leave() {
