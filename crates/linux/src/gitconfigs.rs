@@ -43,7 +43,19 @@ pub struct GitConfigFile {
 /// probe's walk), read safely. Missing or unreadable ones are left out.
 pub fn workspace_git_configs(workspace: &Path, nested: &[PathBuf]) -> Vec<GitConfigFile> {
     let mut dirs: Vec<PathBuf> = Vec::new();
-    let checkouts = std::iter::once(workspace).chain(nested.iter().filter_map(|g| g.parent()));
+    // `nested` holds `.git` entries and directories that are git dirs
+    // themselves (bare repositories): those are read as they are.
+    let (dot_gits, bare): (Vec<&PathBuf>, Vec<&PathBuf>) = nested
+        .iter()
+        .partition(|g| g.file_name() == Some(std::ffi::OsStr::new(".git")));
+    for b in bare {
+        if let Ok(d) = std::fs::canonicalize(b) {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
+    let checkouts = std::iter::once(workspace).chain(dot_gits.iter().filter_map(|g| g.parent()));
     for checkout in checkouts {
         for d in git_dirs(checkout) {
             if !dirs.contains(&d) {

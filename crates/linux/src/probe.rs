@@ -144,7 +144,7 @@ fn lstat_kind(p: &Path) -> Option<Kind> {
     })
 }
 
-fn dirent_kind(ft: &fs::FileType) -> Kind {
+pub(crate) fn dirent_kind(ft: &fs::FileType) -> Kind {
     if ft.is_symlink() {
         Kind::Symlink
     } else if ft.is_dir() {
@@ -876,10 +876,19 @@ impl HostFacts {
                 Err(e) => return Err(unlistable(&dir, &e)),
             };
             let mut listing = (dir == *ws).then(RootListing::new);
+            let mut markers: Vec<(&str, Kind)> = Vec::new();
             for e in rd {
                 let e = e.map_err(|e| unlistable(&dir, &e))?;
                 let name = e.file_name();
                 let nb = name.as_bytes();
+                if let Some(m) = crate::sweep::GIT_DIR_MARKERS
+                    .iter()
+                    .find(|m| m.as_bytes() == nb)
+                {
+                    if let Ok(ft) = e.file_type() {
+                        markers.push((m, dirent_kind(&ft)));
+                    }
+                }
                 if let Some(l) = listing.as_mut() {
                     // d_type, or an lstat where the filesystem gives none.
                     if let Ok(ft) = e.file_type() {
@@ -914,6 +923,14 @@ impl HostFacts {
                 } else if ft.is_dir() && !WALK_SKIP.iter().any(|s| s.as_bytes() == nb) {
                     stack.push(e.path());
                 }
+            }
+            // A directory git takes for a git dir itself (a bare
+            // repository, the workspace root included): its hooks and
+            // config are protected like a `.git`'s. Still walked below.
+            if crate::sweep::looks_like_git_dir(|n| {
+                markers.iter().find(|(m, _)| *m == n).map(|(_, k)| *k)
+            }) {
+                nested_git.push(dir.clone());
             }
             if listing.is_some() {
                 root_listing = listing;

@@ -1,0 +1,134 @@
+//! Red-team of the edges a run leaves behind: what the host's git runs
+//! later in the workspace. Each case plants something from inside the
+//! sandbox, then runs the host's own `git` in the workspace after the run
+//! and asserts the planted program did not run (its marker file is absent).
+
+use std::path::Path;
+use std::process::Command;
+
+use moat_conformance::*;
+
+/// The host's `git` in `dir`, with no global or system config (HOME is the
+/// fixture's), as a user's shell prompt or IDE runs it after the run.
+fn host_git(dir: &Path, home: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("git")
+        .args(["-c", "user.email=a@b", "-c", "user.name=a"])
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", home)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .expect("run git")
+}
+
+fn git_ok(dir: &Path, home: &Path, args: &[&str]) {
+    let out = host_git(dir, home, args);
+    assert!(
+        out.status.success(),
+        "git {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A bare repository is a git dir without a `.git`: git takes any
+/// directory holding `HEAD`, `objects` and `refs` for one and reads its
+/// `config` when it starts there. A command that leaves one in the
+/// workspace (`git init --bare sub` plus `core.fsmonitor`, `core.bare =
+/// false`, `core.worktree = .`) has the host's `git status` in that
+/// directory run its program; so does one that turns the workspace root
+/// itself into a git dir.
+#[test]
+fn bare_git_dir_left_in_the_workspace_runs_nothing_on_the_host() {
+    let plant = |dir: &str, marker: &str| {
+        format!(
+            "mkdir -p {dir}/objects {dir}/refs {dir}/hooks && echo 'ref: refs/heads/main' > {dir}/HEAD && \
+             printf '[core]\\n\\tfsmonitor = \"touch {marker}; false\"\\n\\tbare = false\\n\\tworktree = .\\n' > {dir}/config && \
+             printf '#!/bin/sh\\ntouch {marker}\\n' > {dir}/hooks/post-checkout && chmod +x {dir}/hooks/post-checkout && echo planted"
+        )
+    };
+    for level in ["workspace-write", "workspace-contained"] {
+        // Below a repository the workspace has, and at a workspace root
+        // that has none.
+        for (with_repo, dir) in [(true, "vendor/lib"), (false, ".")] {
+            let fx = Fixture::new();
+            if with_repo {
+                git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+                git_ok(
+                    &fx.ws,
+                    &fx.home,
+                    &["commit", "-q", "--allow-empty", "-m", "init"],
+                );
+            }
+            let marker = fx.root.join("PWNED");
+            let out = run(fx.sh(
+                level,
+                &["--no-audit"],
+                &plant(dir, &marker.display().to_string()),
+            ));
+            assert!(
+                out.stdout.contains("planted"),
+                "control: the command ran\n{}",
+                out.dump()
+            );
+            let gd = fx.ws.join(dir);
+            let st = host_git(&gd, &fx.home, &["status"]);
+            assert!(
+                !exists(&marker),
+                "{level}, {dir}: the host's `git status` ran the planted fsmonitor\n{}\ngit: {}",
+                out.dump(),
+                String::from_utf8_lossy(&st.stderr)
+            );
+            assert!(
+                !exists(gd.join("hooks/post-checkout")),
+                "{level}, {dir}: the planted hook survived the run\n{}",
+                out.dump()
+            );
+            // The repository itself stays (only what runs goes), and the
+            // sweep says what it removed.
+            assert!(exists(gd.join("HEAD")), "{level}, {dir}: HEAD removed");
+            assert!(
+                out.stderr.contains("core.fsmonitor"),
+                "{level}, {dir}: the removal is not reported\n{}",
+                out.dump()
+            );
+        }
+    }
+}
+
+/// A bare repository that is already in the workspace (a test fixture, a
+/// local remote) gets what a `.git` gets during the run: its hooks and
+/// config are read-only.
+#[test]
+fn existing_bare_git_dir_in_the_workspace_is_write_protected() {
+    let fx = Fixture::new();
+    let out = host_git(&fx.ws, &fx.home, &["init", "-q", "--bare", "remote.git"]);
+    assert!(out.status.success(), "git init --bare failed");
+    let bare = fx.ws.join("remote.git");
+    let config_before = read(bare.join("config")).unwrap_or_default();
+    for level in ["workspace-write", "workspace-contained"] {
+        let out = run(fx.sh(
+            level,
+            &["--no-audit"],
+            "echo '[core] fsmonitor = \"touch x\"' >> remote.git/config; \
+             printf '#!/bin/sh\\n' > remote.git/hooks/post-receive; echo ran",
+        ));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(bare.join("config")).unwrap_or_default(),
+            config_before,
+            "{level}: the bare repository's config was changed\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(bare.join("hooks/post-receive")),
+            "{level}: a hook was planted in the bare repository\n{}",
+            out.dump()
+        );
+    }
+}
