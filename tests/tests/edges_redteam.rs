@@ -132,3 +132,111 @@ fn existing_bare_git_dir_in_the_workspace_is_write_protected() {
         );
     }
 }
+
+/// `core.hooksPath` moves the hooks git runs out of `.git/hooks`, often
+/// into the work tree (husky's `.husky/_`, a `.githooks` directory): there
+/// they are as live on the host as `.git/hooks` and must be as read-only.
+/// One the command creates where the config points is swept.
+#[test]
+fn hooks_path_in_the_workspace_is_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+        let marker = fx.root.join("PWNED");
+        let hook = format!("#!/bin/sh\ntouch {}\n", marker.display());
+        write(fx.ws.join(".husky/_/pre-commit"), "#!/bin/sh\nexit 0\n");
+        let chmod = Command::new("chmod")
+            .arg("+x")
+            .arg(fx.ws.join(".husky/_/pre-commit"))
+            .status()
+            .expect("chmod");
+        assert!(chmod.success());
+        git_ok(&fx.ws, &fx.home, &["config", "core.hooksPath", ".husky/_"]);
+        // A second repository whose hooks directory does not exist yet.
+        let sub = fx.ws.join("sub");
+        std::fs::create_dir(&sub).expect("mkdir sub");
+        git_ok(&sub, &fx.home, &["init", "-q", "."]);
+        git_ok(&sub, &fx.home, &["config", "core.hooksPath", ".githooks"]);
+        let script = format!(
+            "printf '{hook}' > .husky/_/pre-commit; mkdir -p sub/.githooks && printf '{hook}' > sub/.githooks/pre-commit && \
+             chmod +x sub/.githooks/pre-commit; echo ran",
+            hook = hook.replace('\n', "\\n")
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        for dir in [&fx.ws, &sub] {
+            let _ = host_git(dir, &fx.home, &["commit", "-q", "--allow-empty", "-m", "x"]);
+        }
+        assert!(
+            !exists(&marker),
+            "{level}: the host's `git commit` ran a hook the command wrote through core.hooksPath\n{}",
+            out.dump()
+        );
+    }
+}
+
+/// A repository's config that includes a file in the work tree (`[include]
+/// path = ../project.gitconfig`, a common way to share settings) makes
+/// that file as live as `.git/config`: a `core.fsmonitor` written there
+/// runs on the next host `git status`.
+#[test]
+fn config_included_from_the_workspace_is_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+        write(fx.ws.join("project.gitconfig"), "[user]\n\tname = a\n");
+        git_ok(
+            &fx.ws,
+            &fx.home,
+            &["config", "include.path", "../project.gitconfig"],
+        );
+        git_ok(
+            &fx.ws,
+            &fx.home,
+            &[
+                "config",
+                "--add",
+                "includeIf.onbranch:main.path",
+                "../later.gitconfig",
+            ],
+        );
+        let marker = fx.root.join("PWNED");
+        let script = format!(
+            "printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' > project.gitconfig; \
+             printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' > later.gitconfig; echo ran",
+            m = marker.display()
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(&fx.ws, &fx.home, &["checkout", "-q", "-b", "main"]);
+        let _ = host_git(&fx.ws, &fx.home, &["status"]);
+        assert!(
+            !exists(&marker),
+            "{level}: the host's git ran an fsmonitor the command wrote into an included config\n{}",
+            out.dump()
+        );
+    }
+}
+
+/// A hooks path that is the workspace root itself cannot be kept
+/// read-only without making the whole workspace read-only: moat refuses
+/// the run (exit 125, naming the key and the fix) instead of running it
+/// with live hooks.
+#[test]
+fn hooks_path_at_the_workspace_root_is_refused() {
+    let fx = Fixture::new();
+    git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+    git_ok(&fx.ws, &fx.home, &["config", "core.hooksPath", "."]);
+    let out = run(fx.sh("workspace-write", &["--no-audit"], "echo ran"));
+    assert_eq!(out.code, Some(125), "{}", out.dump());
+    assert!(!out.stdout.contains("ran"), "{}", out.dump());
+    assert!(out.stderr.contains("core.hooksPath"), "{}", out.dump());
+}

@@ -844,9 +844,81 @@ impl HostFacts {
                         .insert(root.join(&gp.rel), gp.kind);
                 }
             }
+            self.protect_config_named_paths(root, &rel, &mut sr)?;
             sr.gitdirs.push(rel);
         }
         self.sweep.push(sr);
+        Ok(())
+    }
+
+    /// What the git dir at `rel`'s config names inside `root` — its
+    /// `core.hooksPath` (husky's `.husky/_`, a `.githooks` directory) and
+    /// the files it includes (`[include] path = ../project.gitconfig`) —
+    /// runs on the host later exactly like `.git/hooks` and `.git/config`,
+    /// so it is write-protected like them: read-only when it exists, swept
+    /// after the run when the command creates it. A hooks path that is
+    /// `root` itself (or above it) cannot be protected without making the
+    /// whole root read-only: the run is refused.
+    fn protect_config_named_paths(
+        &mut self,
+        root: &Path,
+        rel: &Path,
+        sr: &mut SweepRoot,
+    ) -> Result<(), String> {
+        let git_dir = root.join(rel);
+        if lstat_kind(&git_dir) != Some(Kind::Dir) {
+            return Ok(());
+        }
+        let worktree = if rel.file_name() == Some(std::ffi::OsStr::new(".git")) {
+            git_dir.parent().unwrap_or(root).to_path_buf()
+        } else {
+            git_dir.clone()
+        };
+        let named = crate::gitconfigs::named_paths(&git_dir, &worktree);
+        let all = named
+            .hooks
+            .iter()
+            .map(|p| (p, "core.hooksPath"))
+            .chain(named.includes.iter().map(|p| (p, "include.path")));
+        for (p, key) in all {
+            let p = canonical_prefix(p);
+            if !p.starts_with(root) {
+                continue;
+            }
+            if p == root {
+                return Err(format!(
+                    "the git config in {} sets {key} to {}, the root of a directory the command may write: moat cannot keep what git runs from there read-only without making all of it read-only. Point {key} at a subdirectory (git config {key} .githooks), or run at --policy read-only",
+                    git_dir.display(),
+                    p.display()
+                ));
+            }
+            if let Some(k) = lstat_kind(&p) {
+                self.workspace_write_protected.insert(p, k);
+                continue;
+            }
+            // Missing: the first missing component is swept, recorded only
+            // when every component before it is a real directory (as for
+            // the home paths above).
+            let Ok(prel) = p.strip_prefix(root) else {
+                continue;
+            };
+            let mut cur = PathBuf::new();
+            let mut real_dirs = true;
+            for c in prel.components() {
+                cur.push(c);
+                match lstat_kind(&root.join(&cur)) {
+                    None => break,
+                    Some(Kind::Dir) => {}
+                    Some(_) => {
+                        real_dirs = false;
+                        break;
+                    }
+                }
+            }
+            if real_dirs && !sr.missing.contains(&cur) {
+                sr.missing.push(cur);
+            }
+        }
         Ok(())
     }
 
