@@ -240,3 +240,71 @@ fn hooks_path_at_the_workspace_root_is_refused() {
     assert!(!out.stdout.contains("ran"), "{}", out.dump());
     assert!(out.stderr.contains("core.hooksPath"), "{}", out.dump());
 }
+
+/// At workspace-contained a directory grant is the only way the command
+/// sees another project: `--ro ~/other` / `--rw ~/other` must not show
+/// that project's `.env` files (at its root or deeper) or the token in its
+/// `.git/config`, exactly as the workspace's are not shown. Naming the
+/// file itself opts it in.
+#[test]
+fn directory_grant_at_contained_hides_env_files_and_git_credentials() {
+    let fx = Fixture::new();
+    let other = fx.outside.join("proj");
+    write(other.join(".env"), &format!("A={}\n", fx.env_secret));
+    write(
+        other.join("app/.env.local"),
+        &format!("B={}\n", fx.env_secret),
+    );
+    write(other.join("README"), "public\n");
+    git_ok(&other, &fx.home, &["init", "-q", "."]);
+    let token = unique("ghp_GRANTTOKEN");
+    git_ok(
+        &other,
+        &fx.home,
+        &[
+            "remote",
+            "add",
+            "origin",
+            &format!("https://{token}@github.com/o/r"),
+        ],
+    );
+    let o = other.display().to_string();
+    for mode in ["--ro", "--rw"] {
+        let out = run(fx.sh(
+            "workspace-contained",
+            &["--no-audit", mode, &o],
+            &format!("cat {o}/README; cat {o}/.env {o}/app/.env.local {o}/.git/config; git -C {o} remote -v"),
+        ));
+        assert!(
+            out.stdout.contains("public"),
+            "control: the grant is visible\n{}",
+            out.dump()
+        );
+        assert!(
+            !out.stdout.contains(&fx.env_secret),
+            "{mode}: a .env of the granted directory was readable\n{}",
+            out.dump()
+        );
+        assert!(
+            !out.stdout.contains(&token),
+            "{mode}: the token in the granted checkout's .git/config was readable\n{}",
+            out.dump()
+        );
+        assert!(
+            out.stdout.contains("github.com/o/r"),
+            "{mode}: git no longer reads the granted checkout's remote\n{}",
+            out.dump()
+        );
+    }
+    // Opting in: the file named exactly is shown raw.
+    let out = run(fx.sh(
+        "workspace-contained",
+        &["--no-audit", "--ro", &o, "--ro", &format!("{o}/.env")],
+        &format!("cat {o}/.env"),
+    ));
+    assert!(
+        out.stdout.contains(&fx.env_secret),
+        "opt-in by name\n{}",
+        out.dump()
+    );
+}

@@ -58,7 +58,9 @@ pub struct HostFacts {
     pub workspace_protected: BTreeMap<PathBuf, Kind>,
     pub workspace_write_protected: BTreeMap<PathBuf, Kind>,
     /// The `.git` entries below the workspace root the walk found
-    /// (vendored checkouts): their configs are redacted like the root's.
+    /// (vendored checkouts), bare git dirs, and at workspace-contained the
+    /// same for each directory grant (with the grant's own `.git`): their
+    /// configs are redacted like the root's.
     pub workspace_nested_git: Vec<PathBuf>,
     /// What the post-run sweep checks, per writable root, with the state
     /// before the run (missing write-protected paths, `.moat*` names
@@ -1025,6 +1027,22 @@ impl HostFacts {
         let ws = &policy.workspace;
         let (nested_git, ws_listing) = self.walk_workspace(ws)?;
         self.workspace_nested_git.clone_from(&nested_git);
+        // At workspace-contained a directory grant is the only way the
+        // command sees another project (`--ro ~/other`, `--rw ~/proj`):
+        // its `.env` files and its git configs' credentials are hidden as
+        // the workspace's are, by the same complete walk. (At the levels
+        // that read the whole host, the grant shows nothing new to read.)
+        if policy.level == Level::WorkspaceContained {
+            for g in &policy.paths {
+                if g.path.starts_with(ws) || lstat_kind(&g.path) != Some(Kind::Dir) {
+                    continue;
+                }
+                let (nested, _) = self.walk_workspace(&g.path)?;
+                self.workspace_nested_git.extend(nested);
+                // The grant's own checkout, read like the workspace's.
+                self.workspace_nested_git.push(g.path.join(".git"));
+            }
+        }
         // Roots the command may write: the workspace at the writable
         // levels, and every writable grant at any level (a grant, from the
         // command line or a project file, never reaches a write-protected
