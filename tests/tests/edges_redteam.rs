@@ -308,3 +308,54 @@ fn directory_grant_at_contained_hides_env_files_and_git_credentials() {
         out.dump()
     );
 }
+
+/// A writable grant that is a bare repository (`--rw ~/remote.git`, so
+/// the command can push to a local remote) must not let the command plant
+/// a hook there: the host's next push into it would run the hook.
+#[test]
+fn writable_grant_of_a_bare_repository_keeps_its_hooks_and_config() {
+    let fx = Fixture::new();
+    let remote = fx.outside.join("remote.git");
+    let out = host_git(
+        &fx.outside,
+        &fx.home,
+        &["init", "-q", "--bare", "remote.git"],
+    );
+    assert!(out.status.success(), "git init --bare failed");
+    let config_before = read(remote.join("config")).unwrap_or_default();
+    let r = remote.display().to_string();
+    let marker = fx.root.join("PWNED");
+    for level in ["read-only", "workspace-write", "workspace-contained"] {
+        let out = run(fx.sh(
+            level,
+            &["--no-audit", "--rw", &r],
+            &format!(
+                "printf '#!/bin/sh\\ntouch {m}\\n' > {r}/hooks/post-receive; chmod +x {r}/hooks/post-receive; \
+                 printf '[core]\\n\\tfsmonitor = \"touch {m}\"\\n' >> {r}/config; touch {r}/granted; echo ran",
+                m = marker.display()
+            ),
+        ));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        assert!(
+            exists(remote.join("granted")),
+            "control: the grant is writable\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(remote.join("hooks/post-receive")),
+            "{level}: a hook was planted in the granted bare repository\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(remote.join("config")).unwrap_or_default(),
+            config_before,
+            "{level}: the granted bare repository's config was changed\n{}",
+            out.dump()
+        );
+        std::fs::remove_file(remote.join("granted")).expect("rm granted");
+    }
+}

@@ -819,6 +819,14 @@ impl HostFacts {
                 .filter_map(|g| g.strip_prefix(root).ok())
                 .map(Path::to_path_buf),
         );
+        // A root that is itself a git dir (`--rw ~/remote.git`, a bare
+        // repository the host pushes to): its hooks and config too. The
+        // workspace's walk found it already when it is the workspace.
+        let root_is_git_dir =
+            crate::sweep::looks_like_git_dir(|n| listing.get(std::ffi::OsStr::new(n)).copied());
+        if root_is_git_dir && !gitdirs.iter().any(|g| g.as_os_str().is_empty()) {
+            gitdirs.push(PathBuf::new());
+        }
         for rel in gitdirs {
             // Best effort: without it the sweep still removes new hooks.
             let _ = crate::sweep::ensure_hooks_dir(root, &rel);
