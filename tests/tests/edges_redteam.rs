@@ -359,3 +359,75 @@ fn writable_grant_of_a_bare_repository_keeps_its_hooks_and_config() {
         std::fs::remove_file(remote.join("granted")).expect("rm granted");
     }
 }
+
+/// A program outside the contained view is refused with the flag that
+/// shows it, and that flag, used as printed, makes it run: for a program
+/// installed the way npm installs one (a `bin/NAME` symlink into
+/// `lib/node_modules/@scope/name/`, reading its own package files), the
+/// link's path alone (`--ro bin/NAME`) resolves to the target file and
+/// leaves the link missing, so the hint must name what holds both.
+#[test]
+fn hint_for_a_program_outside_the_view_works_as_printed() {
+    let fx = Fixture::new();
+    let prefix = fx.outside.join("agents");
+    let pkg = prefix.join("lib/node_modules/@acme/tool");
+    let marker = unique("PKGJSON");
+    write(
+        pkg.join("package.json"),
+        &format!("{{\"name\":\"{marker}\"}}\n"),
+    );
+    write(
+        pkg.join("bin/tool.sh"),
+        "#!/bin/sh\ncat \"$(dirname \"$(readlink -f \"$0\")\")/../package.json\"\n",
+    );
+    let chmod = Command::new("chmod")
+        .arg("+x")
+        .arg(pkg.join("bin/tool.sh"))
+        .status()
+        .expect("chmod");
+    assert!(chmod.success());
+    std::fs::create_dir_all(prefix.join("bin")).expect("mkdir bin");
+    std::os::unix::fs::symlink(
+        "../lib/node_modules/@acme/tool/bin/tool.sh",
+        prefix.join("bin/tool"),
+    )
+    .expect("symlink");
+    for program in [prefix.join("bin/tool"), pkg.join("bin/tool.sh")] {
+        let p = program.display().to_string();
+        let out = run(fx.moat([
+            "exec",
+            "--policy",
+            "workspace-contained",
+            "--no-audit",
+            "--",
+            &p,
+        ]));
+        assert_eq!(
+            out.code,
+            Some(127),
+            "{p}: refused as not found\n{}",
+            out.dump()
+        );
+        let hint = out
+            .stderr
+            .split("add ")
+            .nth(1)
+            .and_then(|h| h.split(" to show it").next())
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            hint.starts_with("--ro /"),
+            "{p}: a concrete flag in the hint\n{}",
+            out.dump()
+        );
+        let mut args = vec!["exec", "--policy", "workspace-contained", "--no-audit"];
+        args.extend(hint.split(' '));
+        args.extend(["--", &p]);
+        let out = run(fx.moat(args));
+        assert!(
+            out.code == Some(0) && out.stdout.contains(&marker),
+            "{p}: the program did not run with the hint's flags ({hint})\n{}",
+            out.dump()
+        );
+    }
+}
