@@ -431,3 +431,63 @@ fn hint_for_a_program_outside_the_view_works_as_printed() {
         );
     }
 }
+
+/// A writable grant holding repositories below its root (`--rw
+/// ~/projects`): their hooks and config stay read-only during the run (as
+/// the workspace's nested checkouts' do), a repository the command creates
+/// there keeps no hook and no program-running key, and the user's own
+/// hooks are left alone.
+#[test]
+fn writable_grant_keeps_the_git_dirs_below_it_inert() {
+    for level in ["read-only", "workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        let projects = fx.outside.join("projects");
+        let a = projects.join("a");
+        std::fs::create_dir_all(&a).expect("mkdir a");
+        git_ok(&a, &fx.home, &["init", "-q", "."]);
+        write(a.join(".git/hooks/pre-commit"), "#!/bin/sh\nexit 0\n");
+        let a_config = read(a.join(".git/config")).unwrap_or_default();
+        let marker = fx.root.join("PWNED");
+        let m = marker.display();
+        let p = projects.display().to_string();
+        let script = format!(
+            "cd {p} && printf '#!/bin/sh\\ntouch {m}\\n' > a/.git/hooks/post-checkout; \
+             printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' >> a/.git/config; \
+             git init -q b && printf '#!/bin/sh\\ntouch {m}\\n' > b/.git/hooks/post-checkout && chmod +x b/.git/hooks/post-checkout && \
+             git -C b config core.fsmonitor 'touch {m}; false' && echo ran"
+        );
+        let out = run(fx.sh(level, &["--no-audit", "--rw", &p], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(a.join(".git/config")).unwrap_or_default(),
+            a_config,
+            "{level}: an existing repository's config below the grant was changed\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(a.join(".git/hooks/post-checkout")),
+            "{level}: a hook was written into an existing repository below the grant\n{}",
+            out.dump()
+        );
+        assert!(
+            exists(a.join(".git/hooks/pre-commit")),
+            "{level}: the user's own hook was moved\n{}",
+            out.dump()
+        );
+        let _ = host_git(&projects.join("b"), &fx.home, &["status"]);
+        assert!(
+            !exists(&marker),
+            "{level}: the host's git ran what the command left in a new repository below the grant\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(projects.join("b/.git/hooks/post-checkout")),
+            "{level}: the new repository kept its hook\n{}",
+            out.dump()
+        );
+    }
+}

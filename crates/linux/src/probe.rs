@@ -1035,21 +1035,32 @@ impl HostFacts {
         let ws = &policy.workspace;
         let (nested_git, ws_listing) = self.walk_workspace(ws)?;
         self.workspace_nested_git.clone_from(&nested_git);
-        // At workspace-contained a directory grant is the only way the
-        // command sees another project (`--ro ~/other`, `--rw ~/proj`):
-        // its `.env` files and its git configs' credentials are hidden as
-        // the workspace's are, by the same complete walk. (At the levels
-        // that read the whole host, the grant shows nothing new to read.)
-        if policy.level == Level::WorkspaceContained {
-            for g in &policy.paths {
-                if g.path.starts_with(ws) || lstat_kind(&g.path) != Some(Kind::Dir) {
-                    continue;
-                }
-                let (nested, _) = self.walk_workspace(&g.path)?;
-                self.workspace_nested_git.extend(nested);
-                // The grant's own checkout, read like the workspace's.
-                self.workspace_nested_git.push(g.path.join(".git"));
+        // Directory grants outside the workspace get the workspace's
+        // complete walk: `.env` files hidden, git configs redacted, and git
+        // dirs below the grant's root recorded, so their hooks and config
+        // are read-only and new ones are found after the run. At
+        // workspace-contained every such grant (it is the only way the
+        // command sees another project: `--ro ~/other`); at every level
+        // each writable one (`--rw ~/projects` must not leave every
+        // repository's `.git/hooks` below it writable, nor keep a `git
+        // init sub` with a hook the command planted). Read-only grants at
+        // the levels that read the whole host show nothing new to read.
+        let mut grant_walks: BTreeMap<PathBuf, (Vec<PathBuf>, Option<RootListing>)> =
+            BTreeMap::new();
+        for g in &policy.paths {
+            let walked = policy.level == Level::WorkspaceContained || g.access == Access::ReadWrite;
+            if !walked
+                || g.path.starts_with(ws)
+                || grant_walks.contains_key(&g.path)
+                || lstat_kind(&g.path) != Some(Kind::Dir)
+            {
+                continue;
             }
+            let (nested, listing) = self.walk_workspace(&g.path)?;
+            self.workspace_nested_git.extend(nested.iter().cloned());
+            // The grant's own checkout, read like the workspace's.
+            self.workspace_nested_git.push(g.path.join(".git"));
+            grant_walks.insert(g.path.clone(), (nested, listing));
         }
         // Roots the command may write: the workspace at the writable
         // levels, and every writable grant at any level (a grant, from the
@@ -1086,12 +1097,21 @@ impl HostFacts {
                 all.push((h, true));
             }
         }
+        let ws_is_root = roots.contains(ws);
         for (root, is_home) in &all {
-            let nested = (root == ws).then_some(nested_git.as_slice());
-            let listing = if root == ws {
-                ws_listing.as_ref()
+            // Which walk saw every git dir below this root before the run
+            // (then the sweep looks for new ones after it): the
+            // workspace's, a grant's own, or — for a root inside the
+            // workspace that is not itself swept — the workspace's. A root
+            // inside a swept workspace is covered by the workspace's sweep.
+            let (nested, listing) = if root == ws {
+                (Some(nested_git.as_slice()), ws_listing.as_ref())
+            } else if let Some((n, l)) = grant_walks.get(root) {
+                (Some(n.as_slice()), l.as_ref())
+            } else if root.starts_with(ws) && !ws_is_root {
+                (Some(nested_git.as_slice()), None)
             } else {
-                None
+                (None, None)
             };
             self.write_protected_at(root, *is_home, nested, listing)?;
         }
