@@ -491,3 +491,65 @@ fn writable_grant_keeps_the_git_dirs_below_it_inert() {
         );
     }
 }
+
+/// Git hook managers keep the commands git hooks run in the work tree:
+/// husky v9 points `core.hooksPath` at `.husky/_`, whose stubs run
+/// `.husky/<hook>`; pre-commit and lefthook run what their config files
+/// name. A command that edits them has the host's next `git commit` run
+/// its code, so they are write-protected like `.git/hooks` (new ones are
+/// moved aside after the run).
+#[test]
+fn git_hook_manager_configs_are_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+        // husky v9's layout: a stub in .husky/_ that runs .husky/pre-commit.
+        write(
+            fx.ws.join(".husky/_/pre-commit"),
+            "#!/bin/sh\ns=\"$(dirname \"$(dirname \"$0\")\")/$(basename \"$0\")\"\n[ -f \"$s\" ] && sh -e \"$s\"\nexit 0\n",
+        );
+        write(fx.ws.join(".husky/pre-commit"), "exit 0\n");
+        let chmod = Command::new("chmod")
+            .arg("+x")
+            .arg(fx.ws.join(".husky/_/pre-commit"))
+            .status()
+            .expect("chmod");
+        assert!(chmod.success());
+        git_ok(&fx.ws, &fx.home, &["config", "core.hooksPath", ".husky/_"]);
+        write(fx.ws.join(".pre-commit-config.yaml"), "repos: []\n");
+        let marker = fx.root.join("PWNED");
+        let m = marker.display();
+        let script = format!(
+            "echo 'touch {m}' > .husky/pre-commit; \
+             printf 'repos:\\n- repo: local\\n  hooks:\\n  - id: x\\n    name: x\\n    entry: touch {m}\\n    language: system\\n' > .pre-commit-config.yaml; \
+             printf 'pre-commit:\\n  commands:\\n    x:\\n      run: touch {m}\\n' > lefthook.yml; echo ran"
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(
+            &fx.ws,
+            &fx.home,
+            &["commit", "-q", "--allow-empty", "-m", "x"],
+        );
+        assert!(
+            !exists(&marker),
+            "{level}: the host's `git commit` ran the husky script the command wrote\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(fx.ws.join(".pre-commit-config.yaml")).unwrap_or_default(),
+            "repos: []\n",
+            "{level}: .pre-commit-config.yaml was changed\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(fx.ws.join("lefthook.yml")),
+            "{level}: a new lefthook.yml survived the run\n{}",
+            out.dump()
+        );
+    }
+}
