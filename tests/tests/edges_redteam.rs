@@ -553,3 +553,58 @@ fn git_hook_manager_configs_are_write_protected() {
         );
     }
 }
+
+/// A submodule's git dir (`.git/modules/NAME`) may keep `core.worktree`,
+/// which `git submodule add` writes — but only where it points into the
+/// workspace. Pointed at a directory outside, the host's next checkout in
+/// that submodule writes the submodule's files there (`~/.bashrc`).
+#[test]
+fn submodule_worktree_outside_the_workspace_is_dropped() {
+    let fx = Fixture::new();
+    let src = fx.outside.join("subsrc");
+    std::fs::create_dir_all(&src).expect("mkdir");
+    git_ok(&src, &fx.home, &["init", "-q", "."]);
+    write(src.join("payload"), "from the submodule\n");
+    git_ok(&src, &fx.home, &["add", "payload"]);
+    git_ok(&src, &fx.home, &["commit", "-q", "-m", "x"]);
+    let victim = fx.outside.join("victim");
+    std::fs::create_dir_all(&victim).expect("mkdir victim");
+    for level in ["workspace-write", "workspace-contained"] {
+        let ws = fx.ws.join(level);
+        std::fs::create_dir_all(&ws).expect("mkdir ws");
+        git_ok(&ws, &fx.home, &["init", "-q", "."]);
+        git_ok(
+            &ws,
+            &fx.home,
+            &["commit", "-q", "--allow-empty", "-m", "init"],
+        );
+        let script = format!(
+            "git -c protocol.file.allow=always submodule add -q file://{src} sub 2>/dev/null; \
+             git config -f .git/modules/sub/config core.worktree {victim} && echo ran",
+            src = src.display(),
+            victim = victim.display()
+        );
+        let out = run(fx.sh(
+            level,
+            &[
+                "--no-audit",
+                "--cwd",
+                &ws.display().to_string(),
+                "--ro",
+                &src.display().to_string(),
+            ],
+            &script,
+        ));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(&ws.join("sub"), &fx.home, &["checkout", "-f", "-q", "HEAD"]);
+        assert!(
+            !exists(victim.join("payload")),
+            "{level}: the host's checkout in the submodule wrote outside the workspace\n{}",
+            out.dump()
+        );
+    }
+}

@@ -123,6 +123,7 @@ pub fn sweep(roots: &[SweepRoot], tag: &str) -> SweepReport {
         tag: tag.to_string(),
         report: SweepReport::default(),
         restore: Vec::new(),
+        current_root: None,
         euid: nix::unistd::geteuid().as_raw(),
     };
     for r in roots {
@@ -234,6 +235,8 @@ struct Sweeper {
     report: SweepReport,
     /// Directories whose mode the sweep changed, with the mode to put back.
     restore: Vec<(OwnedFd, u32)>,
+    /// The root being swept, by path and fd.
+    current_root: Option<(PathBuf, OwnedFd)>,
     euid: u32,
 }
 
@@ -266,6 +269,7 @@ impl Sweeper {
     }
 
     fn sweep_root(&mut self, r: &SweepRoot, root: &OwnedFd) {
+        self.current_root = root.try_clone().ok().map(|fd| (r.root.clone(), fd));
         for rel in &r.gitdirs {
             self.sanitize_gitdir(r, root, rel, false, 0);
         }
@@ -632,6 +636,49 @@ impl Sweeper {
         real.starts_with(own.join("worktrees")) || real.starts_with(own.join("modules"))
     }
 
+    /// Whether every `core.worktree` in the config `text` (of the file at
+    /// `config_abs`) names an existing directory strictly beneath the
+    /// current root, resolved as git resolves it (relative to the git dir)
+    /// and opened beneath the root with no symlink on the way.
+    fn module_worktrees_inside(&self, config_abs: &Path, text: &str) -> bool {
+        let Ok(entries) = gitconfig::parse(text) else {
+            return false;
+        };
+        let Some((root_path, root_fd)) = &self.current_root else {
+            return false;
+        };
+        let Ok(git_dir) = config_abs
+            .parent()
+            .unwrap_or(config_abs)
+            .strip_prefix(root_path)
+        else {
+            return false;
+        };
+        entries
+            .iter()
+            .filter(|e| e.section == "core" && e.subsection.is_none() && e.key == "worktree")
+            .all(|e| {
+                let Some(v) = e.value.as_deref() else {
+                    return false;
+                };
+                // Resolved by the kernel, `..` included, from the root's
+                // fd: no symlink, nothing outside it.
+                let rel = if v.starts_with('/') {
+                    match Path::new(v).strip_prefix(root_path) {
+                        Ok(r) => r.to_path_buf(),
+                        Err(_) => return false,
+                    }
+                } else {
+                    git_dir.join(v)
+                };
+                let Ok(fd) = open_rel(root_fd, &rel) else {
+                    return false;
+                };
+                std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                    .is_ok_and(|real| real.starts_with(root_path) && real != *root_path)
+            })
+    }
+
     fn sanitize_part(&mut self, gd: &OwnedFd, abs: &Path, part: &OsStr, in_modules: bool) {
         let st = match lstat_at(gd, part) {
             Ok(None) => return,
@@ -820,6 +867,11 @@ impl Sweeper {
                 return self.neutralise(dir, abs, name, "a git config file moat cannot read back");
             }
         };
+        // A submodule's `core.worktree` is kept only when it names a real
+        // directory beneath the root (where `git submodule add` put the
+        // checkout): pointing elsewhere (`/home/u`), the host's next
+        // checkout in that submodule writes its files there.
+        let in_modules = in_modules && self.module_worktrees_inside(abs, &text);
         let (clean, dropped) = match gitconfig::sanitize(&text, in_modules) {
             Ok(x) => x,
             Err(e) => {
