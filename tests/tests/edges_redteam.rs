@@ -608,3 +608,41 @@ fn submodule_worktree_outside_the_workspace_is_dropped() {
         );
     }
 }
+
+/// `git push` to a repository on this machine outside the writable area
+/// fails with git's "remote unpack failed", which names no path and no
+/// errno; moat still says which repository was refused and which flag
+/// grants it, and the remote is unchanged.
+#[test]
+fn push_to_a_read_only_local_remote_names_the_flag() {
+    let fx = Fixture::new();
+    let out = host_git(
+        &fx.outside,
+        &fx.home,
+        &["init", "-q", "--bare", "remote.git"],
+    );
+    assert!(out.status.success());
+    let remote = fx.outside.join("remote.git");
+    let script = format!(
+        "git clone -q file://{r} r 2>/dev/null; cd r && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m one && git push -q origin HEAD; echo pushed",
+        r = remote.display()
+    );
+    let out = run(fx.sh("workspace-write", &["--no-audit"], &script));
+    assert!(
+        out.stdout.contains("pushed"),
+        "control: the command ran\n{}",
+        out.dump()
+    );
+    assert!(
+        !exists(remote.join("refs/heads/master")) && !exists(remote.join("refs/heads/main")),
+        "the read-only remote received the push\n{}",
+        out.dump()
+    );
+    assert!(
+        out.stderr
+            .contains(&format!("moat: denied write {} ", remote.display()))
+            && out.stderr.contains("--rw"),
+        "the refusal does not name the repository and the flag\n{}",
+        out.dump()
+    );
+}
