@@ -1137,7 +1137,7 @@ fn list_dir(dir: &Path) -> Result<RootListing, String> {
 /// The error for a workspace directory moat cannot list.
 fn unlistable(dir: &Path, e: &std::io::Error) -> String {
     format!(
-        "cannot list {} ({e}): moat must see every .env and write-protected file in the workspace before the run, and a directory it cannot list could hide one. Fix: chmod u+rx '{}' (or remove it), then run again",
+        "cannot list {} ({e}): moat must see every .env and write-protected file in the workspace (and in the directories granted to it) before the run, and a directory it cannot list could hide one. Fix: chmod u+rx '{}' (or remove it), then run again",
         dir.display(),
         dir.display()
     )
