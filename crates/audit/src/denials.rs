@@ -116,7 +116,38 @@ pub fn parse_denials(stderr: &str) -> Vec<Denial> {
             line: truncate(line, MAX_LINE).to_owned(),
         });
     }
+    if let Some(d) = local_push_refused(stderr) {
+        if out.len() < MAX_DENIALS && !out.iter().any(|o| o.path == d.path) {
+            out.push(d);
+        }
+    }
     out
+}
+
+/// `git push` to a repository on this machine that the sandbox shows
+/// read-only: the receiving side prints no errno and no path ("remote
+/// unpack failed: unable to create temporary object directory"); the
+/// repository is the `To URL` line's, a `file://` URL or a plain path.
+fn local_push_refused(stderr: &str) -> Option<Denial> {
+    let failed = stderr.lines().find(|l| {
+        let l = l.to_ascii_lowercase();
+        l.contains("remote unpack failed")
+            || l.contains("unable to create temporary object directory")
+    })?;
+    let url = stderr
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("To "))?
+        .trim();
+    let path = url.strip_prefix("file://").unwrap_or(url);
+    if !path.starts_with('/') || path.len() > MAX_PATH {
+        return None;
+    }
+    Some(Denial {
+        path: Some(path.to_owned()),
+        errno: "EROFS",
+        op: "write",
+        line: truncate(failed.trim(), MAX_LINE).to_owned(),
+    })
 }
 
 /// The errno a line reports, and where its first marker starts.
@@ -369,6 +400,23 @@ mod tests {
 
     fn p(s: &str) -> Option<String> {
         Some(s.to_owned())
+    }
+
+    #[test]
+    fn git_push_to_a_read_only_local_repository() {
+        let text = "error: remote unpack failed: unable to create temporary object directory\n\
+                    To file:///home/u/remote.git\n ! [remote rejected] HEAD -> master (unpacker error)\n";
+        let d = parse_denials(text);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(
+            (d[0].path.clone(), d[0].errno, d[0].op),
+            (p("/home/u/remote.git"), "EROFS", "write")
+        );
+        let plain = text.replace("file://", "");
+        assert_eq!(parse_denials(&plain)[0].path, p("/home/u/remote.git"));
+        // A remote over the network names no path on this machine.
+        let remote = text.replace("file:///home/u/remote.git", "https://github.com/o/r");
+        assert!(parse_denials(&remote).is_empty());
     }
 
     #[test]

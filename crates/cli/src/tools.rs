@@ -303,16 +303,7 @@ fn install_tree(
                 return;
             }
         }
-        let comps: Vec<_> = canon.components().collect();
-        if let Some(i) = comps.iter().rposition(|c| c.as_os_str() == "node_modules") {
-            let scoped = comps
-                .get(i + 1)
-                .is_some_and(|c| c.as_os_str().to_string_lossy().starts_with('@'));
-            let end = (i + if scoped { 3 } else { 2 }).min(comps.len());
-            add(comps[..end].iter().collect(), out);
-        } else if let Some(dir) = canon.parent() {
-            add(dir.to_path_buf(), out);
-        }
+        add(moat_linux::explain::program_dir(&canon), out);
     };
     // The program itself, and the bin directory of a symlinked one.
     if program

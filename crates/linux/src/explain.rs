@@ -79,6 +79,23 @@ impl DenyReason {
 }
 
 /// Lexically absolute and normalized (`..` folded), relative to `cwd`.
+/// The directory a program at `canon` (a canonical path) needs shown to
+/// start: its npm package root (`…/node_modules/[@scope/]name`, its
+/// dependencies included) when it lies in one, else its own directory.
+/// `moat run`'s install tree and the hint for a program outside the view
+/// both ask this.
+pub fn program_dir(canon: &Path) -> PathBuf {
+    let comps: Vec<_> = canon.components().collect();
+    if let Some(i) = comps.iter().rposition(|c| c.as_os_str() == "node_modules") {
+        let scoped = comps
+            .get(i + 1)
+            .is_some_and(|c| c.as_os_str().to_string_lossy().starts_with('@'));
+        let end = (i + if scoped { 3 } else { 2 }).min(comps.len());
+        return comps[..end].iter().collect();
+    }
+    canon.parent().unwrap_or(canon).to_path_buf()
+}
+
 pub fn absolute(cwd: &Path, p: &str) -> PathBuf {
     let raw = if p.starts_with('/') {
         PathBuf::from(p)

@@ -43,7 +43,19 @@ pub struct GitConfigFile {
 /// probe's walk), read safely. Missing or unreadable ones are left out.
 pub fn workspace_git_configs(workspace: &Path, nested: &[PathBuf]) -> Vec<GitConfigFile> {
     let mut dirs: Vec<PathBuf> = Vec::new();
-    let checkouts = std::iter::once(workspace).chain(nested.iter().filter_map(|g| g.parent()));
+    // `nested` holds `.git` entries and directories that are git dirs
+    // themselves (bare repositories): those are read as they are.
+    let (dot_gits, bare): (Vec<&PathBuf>, Vec<&PathBuf>) = nested
+        .iter()
+        .partition(|g| g.file_name() == Some(std::ffi::OsStr::new(".git")));
+    for b in bare {
+        if let Ok(d) = std::fs::canonicalize(b) {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
+    let checkouts = std::iter::once(workspace).chain(dot_gits.iter().filter_map(|g| g.parent()));
     for checkout in checkouts {
         for d in git_dirs(checkout) {
             if !dirs.contains(&d) {
@@ -62,6 +74,64 @@ pub fn workspace_git_configs(workspace: &Path, nested: &[PathBuf]) -> Vec<GitCon
         seen.push(f.path.clone());
         new
     });
+    out
+}
+
+/// Paths a git dir's own config files name that git reads or runs from
+/// later: `core.hooksPath` (the hooks git runs instead of `hooks/`) and
+/// the files `include.path`/`includeIf.*.path` pull in (each read like the
+/// config itself, so a key there that runs a program runs). Resolved as
+/// git resolves them: a hooks path relative to `worktree` (where hooks
+/// run: the work tree's top, or the git dir of a bare repository), an
+/// include relative to the file that includes it; includes are followed
+/// (up to [`MAX_INCLUDE_DEPTH`] deep). Values starting with `~` are left
+/// out (they name the home, not a repository's files).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamedPaths {
+    pub hooks: Vec<PathBuf>,
+    pub includes: Vec<PathBuf>,
+}
+
+/// How deep `include.path` chains are followed.
+const MAX_INCLUDE_DEPTH: usize = 8;
+
+/// The [`NamedPaths`] of the git dir `git_dir` (a canonical directory).
+pub fn named_paths(git_dir: &Path, worktree: &Path) -> NamedPaths {
+    let mut out = NamedPaths::default();
+    let mut queue: Vec<(PathBuf, usize)> =
+        CONFIG_NAMES.iter().map(|n| (git_dir.join(n), 0)).collect();
+    while let Some((file, depth)) = queue.pop() {
+        let (Some(dir), Some(name)) = (file.parent(), file.file_name()) else {
+            continue;
+        };
+        let Some(text) = read_beneath(dir, Path::new(name)) else {
+            continue;
+        };
+        let Ok(entries) = moat_policy::gitconfig::parse(&String::from_utf8_lossy(&text)) else {
+            continue;
+        };
+        for e in entries {
+            let Some(v) = e
+                .value
+                .as_deref()
+                .filter(|v| !v.is_empty() && !v.starts_with('~'))
+            else {
+                continue;
+            };
+            let hooks = e.section == "core" && e.subsection.is_none() && e.key == "hookspath";
+            let include = e.key == "path"
+                && ((e.section == "include" && e.subsection.is_none()) || e.section == "includeif");
+            if hooks {
+                out.hooks.push(worktree.join(v));
+            } else if include {
+                let target = dir.join(v);
+                if depth < MAX_INCLUDE_DEPTH && !out.includes.contains(&target) {
+                    queue.push((target.clone(), depth + 1));
+                }
+                out.includes.push(target);
+            }
+        }
+    }
     out
 }
 

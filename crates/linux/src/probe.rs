@@ -58,7 +58,9 @@ pub struct HostFacts {
     pub workspace_protected: BTreeMap<PathBuf, Kind>,
     pub workspace_write_protected: BTreeMap<PathBuf, Kind>,
     /// The `.git` entries below the workspace root the walk found
-    /// (vendored checkouts): their configs are redacted like the root's.
+    /// (vendored checkouts), bare git dirs, and at workspace-contained the
+    /// same for each directory grant (with the grant's own `.git`): their
+    /// configs are redacted like the root's.
     pub workspace_nested_git: Vec<PathBuf>,
     /// What the post-run sweep checks, per writable root, with the state
     /// before the run (missing write-protected paths, `.moat*` names
@@ -144,7 +146,7 @@ fn lstat_kind(p: &Path) -> Option<Kind> {
     })
 }
 
-fn dirent_kind(ft: &fs::FileType) -> Kind {
+pub(crate) fn dirent_kind(ft: &fs::FileType) -> Kind {
     if ft.is_symlink() {
         Kind::Symlink
     } else if ft.is_dir() {
@@ -817,6 +819,14 @@ impl HostFacts {
                 .filter_map(|g| g.strip_prefix(root).ok())
                 .map(Path::to_path_buf),
         );
+        // A root that is itself a git dir (`--rw ~/remote.git`, a bare
+        // repository the host pushes to): its hooks and config too. The
+        // workspace's walk found it already when it is the workspace.
+        let root_is_git_dir =
+            crate::sweep::looks_like_git_dir(|n| listing.get(std::ffi::OsStr::new(n)).copied());
+        if root_is_git_dir && !gitdirs.iter().any(|g| g.as_os_str().is_empty()) {
+            gitdirs.push(PathBuf::new());
+        }
         for rel in gitdirs {
             // Best effort: without it the sweep still removes new hooks.
             let _ = crate::sweep::ensure_hooks_dir(root, &rel);
@@ -844,9 +854,81 @@ impl HostFacts {
                         .insert(root.join(&gp.rel), gp.kind);
                 }
             }
+            self.protect_config_named_paths(root, &rel, &mut sr)?;
             sr.gitdirs.push(rel);
         }
         self.sweep.push(sr);
+        Ok(())
+    }
+
+    /// What the git dir at `rel`'s config names inside `root` — its
+    /// `core.hooksPath` (husky's `.husky/_`, a `.githooks` directory) and
+    /// the files it includes (`[include] path = ../project.gitconfig`) —
+    /// runs on the host later exactly like `.git/hooks` and `.git/config`,
+    /// so it is write-protected like them: read-only when it exists, swept
+    /// after the run when the command creates it. A hooks path that is
+    /// `root` itself (or above it) cannot be protected without making the
+    /// whole root read-only: the run is refused.
+    fn protect_config_named_paths(
+        &mut self,
+        root: &Path,
+        rel: &Path,
+        sr: &mut SweepRoot,
+    ) -> Result<(), String> {
+        let git_dir = root.join(rel);
+        if lstat_kind(&git_dir) != Some(Kind::Dir) {
+            return Ok(());
+        }
+        let worktree = if rel.file_name() == Some(std::ffi::OsStr::new(".git")) {
+            git_dir.parent().unwrap_or(root).to_path_buf()
+        } else {
+            git_dir.clone()
+        };
+        let named = crate::gitconfigs::named_paths(&git_dir, &worktree);
+        let all = named
+            .hooks
+            .iter()
+            .map(|p| (p, "core.hooksPath"))
+            .chain(named.includes.iter().map(|p| (p, "include.path")));
+        for (p, key) in all {
+            let p = canonical_prefix(p);
+            if !p.starts_with(root) {
+                continue;
+            }
+            if p == root {
+                return Err(format!(
+                    "the git config in {} sets {key} to {}, the root of a directory the command may write: moat cannot keep what git runs from there read-only without making all of it read-only. Point {key} at a subdirectory (git config {key} .githooks), or run at --policy read-only",
+                    git_dir.display(),
+                    p.display()
+                ));
+            }
+            if let Some(k) = lstat_kind(&p) {
+                self.workspace_write_protected.insert(p, k);
+                continue;
+            }
+            // Missing: the first missing component is swept, recorded only
+            // when every component before it is a real directory (as for
+            // the home paths above).
+            let Ok(prel) = p.strip_prefix(root) else {
+                continue;
+            };
+            let mut cur = PathBuf::new();
+            let mut real_dirs = true;
+            for c in prel.components() {
+                cur.push(c);
+                match lstat_kind(&root.join(&cur)) {
+                    None => break,
+                    Some(Kind::Dir) => {}
+                    Some(_) => {
+                        real_dirs = false;
+                        break;
+                    }
+                }
+            }
+            if real_dirs && !sr.missing.contains(&cur) {
+                sr.missing.push(cur);
+            }
+        }
         Ok(())
     }
 
@@ -876,10 +958,19 @@ impl HostFacts {
                 Err(e) => return Err(unlistable(&dir, &e)),
             };
             let mut listing = (dir == *ws).then(RootListing::new);
+            let mut markers: Vec<(&str, Kind)> = Vec::new();
             for e in rd {
                 let e = e.map_err(|e| unlistable(&dir, &e))?;
                 let name = e.file_name();
                 let nb = name.as_bytes();
+                if let Some(m) = crate::sweep::GIT_DIR_MARKERS
+                    .iter()
+                    .find(|m| m.as_bytes() == nb)
+                {
+                    if let Ok(ft) = e.file_type() {
+                        markers.push((m, dirent_kind(&ft)));
+                    }
+                }
                 if let Some(l) = listing.as_mut() {
                     // d_type, or an lstat where the filesystem gives none.
                     if let Ok(ft) = e.file_type() {
@@ -915,6 +1006,14 @@ impl HostFacts {
                     stack.push(e.path());
                 }
             }
+            // A directory git takes for a git dir itself (a bare
+            // repository, the workspace root included): its hooks and
+            // config are protected like a `.git`'s. Still walked below.
+            if crate::sweep::looks_like_git_dir(|n| {
+                markers.iter().find(|(m, _)| *m == n).map(|(_, k)| *k)
+            }) {
+                nested_git.push(dir.clone());
+            }
             if listing.is_some() {
                 root_listing = listing;
             }
@@ -936,6 +1035,33 @@ impl HostFacts {
         let ws = &policy.workspace;
         let (nested_git, ws_listing) = self.walk_workspace(ws)?;
         self.workspace_nested_git.clone_from(&nested_git);
+        // Directory grants outside the workspace get the workspace's
+        // complete walk: `.env` files hidden, git configs redacted, and git
+        // dirs below the grant's root recorded, so their hooks and config
+        // are read-only and new ones are found after the run. At
+        // workspace-contained every such grant (it is the only way the
+        // command sees another project: `--ro ~/other`); at every level
+        // each writable one (`--rw ~/projects` must not leave every
+        // repository's `.git/hooks` below it writable, nor keep a `git
+        // init sub` with a hook the command planted). Read-only grants at
+        // the levels that read the whole host show nothing new to read.
+        let mut grant_walks: BTreeMap<PathBuf, (Vec<PathBuf>, Option<RootListing>)> =
+            BTreeMap::new();
+        for g in &policy.paths {
+            let walked = policy.level == Level::WorkspaceContained || g.access == Access::ReadWrite;
+            if !walked
+                || g.path.starts_with(ws)
+                || grant_walks.contains_key(&g.path)
+                || lstat_kind(&g.path) != Some(Kind::Dir)
+            {
+                continue;
+            }
+            let (nested, listing) = self.walk_workspace(&g.path)?;
+            self.workspace_nested_git.extend(nested.iter().cloned());
+            // The grant's own checkout, read like the workspace's.
+            self.workspace_nested_git.push(g.path.join(".git"));
+            grant_walks.insert(g.path.clone(), (nested, listing));
+        }
         // Roots the command may write: the workspace at the writable
         // levels, and every writable grant at any level (a grant, from the
         // command line or a project file, never reaches a write-protected
@@ -971,12 +1097,21 @@ impl HostFacts {
                 all.push((h, true));
             }
         }
+        let ws_is_root = roots.contains(ws);
         for (root, is_home) in &all {
-            let nested = (root == ws).then_some(nested_git.as_slice());
-            let listing = if root == ws {
-                ws_listing.as_ref()
+            // Which walk saw every git dir below this root before the run
+            // (then the sweep looks for new ones after it): the
+            // workspace's, a grant's own, or — for a root inside the
+            // workspace that is not itself swept — the workspace's. A root
+            // inside a swept workspace is covered by the workspace's sweep.
+            let (nested, listing) = if root == ws {
+                (Some(nested_git.as_slice()), ws_listing.as_ref())
+            } else if let Some((n, l)) = grant_walks.get(root) {
+                (Some(n.as_slice()), l.as_ref())
+            } else if root.starts_with(ws) && !ws_is_root {
+                (Some(nested_git.as_slice()), None)
             } else {
-                None
+                (None, None)
             };
             self.write_protected_at(root, *is_home, nested, listing)?;
         }
@@ -1002,7 +1137,7 @@ fn list_dir(dir: &Path) -> Result<RootListing, String> {
 /// The error for a workspace directory moat cannot list.
 fn unlistable(dir: &Path, e: &std::io::Error) -> String {
     format!(
-        "cannot list {} ({e}): moat must see every .env and write-protected file in the workspace before the run, and a directory it cannot list could hide one. Fix: chmod u+rx '{}' (or remove it), then run again",
+        "cannot list {} ({e}): moat must see every .env and write-protected file in the workspace (and in the directories granted to it) before the run, and a directory it cannot list could hide one. Fix: chmod u+rx '{}' (or remove it), then run again",
         dir.display(),
         dir.display()
     )

@@ -1330,6 +1330,12 @@ fn not_in_view(plan: &Plan, program: &std::ffi::OsStr, look_on_host: bool) -> St
                 .unwrap_or(p)
                 .display()
         ),
+        Some((p, crate::explain::DenyReason::OutsideView)) => format!(
+            "{shown}: not found in the sandbox's view: it is {} on the host (outside_view: not in the view at --policy {}; add {} to show it)",
+            p.display(),
+            plan.level,
+            grants_to_show(plan, p)
+        ),
         Some((p, r)) => format!(
             "{shown}: not found in the sandbox's view: it is {} on the host ({}: {})",
             p.display(),
@@ -1340,6 +1346,43 @@ fn not_in_view(plan: &Plan, program: &std::ffi::OsStr, look_on_host: bool) -> St
             "{shown}: command not found in the sandbox's view; at --policy {} only the paths the policy shows exist",
             plan.level
         ),
+    }
+}
+
+/// The `--ro` flags that would show the program at `p` (a host path
+/// outside the view), concrete rather than "--ro PATH": its directory or
+/// npm package ([`crate::explain::program_dir`]: programs load what lies
+/// beside them), and when `p` is a symlink
+/// (`bin/claude -> ../lib/node_modules/…/claude.exe`, what npm and most
+/// installers make) the directory holding both the link and its target, or
+/// the target's directory when the link itself is already in the view:
+/// `--ro` of the link alone resolves to the target file and leaves the
+/// link's own path missing.
+fn grants_to_show(plan: &Plan, p: &std::path::Path) -> String {
+    use std::path::{Path, PathBuf};
+    let dir = |x: &Path| x.parent().unwrap_or(x).to_path_buf();
+    let target = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let hidden = |x: &Path| {
+        crate::explain::explain(plan, &x.to_string_lossy(), "ENOENT", |q| {
+            q.symlink_metadata().is_ok()
+        })
+        .is_some()
+    };
+    let flag = |x: &Path| format!("--ro {}", x.display());
+    let (link_dir, target_dir) = (dir(p), crate::explain::program_dir(&target));
+    if target == p || !hidden(&link_dir) {
+        return flag(&target_dir);
+    }
+    let common: PathBuf = link_dir
+        .components()
+        .zip(target_dir.components())
+        .take_while(|(a, b)| a == b)
+        .map(|(a, _)| a)
+        .collect();
+    if common.parent().is_some() {
+        flag(&common)
+    } else {
+        format!("{} {}", flag(&link_dir), flag(&target_dir))
     }
 }
 

@@ -96,12 +96,34 @@ const MAX_CONFIG: u64 = 1 << 20;
 /// Deepest `.git/modules/…` nesting followed.
 const MAX_GIT_DEPTH: usize = 32;
 
+/// Tells, from one directory's listing, whether git would take that
+/// directory itself for a git dir (git's `is_git_directory`): a `HEAD`
+/// that is not a directory, and `objects` and `refs`, or a `commondir`
+/// that supplies them. Git looks for one at every directory it starts in
+/// or walks up through when no `.git` is there, so a bare repository the
+/// command leaves anywhere (`git init --bare sub`, or `HEAD objects refs
+/// config` written into the workspace root) has its `config` read, and
+/// its `core.fsmonitor` run, by the next `git status` on the host in that
+/// directory (a shell prompt's, an IDE's). Such a directory is a git dir
+/// here exactly like a `.git`: one source for the probe's walk and the
+/// sweep's. `kind` answers for a name in the listing.
+pub fn looks_like_git_dir(kind: impl Fn(&str) -> Option<Kind>) -> bool {
+    let head = matches!(kind("HEAD"), Some(Kind::File | Kind::Symlink));
+    let present = |n: &str| kind(n).is_some();
+    head && ((present("objects") && present("refs")) || present("commondir"))
+}
+
+/// The names [`looks_like_git_dir`] asks about: a walk keeps only these of
+/// each listing.
+pub const GIT_DIR_MARKERS: &[&str] = &["HEAD", "objects", "refs", "commondir"];
+
 /// Runs the sweep for every root; the command's processes are all gone.
 pub fn sweep(roots: &[SweepRoot], tag: &str) -> SweepReport {
     let mut s = Sweeper {
         tag: tag.to_string(),
         report: SweepReport::default(),
         restore: Vec::new(),
+        current_root: None,
         euid: nix::unistd::geteuid().as_raw(),
     };
     for r in roots {
@@ -213,6 +235,8 @@ struct Sweeper {
     report: SweepReport,
     /// Directories whose mode the sweep changed, with the mode to put back.
     restore: Vec<(OwnedFd, u32)>,
+    /// The root being swept, by path and fd.
+    current_root: Option<(PathBuf, OwnedFd)>,
     euid: u32,
 }
 
@@ -245,6 +269,7 @@ impl Sweeper {
     }
 
     fn sweep_root(&mut self, r: &SweepRoot, root: &OwnedFd) {
+        self.current_root = root.try_clone().ok().map(|fd| (r.root.clone(), fd));
         for rel in &r.gitdirs {
             self.sanitize_gitdir(r, root, rel, false, 0);
         }
@@ -332,9 +357,15 @@ impl Sweeper {
                     continue;
                 }
             };
+            let mut markers: Vec<(&str, Kind)> = Vec::new();
             for e in rd.flatten() {
                 let name = e.file_name();
                 let child = rel.join(&name);
+                if let Some(m) = GIT_DIR_MARKERS.iter().find(|m| name == **m) {
+                    if let Ok(t) = e.file_type() {
+                        markers.push((m, crate::probe::dirent_kind(&t)));
+                    }
+                }
                 if name == ".git" {
                     let known = r.git_existing.contains(&child) || r.git_links.contains_key(&child);
                     if !rel.as_os_str().is_empty() && !known {
@@ -345,6 +376,13 @@ impl Sweeper {
                 {
                     stack.push(child);
                 }
+            }
+            // The directory itself as a git dir (a bare repository), the
+            // root included; still walked below, like any directory.
+            let is_git_dir =
+                looks_like_git_dir(|n| markers.iter().find(|(m, _)| *m == n).map(|(_, k)| *k));
+            if is_git_dir && !r.git_existing.contains(&rel) {
+                found.push(rel);
             }
         }
         found
@@ -483,6 +521,14 @@ impl Sweeper {
             self.fail(&abs, "git dirs nested too deeply to check".into());
             return;
         }
+        if rel.as_os_str().is_empty() {
+            // The root itself is a (bare) git dir: kept, its parts checked.
+            match root.try_clone() {
+                Ok(gd) => self.sanitize_gitdir_parts(r, root, &gd, rel, in_modules, depth),
+                Err(e) => self.fail(&abs, format!("cannot duplicate an fd: {e}")),
+            }
+            return;
+        }
         let Some((parent, name)) = self.open_parent(r, root, rel) else {
             return;
         };
@@ -514,22 +560,37 @@ impl Sweeper {
             Ok(fd) => fd,
             Err(e) => return self.fail(&abs, format!("cannot open it: {e}")),
         };
-        self.grant_access(&gd, 0o100);
+        self.sanitize_gitdir_parts(r, root, &gd, rel, in_modules, depth);
+    }
+
+    /// Neutralises the executable parts of the git dir `gd` (at `rel`)
+    /// that did not exist before the run, and of its linked worktrees and
+    /// submodules.
+    fn sanitize_gitdir_parts(
+        &mut self,
+        r: &SweepRoot,
+        root: &OwnedFd,
+        gd: &OwnedFd,
+        rel: &Path,
+        in_modules: bool,
+        depth: usize,
+    ) {
+        self.grant_access(gd, 0o100);
         for part in WRITE_PROTECTED_GIT_PATHS {
             let prel = rel.join(part);
-            if existed(r, &gd, OsStr::new(part), &prel) {
+            if existed(r, gd, OsStr::new(part), &prel) {
                 continue;
             }
-            self.sanitize_part(&gd, &r.root.join(&prel), OsStr::new(part), in_modules);
+            self.sanitize_part(gd, &r.root.join(&prel), OsStr::new(part), in_modules);
         }
-        self.sanitize_worktrees(r, &gd, rel);
+        self.sanitize_worktrees(r, gd, rel);
         let mrel = rel.join("modules");
-        if let Ok(Some(st)) = lstat_at(&gd, OsStr::new("modules")) {
+        if let Ok(Some(st)) = lstat_at(gd, OsStr::new("modules")) {
             if kind_of(&st) == Kind::Dir {
                 self.walk_modules(r, root, &mrel, depth + 1);
-            } else if !existed(r, &gd, OsStr::new("modules"), &mrel) {
+            } else if !existed(r, gd, OsStr::new("modules"), &mrel) {
                 self.neutralise(
-                    &gd,
+                    gd,
                     &r.root.join(&mrel),
                     OsStr::new("modules"),
                     "not a directory where git keeps submodules",
@@ -573,6 +634,49 @@ impl Sweeper {
         };
         let own = r.root.join(".git");
         real.starts_with(own.join("worktrees")) || real.starts_with(own.join("modules"))
+    }
+
+    /// Whether every `core.worktree` in the config `text` (of the file at
+    /// `config_abs`) names an existing directory strictly beneath the
+    /// current root, resolved as git resolves it (relative to the git dir)
+    /// and opened beneath the root with no symlink on the way.
+    fn module_worktrees_inside(&self, config_abs: &Path, text: &str) -> bool {
+        let Ok(entries) = gitconfig::parse(text) else {
+            return false;
+        };
+        let Some((root_path, root_fd)) = &self.current_root else {
+            return false;
+        };
+        let Ok(git_dir) = config_abs
+            .parent()
+            .unwrap_or(config_abs)
+            .strip_prefix(root_path)
+        else {
+            return false;
+        };
+        entries
+            .iter()
+            .filter(|e| e.section == "core" && e.subsection.is_none() && e.key == "worktree")
+            .all(|e| {
+                let Some(v) = e.value.as_deref() else {
+                    return false;
+                };
+                // Resolved by the kernel, `..` included, from the root's
+                // fd: no symlink, nothing outside it.
+                let rel = if v.starts_with('/') {
+                    match Path::new(v).strip_prefix(root_path) {
+                        Ok(r) => r.to_path_buf(),
+                        Err(_) => return false,
+                    }
+                } else {
+                    git_dir.join(v)
+                };
+                let Ok(fd) = open_rel(root_fd, &rel) else {
+                    return false;
+                };
+                std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                    .is_ok_and(|real| real.starts_with(root_path) && real != *root_path)
+            })
     }
 
     fn sanitize_part(&mut self, gd: &OwnedFd, abs: &Path, part: &OsStr, in_modules: bool) {
@@ -763,6 +867,11 @@ impl Sweeper {
                 return self.neutralise(dir, abs, name, "a git config file moat cannot read back");
             }
         };
+        // A submodule's `core.worktree` is kept only when it names a real
+        // directory beneath the root (where `git submodule add` put the
+        // checkout): pointing elsewhere (`/home/u`), the host's next
+        // checkout in that submodule writes its files there.
+        let in_modules = in_modules && self.module_worktrees_inside(abs, &text);
         let (clean, dropped) = match gitconfig::sanitize(&text, in_modules) {
             Ok(x) => x,
             Err(e) => {
@@ -833,9 +942,15 @@ impl Sweeper {
 /// git fail.) Returns whether it created one.
 pub fn ensure_hooks_dir(root: &Path, rel: &Path) -> io::Result<bool> {
     let root_fd = open_root(root)?;
-    let Ok(gd) = open_rel(&root_fd, rel) else {
-        // Missing, a gitfile or a symlink: nothing to prepare.
-        return Ok(false);
+    // An empty `rel`: the root itself is a (bare) git dir.
+    let gd = if rel.as_os_str().is_empty() {
+        root_fd
+    } else {
+        match open_rel(&root_fd, rel) {
+            Ok(fd) => fd,
+            // Missing, a gitfile or a symlink: nothing to prepare.
+            Err(_) => return Ok(false),
+        }
     };
     if lstat_at(&gd, OsStr::new("hooks"))?.is_some() {
         return Ok(false);
@@ -896,21 +1011,27 @@ fn collect_gitdir(
             rel.display()
         )));
     }
-    let parent = match rel.parent() {
-        Some(p) if !p.as_os_str().is_empty() => open_rel(root, p)?,
-        _ => root.try_clone()?,
+    let gd = if rel.as_os_str().is_empty() {
+        // The root itself is a (bare) git dir.
+        out.push(part(PathBuf::new(), &nix::sys::stat::fstat(root)?, false));
+        root.try_clone()?
+    } else {
+        let parent = match rel.parent() {
+            Some(p) if !p.as_os_str().is_empty() => open_rel(root, p)?,
+            _ => root.try_clone()?,
+        };
+        let Some(name) = rel.file_name() else {
+            return Ok(());
+        };
+        let Some(st) = lstat_at(&parent, name)? else {
+            return Ok(());
+        };
+        out.push(part(rel.to_path_buf(), &st, false));
+        if kind_of(&st) != Kind::Dir {
+            return Ok(());
+        }
+        open_dir(&parent, name)?
     };
-    let Some(name) = rel.file_name() else {
-        return Ok(());
-    };
-    let Some(st) = lstat_at(&parent, name)? else {
-        return Ok(());
-    };
-    out.push(part(rel.to_path_buf(), &st, false));
-    if kind_of(&st) != Kind::Dir {
-        return Ok(());
-    }
-    let gd = open_dir(&parent, name)?;
     for p in WRITE_PROTECTED_GIT_PATHS {
         if let Some(st) = lstat_at(&gd, OsStr::new(p))? {
             out.push(part(rel.join(p), &st, true));

@@ -66,7 +66,9 @@ pub const GIT_CONFIG_ALLOWED_KEYS: &[&str] = &[
 
 /// Also kept inside a submodule's git dir (`.git/modules/…/config`), where
 /// `git submodule add` writes it: where the submodule's work tree is. It
-/// redirects no config, hooks or programs.
+/// redirects no config, hooks or programs, but it does say where a checkout
+/// writes files: the sweep keeps it only when it names a directory inside
+/// the root it sweeps (`moat_linux::sweep`).
 pub const GIT_CONFIG_ALLOWED_IN_MODULES: &[&str] = &["core.worktree"];
 
 /// One `section[.subsection].key = value` entry.

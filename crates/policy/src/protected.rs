@@ -279,6 +279,29 @@ pub const WRITE_PROTECTED_WORKSPACE_NAMES: &[&str] = &[
     // mise: `[hooks] enter`/`[env] _.source` run on `cd` under `mise activate`.
     "mise.toml",
     ".mise.toml",
+    // Git hook managers: the commands the host's next `git commit` or
+    // `git push` runs, once their hook is installed in `.git/hooks` (or
+    // `core.hooksPath` points at `.husky/_`). husky: `.husky/pre-commit`…
+    // are the scripts; pre-commit: `repo: local` hooks with any `entry`;
+    // lefthook: `run:` commands (every config name it reads at the root,
+    // `-local` overrides included, and its `.lefthook/` scripts);
+    // overcommit: custom hooks.
+    ".husky",
+    ".pre-commit-config.yaml",
+    "lefthook.yml",
+    "lefthook.yaml",
+    "lefthook.json",
+    "lefthook.toml",
+    ".lefthook.yml",
+    ".lefthook.yaml",
+    ".lefthook.json",
+    ".lefthook.toml",
+    "lefthook-local.yml",
+    "lefthook-local.yaml",
+    ".lefthook-local.yml",
+    ".lefthook-local.yaml",
+    ".lefthook",
+    ".overcommit.yml",
 ];
 
 /// Home-relative paths that also run code later (login sessions, PATH

@@ -1,0 +1,648 @@
+//! Red-team of the edges a run leaves behind: what the host's git runs
+//! later in the workspace. Each case plants something from inside the
+//! sandbox, then runs the host's own `git` in the workspace after the run
+//! and asserts the planted program did not run (its marker file is absent).
+
+use std::path::Path;
+use std::process::Command;
+
+use moat_conformance::*;
+
+/// The host's `git` in `dir`, with no global or system config (HOME is the
+/// fixture's), as a user's shell prompt or IDE runs it after the run.
+fn host_git(dir: &Path, home: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("git")
+        .args(["-c", "user.email=a@b", "-c", "user.name=a"])
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", home)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .expect("run git")
+}
+
+fn git_ok(dir: &Path, home: &Path, args: &[&str]) {
+    let out = host_git(dir, home, args);
+    assert!(
+        out.status.success(),
+        "git {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A bare repository is a git dir without a `.git`: git takes any
+/// directory holding `HEAD`, `objects` and `refs` for one and reads its
+/// `config` when it starts there. A command that leaves one in the
+/// workspace (`git init --bare sub` plus `core.fsmonitor`, `core.bare =
+/// false`, `core.worktree = .`) has the host's `git status` in that
+/// directory run its program; so does one that turns the workspace root
+/// itself into a git dir.
+#[test]
+fn bare_git_dir_left_in_the_workspace_runs_nothing_on_the_host() {
+    let plant = |dir: &str, marker: &str| {
+        format!(
+            "mkdir -p {dir}/objects {dir}/refs {dir}/hooks && echo 'ref: refs/heads/main' > {dir}/HEAD && \
+             printf '[core]\\n\\tfsmonitor = \"touch {marker}; false\"\\n\\tbare = false\\n\\tworktree = .\\n' > {dir}/config && \
+             printf '#!/bin/sh\\ntouch {marker}\\n' > {dir}/hooks/post-checkout && chmod +x {dir}/hooks/post-checkout && echo planted"
+        )
+    };
+    for level in ["workspace-write", "workspace-contained"] {
+        // Below a repository the workspace has, and at a workspace root
+        // that has none.
+        for (with_repo, dir) in [(true, "vendor/lib"), (false, ".")] {
+            let fx = Fixture::new();
+            if with_repo {
+                git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+                git_ok(
+                    &fx.ws,
+                    &fx.home,
+                    &["commit", "-q", "--allow-empty", "-m", "init"],
+                );
+            }
+            let marker = fx.root.join("PWNED");
+            let out = run(fx.sh(
+                level,
+                &["--no-audit"],
+                &plant(dir, &marker.display().to_string()),
+            ));
+            assert!(
+                out.stdout.contains("planted"),
+                "control: the command ran\n{}",
+                out.dump()
+            );
+            let gd = fx.ws.join(dir);
+            let st = host_git(&gd, &fx.home, &["status"]);
+            assert!(
+                !exists(&marker),
+                "{level}, {dir}: the host's `git status` ran the planted fsmonitor\n{}\ngit: {}",
+                out.dump(),
+                String::from_utf8_lossy(&st.stderr)
+            );
+            assert!(
+                !exists(gd.join("hooks/post-checkout")),
+                "{level}, {dir}: the planted hook survived the run\n{}",
+                out.dump()
+            );
+            // The repository itself stays (only what runs goes), and the
+            // sweep says what it removed.
+            assert!(exists(gd.join("HEAD")), "{level}, {dir}: HEAD removed");
+            assert!(
+                out.stderr.contains("core.fsmonitor"),
+                "{level}, {dir}: the removal is not reported\n{}",
+                out.dump()
+            );
+        }
+    }
+}
+
+/// A bare repository that is already in the workspace (a test fixture, a
+/// local remote) gets what a `.git` gets during the run: its hooks and
+/// config are read-only.
+#[test]
+fn existing_bare_git_dir_in_the_workspace_is_write_protected() {
+    let fx = Fixture::new();
+    let out = host_git(&fx.ws, &fx.home, &["init", "-q", "--bare", "remote.git"]);
+    assert!(out.status.success(), "git init --bare failed");
+    let bare = fx.ws.join("remote.git");
+    let config_before = read(bare.join("config")).unwrap_or_default();
+    for level in ["workspace-write", "workspace-contained"] {
+        let out = run(fx.sh(
+            level,
+            &["--no-audit"],
+            "echo '[core] fsmonitor = \"touch x\"' >> remote.git/config; \
+             printf '#!/bin/sh\\n' > remote.git/hooks/post-receive; echo ran",
+        ));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(bare.join("config")).unwrap_or_default(),
+            config_before,
+            "{level}: the bare repository's config was changed\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(bare.join("hooks/post-receive")),
+            "{level}: a hook was planted in the bare repository\n{}",
+            out.dump()
+        );
+    }
+}
+
+/// `core.hooksPath` moves the hooks git runs out of `.git/hooks`, often
+/// into the work tree (husky's `.husky/_`, a `.githooks` directory): there
+/// they are as live on the host as `.git/hooks` and must be as read-only.
+/// One the command creates where the config points is swept.
+#[test]
+fn hooks_path_in_the_workspace_is_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+        let marker = fx.root.join("PWNED");
+        let hook = format!("#!/bin/sh\ntouch {}\n", marker.display());
+        write(fx.ws.join(".husky/_/pre-commit"), "#!/bin/sh\nexit 0\n");
+        let chmod = Command::new("chmod")
+            .arg("+x")
+            .arg(fx.ws.join(".husky/_/pre-commit"))
+            .status()
+            .expect("chmod");
+        assert!(chmod.success());
+        git_ok(&fx.ws, &fx.home, &["config", "core.hooksPath", ".husky/_"]);
+        // A second repository whose hooks directory does not exist yet.
+        let sub = fx.ws.join("sub");
+        std::fs::create_dir(&sub).expect("mkdir sub");
+        git_ok(&sub, &fx.home, &["init", "-q", "."]);
+        git_ok(&sub, &fx.home, &["config", "core.hooksPath", ".githooks"]);
+        let script = format!(
+            "printf '{hook}' > .husky/_/pre-commit; mkdir -p sub/.githooks && printf '{hook}' > sub/.githooks/pre-commit && \
+             chmod +x sub/.githooks/pre-commit; echo ran",
+            hook = hook.replace('\n', "\\n")
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        for dir in [&fx.ws, &sub] {
+            let _ = host_git(dir, &fx.home, &["commit", "-q", "--allow-empty", "-m", "x"]);
+        }
+        assert!(
+            !exists(&marker),
+            "{level}: the host's `git commit` ran a hook the command wrote through core.hooksPath\n{}",
+            out.dump()
+        );
+    }
+}
+
+/// A repository's config that includes a file in the work tree (`[include]
+/// path = ../project.gitconfig`, a common way to share settings) makes
+/// that file as live as `.git/config`: a `core.fsmonitor` written there
+/// runs on the next host `git status`.
+#[test]
+fn config_included_from_the_workspace_is_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+        write(fx.ws.join("project.gitconfig"), "[user]\n\tname = a\n");
+        git_ok(
+            &fx.ws,
+            &fx.home,
+            &["config", "include.path", "../project.gitconfig"],
+        );
+        git_ok(
+            &fx.ws,
+            &fx.home,
+            &[
+                "config",
+                "--add",
+                "includeIf.onbranch:main.path",
+                "../later.gitconfig",
+            ],
+        );
+        let marker = fx.root.join("PWNED");
+        let script = format!(
+            "printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' > project.gitconfig; \
+             printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' > later.gitconfig; echo ran",
+            m = marker.display()
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(&fx.ws, &fx.home, &["checkout", "-q", "-b", "main"]);
+        let _ = host_git(&fx.ws, &fx.home, &["status"]);
+        assert!(
+            !exists(&marker),
+            "{level}: the host's git ran an fsmonitor the command wrote into an included config\n{}",
+            out.dump()
+        );
+    }
+}
+
+/// A hooks path that is the workspace root itself cannot be kept
+/// read-only without making the whole workspace read-only: moat refuses
+/// the run (exit 125, naming the key and the fix) instead of running it
+/// with live hooks.
+#[test]
+fn hooks_path_at_the_workspace_root_is_refused() {
+    let fx = Fixture::new();
+    git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+    git_ok(&fx.ws, &fx.home, &["config", "core.hooksPath", "."]);
+    let out = run(fx.sh("workspace-write", &["--no-audit"], "echo ran"));
+    assert_eq!(out.code, Some(125), "{}", out.dump());
+    assert!(!out.stdout.contains("ran"), "{}", out.dump());
+    assert!(out.stderr.contains("core.hooksPath"), "{}", out.dump());
+}
+
+/// At workspace-contained a directory grant is the only way the command
+/// sees another project: `--ro ~/other` / `--rw ~/other` must not show
+/// that project's `.env` files (at its root or deeper) or the token in its
+/// `.git/config`, exactly as the workspace's are not shown. Naming the
+/// file itself opts it in.
+#[test]
+fn directory_grant_at_contained_hides_env_files_and_git_credentials() {
+    let fx = Fixture::new();
+    let other = fx.outside.join("proj");
+    write(other.join(".env"), &format!("A={}\n", fx.env_secret));
+    write(
+        other.join("app/.env.local"),
+        &format!("B={}\n", fx.env_secret),
+    );
+    write(other.join("README"), "public\n");
+    git_ok(&other, &fx.home, &["init", "-q", "."]);
+    let token = unique("ghp_GRANTTOKEN");
+    git_ok(
+        &other,
+        &fx.home,
+        &[
+            "remote",
+            "add",
+            "origin",
+            &format!("https://{token}@github.com/o/r"),
+        ],
+    );
+    let o = other.display().to_string();
+    for mode in ["--ro", "--rw"] {
+        let out = run(fx.sh(
+            "workspace-contained",
+            &["--no-audit", mode, &o],
+            &format!("cat {o}/README; cat {o}/.env {o}/app/.env.local {o}/.git/config; git -C {o} remote -v"),
+        ));
+        assert!(
+            out.stdout.contains("public"),
+            "control: the grant is visible\n{}",
+            out.dump()
+        );
+        assert!(
+            !out.stdout.contains(&fx.env_secret),
+            "{mode}: a .env of the granted directory was readable\n{}",
+            out.dump()
+        );
+        assert!(
+            !out.stdout.contains(&token),
+            "{mode}: the token in the granted checkout's .git/config was readable\n{}",
+            out.dump()
+        );
+        assert!(
+            out.stdout.contains("github.com/o/r"),
+            "{mode}: git no longer reads the granted checkout's remote\n{}",
+            out.dump()
+        );
+    }
+    // Opting in: the file named exactly is shown raw.
+    let out = run(fx.sh(
+        "workspace-contained",
+        &["--no-audit", "--ro", &o, "--ro", &format!("{o}/.env")],
+        &format!("cat {o}/.env"),
+    ));
+    assert!(
+        out.stdout.contains(&fx.env_secret),
+        "opt-in by name\n{}",
+        out.dump()
+    );
+}
+
+/// A writable grant that is a bare repository (`--rw ~/remote.git`, so
+/// the command can push to a local remote) must not let the command plant
+/// a hook there: the host's next push into it would run the hook.
+#[test]
+fn writable_grant_of_a_bare_repository_keeps_its_hooks_and_config() {
+    let fx = Fixture::new();
+    let remote = fx.outside.join("remote.git");
+    let out = host_git(
+        &fx.outside,
+        &fx.home,
+        &["init", "-q", "--bare", "remote.git"],
+    );
+    assert!(out.status.success(), "git init --bare failed");
+    let config_before = read(remote.join("config")).unwrap_or_default();
+    let r = remote.display().to_string();
+    let marker = fx.root.join("PWNED");
+    for level in ["read-only", "workspace-write", "workspace-contained"] {
+        let out = run(fx.sh(
+            level,
+            &["--no-audit", "--rw", &r],
+            &format!(
+                "printf '#!/bin/sh\\ntouch {m}\\n' > {r}/hooks/post-receive; chmod +x {r}/hooks/post-receive; \
+                 printf '[core]\\n\\tfsmonitor = \"touch {m}\"\\n' >> {r}/config; touch {r}/granted; echo ran",
+                m = marker.display()
+            ),
+        ));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        assert!(
+            exists(remote.join("granted")),
+            "control: the grant is writable\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(remote.join("hooks/post-receive")),
+            "{level}: a hook was planted in the granted bare repository\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(remote.join("config")).unwrap_or_default(),
+            config_before,
+            "{level}: the granted bare repository's config was changed\n{}",
+            out.dump()
+        );
+        std::fs::remove_file(remote.join("granted")).expect("rm granted");
+    }
+}
+
+/// A program outside the contained view is refused with the flag that
+/// shows it, and that flag, used as printed, makes it run: for a program
+/// installed the way npm installs one (a `bin/NAME` symlink into
+/// `lib/node_modules/@scope/name/`, reading its own package files), the
+/// link's path alone (`--ro bin/NAME`) resolves to the target file and
+/// leaves the link missing, so the hint must name what holds both.
+#[test]
+fn hint_for_a_program_outside_the_view_works_as_printed() {
+    let fx = Fixture::new();
+    let prefix = fx.outside.join("agents");
+    let pkg = prefix.join("lib/node_modules/@acme/tool");
+    let marker = unique("PKGJSON");
+    write(
+        pkg.join("package.json"),
+        &format!("{{\"name\":\"{marker}\"}}\n"),
+    );
+    write(
+        pkg.join("bin/tool.sh"),
+        "#!/bin/sh\ncat \"$(dirname \"$(readlink -f \"$0\")\")/../package.json\"\n",
+    );
+    let chmod = Command::new("chmod")
+        .arg("+x")
+        .arg(pkg.join("bin/tool.sh"))
+        .status()
+        .expect("chmod");
+    assert!(chmod.success());
+    std::fs::create_dir_all(prefix.join("bin")).expect("mkdir bin");
+    std::os::unix::fs::symlink(
+        "../lib/node_modules/@acme/tool/bin/tool.sh",
+        prefix.join("bin/tool"),
+    )
+    .expect("symlink");
+    for program in [prefix.join("bin/tool"), pkg.join("bin/tool.sh")] {
+        let p = program.display().to_string();
+        let out = run(fx.moat([
+            "exec",
+            "--policy",
+            "workspace-contained",
+            "--no-audit",
+            "--",
+            &p,
+        ]));
+        assert_eq!(
+            out.code,
+            Some(127),
+            "{p}: refused as not found\n{}",
+            out.dump()
+        );
+        let hint = out
+            .stderr
+            .split("add ")
+            .nth(1)
+            .and_then(|h| h.split(" to show it").next())
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            hint.starts_with("--ro /"),
+            "{p}: a concrete flag in the hint\n{}",
+            out.dump()
+        );
+        let mut args = vec!["exec", "--policy", "workspace-contained", "--no-audit"];
+        args.extend(hint.split(' '));
+        args.extend(["--", &p]);
+        let out = run(fx.moat(args));
+        assert!(
+            out.code == Some(0) && out.stdout.contains(&marker),
+            "{p}: the program did not run with the hint's flags ({hint})\n{}",
+            out.dump()
+        );
+    }
+}
+
+/// A writable grant holding repositories below its root (`--rw
+/// ~/projects`): their hooks and config stay read-only during the run (as
+/// the workspace's nested checkouts' do), a repository the command creates
+/// there keeps no hook and no program-running key, and the user's own
+/// hooks are left alone.
+#[test]
+fn writable_grant_keeps_the_git_dirs_below_it_inert() {
+    for level in ["read-only", "workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        let projects = fx.outside.join("projects");
+        let a = projects.join("a");
+        std::fs::create_dir_all(&a).expect("mkdir a");
+        git_ok(&a, &fx.home, &["init", "-q", "."]);
+        write(a.join(".git/hooks/pre-commit"), "#!/bin/sh\nexit 0\n");
+        let a_config = read(a.join(".git/config")).unwrap_or_default();
+        let marker = fx.root.join("PWNED");
+        let m = marker.display();
+        let p = projects.display().to_string();
+        let script = format!(
+            "cd {p} && printf '#!/bin/sh\\ntouch {m}\\n' > a/.git/hooks/post-checkout; \
+             printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' >> a/.git/config; \
+             git init -q b && printf '#!/bin/sh\\ntouch {m}\\n' > b/.git/hooks/post-checkout && chmod +x b/.git/hooks/post-checkout && \
+             git -C b config core.fsmonitor 'touch {m}; false' && echo ran"
+        );
+        let out = run(fx.sh(level, &["--no-audit", "--rw", &p], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(a.join(".git/config")).unwrap_or_default(),
+            a_config,
+            "{level}: an existing repository's config below the grant was changed\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(a.join(".git/hooks/post-checkout")),
+            "{level}: a hook was written into an existing repository below the grant\n{}",
+            out.dump()
+        );
+        assert!(
+            exists(a.join(".git/hooks/pre-commit")),
+            "{level}: the user's own hook was moved\n{}",
+            out.dump()
+        );
+        let _ = host_git(&projects.join("b"), &fx.home, &["status"]);
+        assert!(
+            !exists(&marker),
+            "{level}: the host's git ran what the command left in a new repository below the grant\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(projects.join("b/.git/hooks/post-checkout")),
+            "{level}: the new repository kept its hook\n{}",
+            out.dump()
+        );
+    }
+}
+
+/// Git hook managers keep the commands git hooks run in the work tree:
+/// husky v9 points `core.hooksPath` at `.husky/_`, whose stubs run
+/// `.husky/<hook>`; pre-commit and lefthook run what their config files
+/// name. A command that edits them has the host's next `git commit` run
+/// its code, so they are write-protected like `.git/hooks` (new ones are
+/// moved aside after the run).
+#[test]
+fn git_hook_manager_configs_are_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+        // husky v9's layout: a stub in .husky/_ that runs .husky/pre-commit.
+        write(
+            fx.ws.join(".husky/_/pre-commit"),
+            "#!/bin/sh\ns=\"$(dirname \"$(dirname \"$0\")\")/$(basename \"$0\")\"\n[ -f \"$s\" ] && sh -e \"$s\"\nexit 0\n",
+        );
+        write(fx.ws.join(".husky/pre-commit"), "exit 0\n");
+        let chmod = Command::new("chmod")
+            .arg("+x")
+            .arg(fx.ws.join(".husky/_/pre-commit"))
+            .status()
+            .expect("chmod");
+        assert!(chmod.success());
+        git_ok(&fx.ws, &fx.home, &["config", "core.hooksPath", ".husky/_"]);
+        write(fx.ws.join(".pre-commit-config.yaml"), "repos: []\n");
+        let marker = fx.root.join("PWNED");
+        let m = marker.display();
+        let script = format!(
+            "echo 'touch {m}' > .husky/pre-commit; \
+             printf 'repos:\\n- repo: local\\n  hooks:\\n  - id: x\\n    name: x\\n    entry: touch {m}\\n    language: system\\n' > .pre-commit-config.yaml; \
+             printf 'pre-commit:\\n  commands:\\n    x:\\n      run: touch {m}\\n' > lefthook.yml; echo ran"
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(
+            &fx.ws,
+            &fx.home,
+            &["commit", "-q", "--allow-empty", "-m", "x"],
+        );
+        assert!(
+            !exists(&marker),
+            "{level}: the host's `git commit` ran the husky script the command wrote\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(fx.ws.join(".pre-commit-config.yaml")).unwrap_or_default(),
+            "repos: []\n",
+            "{level}: .pre-commit-config.yaml was changed\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(fx.ws.join("lefthook.yml")),
+            "{level}: a new lefthook.yml survived the run\n{}",
+            out.dump()
+        );
+    }
+}
+
+/// A submodule's git dir (`.git/modules/NAME`) may keep `core.worktree`,
+/// which `git submodule add` writes — but only where it points into the
+/// workspace. Pointed at a directory outside, the host's next checkout in
+/// that submodule writes the submodule's files there (`~/.bashrc`).
+#[test]
+fn submodule_worktree_outside_the_workspace_is_dropped() {
+    let fx = Fixture::new();
+    let src = fx.outside.join("subsrc");
+    std::fs::create_dir_all(&src).expect("mkdir");
+    git_ok(&src, &fx.home, &["init", "-q", "."]);
+    write(src.join("payload"), "from the submodule\n");
+    git_ok(&src, &fx.home, &["add", "payload"]);
+    git_ok(&src, &fx.home, &["commit", "-q", "-m", "x"]);
+    let victim = fx.outside.join("victim");
+    std::fs::create_dir_all(&victim).expect("mkdir victim");
+    for level in ["workspace-write", "workspace-contained"] {
+        let ws = fx.ws.join(level);
+        std::fs::create_dir_all(&ws).expect("mkdir ws");
+        git_ok(&ws, &fx.home, &["init", "-q", "."]);
+        git_ok(
+            &ws,
+            &fx.home,
+            &["commit", "-q", "--allow-empty", "-m", "init"],
+        );
+        let script = format!(
+            "git -c protocol.file.allow=always submodule add -q file://{src} sub 2>/dev/null; \
+             git config -f .git/modules/sub/config core.worktree {victim} && echo ran",
+            src = src.display(),
+            victim = victim.display()
+        );
+        let out = run(fx.sh(
+            level,
+            &[
+                "--no-audit",
+                "--cwd",
+                &ws.display().to_string(),
+                "--ro",
+                &src.display().to_string(),
+            ],
+            &script,
+        ));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(&ws.join("sub"), &fx.home, &["checkout", "-f", "-q", "HEAD"]);
+        assert!(
+            !exists(victim.join("payload")),
+            "{level}: the host's checkout in the submodule wrote outside the workspace\n{}",
+            out.dump()
+        );
+    }
+}
+
+/// `git push` to a repository on this machine outside the writable area
+/// fails with git's "remote unpack failed", which names no path and no
+/// errno; moat still says which repository was refused and which flag
+/// grants it, and the remote is unchanged.
+#[test]
+fn push_to_a_read_only_local_remote_names_the_flag() {
+    let fx = Fixture::new();
+    let out = host_git(
+        &fx.outside,
+        &fx.home,
+        &["init", "-q", "--bare", "remote.git"],
+    );
+    assert!(out.status.success());
+    let remote = fx.outside.join("remote.git");
+    let script = format!(
+        "git clone -q file://{r} r 2>/dev/null; cd r && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m one && git push -q origin HEAD; echo pushed",
+        r = remote.display()
+    );
+    let out = run(fx.sh("workspace-write", &["--no-audit"], &script));
+    assert!(
+        out.stdout.contains("pushed"),
+        "control: the command ran\n{}",
+        out.dump()
+    );
+    assert!(
+        !exists(remote.join("refs/heads/master")) && !exists(remote.join("refs/heads/main")),
+        "the read-only remote received the push\n{}",
+        out.dump()
+    );
+    assert!(
+        out.stderr
+            .contains(&format!("moat: denied write {} ", remote.display()))
+            && out.stderr.contains("--rw"),
+        "the refusal does not name the repository and the flag\n{}",
+        out.dump()
+    );
+}
