@@ -3,6 +3,8 @@
 //! Without libtest's harness (`harness = false`), which runs each test on a
 //! thread of its own: `run` clones the sandbox's init, which needs a
 //! single-threaded caller (`sys::clone_process`; debug builds check it).
+// A test without libtest's #[test] marker: what clippy allows in tests applies.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::ffi::OsString;
 use std::path::PathBuf;
