@@ -339,77 +339,128 @@ pub fn redact_git_config(text: &str) -> Option<(String, Vec<String>)> {
 }
 
 /// The files the user's git config files include (`[include] path`,
-/// `[includeIf "…"] path`), as git would resolve them: `~/` from `home`, a
-/// relative path from the including file's directory. The sanitized copy
-/// drops the includes; the files themselves are where users keep what
-/// they did not want in their main config (a token, a signing key's
-/// passphrase helper), so the caller hides each existing one like a
-/// protected path. One level: a file an included file includes is not
-/// followed (git inside never loads either).
-pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
+/// `[includeIf "…"] path`), as git would resolve them: `~/` from `home`,
+/// `~user/` from that user's home in `/etc/passwd`, a relative path from
+/// the including file's directory. The config files read are HOME's
+/// ([`GIT_CONFIGS`]) and `others` (the system's `/etc/gitconfig`, an
+/// `$XDG_CONFIG_HOME/git/config` outside HOME). The sanitized copies drop
+/// the includes; the files themselves are where users keep what they did
+/// not want in their main config (a token, a signing key's passphrase
+/// helper), so the caller hides each existing one like a protected path.
+/// An included file's own includes are followed too, as deep as git goes
+/// ([`GIT_MAX_INCLUDE_DEPTH`]).
+pub fn git_include_targets(home: &Path, others: &[PathBuf]) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
-    for rel in GIT_CONFIGS {
-        let path = home.join(rel);
-        let Ok(meta) = std::fs::metadata(&path) else {
-            continue;
-        };
-        if !meta.is_file() {
-            continue;
-        }
-        // Bytes, not UTF-8 only: git reads a Latin-1 name as bytes, and the
-        // copy is skipped for such a file, so its includes must be found
-        // here or nowhere (a path itself in another encoding is mangled,
-        // and then not found either way). Likewise a file too large to copy
-        // is still read for its includes, up to a bound.
-        let mut bytes = Vec::new();
-        let read = std::fs::File::open(&path).and_then(|f| {
-            std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_INCLUDE_SCAN), &mut bytes)
-        });
-        if read.is_err() {
+    let mut queue: Vec<(PathBuf, usize)> = GIT_CONFIGS
+        .iter()
+        .map(|rel| home.join(rel))
+        .chain(others.iter().cloned())
+        .map(|p| (p, 0))
+        .collect();
+    let mut next = 0;
+    while let Some((path, depth)) = queue.get(next).cloned() {
+        next += 1;
+        if depth >= GIT_MAX_INCLUDE_DEPTH {
             continue;
         }
-        let text = String::from_utf8_lossy(&bytes);
-        let paths: Vec<String> = match moat_policy::gitconfig::parse(&text) {
-            Ok(entries) => entries
-                .into_iter()
-                .filter(|e| GIT_DROPPED_SECTIONS[1..].contains(&e.section.as_str()))
-                .filter(|e| e.key == "path")
-                .filter_map(|e| e.value)
-                .collect(),
-            // A file git may read but moat cannot (a form the parser does
-            // not know yet): every `path = …` line, in any section, is
-            // taken for an include. Hiding too much is harmless; missing
-            // the file where the token is kept is not.
-            Err(_) => loose_path_values(&text),
-        };
-        // A relative include is relative to the including file; for a
-        // symlinked config (dotfile managers) both its directory and the
-        // target's are candidates, whichever git version resolves which.
-        let mut dirs = vec![path.parent().unwrap_or(home).to_path_buf()];
-        if let Some(d) = std::fs::canonicalize(&path)
-            .ok()
-            .and_then(|c| c.parent().map(Path::to_path_buf))
-        {
-            if !dirs.contains(&d) {
-                dirs.push(d);
-            }
-        }
-        for v in paths {
-            if v.is_empty() {
-                continue;
-            }
-            let targets = match v.strip_prefix("~/") {
-                Some(r) => vec![home.join(r)],
-                None => dirs.iter().map(|d| d.join(&v)).collect(),
-            };
-            for target in targets {
-                if !out.contains(&target) {
-                    out.push(target);
-                }
+        for target in includes_of(home, &path) {
+            if !out.contains(&target) && !queue.iter().any(|(q, _)| *q == target) {
+                out.push(target.clone());
+                queue.push((target, depth + 1));
             }
         }
     }
     out
+}
+
+/// How deep git follows includes (its `MAX_INCLUDE_DEPTH`).
+const GIT_MAX_INCLUDE_DEPTH: usize = 10;
+
+/// The files one git config file includes, resolved (see
+/// [`git_include_targets`]); none when it is not a readable regular file.
+fn includes_of(home: &Path, path: &Path) -> Vec<PathBuf> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Vec::new();
+    };
+    if !meta.is_file() {
+        return Vec::new();
+    }
+    // Bytes, not UTF-8 only: git reads a Latin-1 name as bytes, and the
+    // copy is skipped for such a file, so its includes must be found
+    // here or nowhere (a path itself in another encoding is mangled,
+    // and then not found either way). Likewise a file too large to copy
+    // is still read for its includes, up to a bound.
+    let mut bytes = Vec::new();
+    let read = std::fs::File::open(path).and_then(|f| {
+        std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_INCLUDE_SCAN), &mut bytes)
+    });
+    if read.is_err() {
+        return Vec::new();
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let paths: Vec<String> = match moat_policy::gitconfig::parse(&text) {
+        Ok(entries) => entries
+            .into_iter()
+            .filter(|e| GIT_DROPPED_SECTIONS[1..].contains(&e.section.as_str()))
+            .filter(|e| e.key == "path")
+            .filter_map(|e| e.value)
+            .collect(),
+        // A file git may read but moat cannot (a form the parser does
+        // not know yet): every `path = …` line, in any section, is
+        // taken for an include. Hiding too much is harmless; missing
+        // the file where the token is kept is not.
+        Err(_) => loose_path_values(&text),
+    };
+    // A relative include is relative to the including file; for a
+    // symlinked config (dotfile managers) both its directory and the
+    // target's are candidates, whichever git version resolves which.
+    let mut dirs = vec![path.parent().unwrap_or(home).to_path_buf()];
+    if let Some(d) = std::fs::canonicalize(path)
+        .ok()
+        .and_then(|c| c.parent().map(Path::to_path_buf))
+    {
+        if !dirs.contains(&d) {
+            dirs.push(d);
+        }
+    }
+    let mut out: Vec<PathBuf> = Vec::new();
+    for v in paths {
+        if v.is_empty() {
+            continue;
+        }
+        let targets = match expand_user_path(home, &v) {
+            Some(p) => vec![p],
+            // `~name/…` of a user /etc/passwd does not know: git fails on
+            // it too.
+            None if v.starts_with('~') => Vec::new(),
+            None => dirs.iter().map(|d| d.join(&v)).collect(),
+        };
+        for target in targets {
+            if !out.contains(&target) {
+                out.push(target);
+            }
+        }
+    }
+    out
+}
+
+/// `~/rest` (from `home`) and `~name/rest` (from `name`'s home in
+/// `/etc/passwd`), as git expands an include path; None for anything else.
+fn expand_user_path(home: &Path, value: &str) -> Option<PathBuf> {
+    let rest = value.strip_prefix('~')?;
+    let (name, tail) = rest.split_once('/')?;
+    if name.is_empty() {
+        return Some(home.join(tail));
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let mut f = line.split(':');
+        (f.next() == Some(name))
+            .then(|| f.nth(4))
+            .flatten()
+            .filter(|h| h.starts_with('/'))
+            .map(|h| Path::new(h).join(tail))
+    })
 }
 
 /// The values of every line that reads `path = VALUE` (after an optional
@@ -804,12 +855,44 @@ mod tests {
         std::fs::create_dir_all(h.join(".config/git")).unwrap();
         std::fs::write(h.join(".config/git/config"), "[include]\n\tpath = tok\n").unwrap();
         assert_eq!(
-            git_include_targets(h),
+            git_include_targets(h, &[]),
             vec![
                 h.join(".gitconfig.local"),
                 h.join("rel.inc"),
                 PathBuf::from("/etc/corp.gitconfig"),
                 h.join(".config/git/tok"),
+            ]
+        );
+    }
+
+    #[test]
+    fn git_include_targets_follow_nested_includes_user_homes_and_other_configs() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path();
+        // ~/.gitconfig → ~/.a → ~/.b (a token kept two includes away), and
+        // another user's home by name (root's is in every /etc/passwd).
+        std::fs::write(
+            h.join(".gitconfig"),
+            "[include]\n\tpath = ~/.a\n\tpath = ~root/.moat-test-tok\n\tpath = ~nosuchuser-moat/x\n",
+        )
+        .unwrap();
+        std::fs::write(h.join(".a"), "[include]\n\tpath = .b\n").unwrap();
+        std::fs::write(h.join(".b"), "[include]\n\tpath = ~/.a\n").unwrap();
+        // A system config (passed in) with its own include.
+        std::fs::write(h.join("sys"), "[include]\n\tpath = sys.inc\n").unwrap();
+        let root_home = std::fs::read_to_string("/etc/passwd")
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("root:"))
+            .and_then(|l| l.split(':').nth(5).map(PathBuf::from))
+            .unwrap();
+        assert_eq!(
+            git_include_targets(h, &[h.join("sys")]),
+            vec![
+                h.join(".a"),
+                root_home.join(".moat-test-tok"),
+                h.join("sys.inc"),
+                h.join(".b"),
             ]
         );
     }
@@ -823,7 +906,7 @@ mod tests {
             b"[user]\n\tname = Jos\xe9\n[include]\n\tpath = ~/.tok\n",
         )
         .unwrap();
-        assert_eq!(git_include_targets(h), vec![h.join(".tok")]);
+        assert_eq!(git_include_targets(h, &[]), vec![h.join(".tok")]);
     }
 
     #[test]
@@ -838,7 +921,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            git_include_targets(h),
+            git_include_targets(h, &[]),
             vec![h.join(".tok"), h.join("rel.inc")]
         );
     }
