@@ -133,6 +133,187 @@ fn secret_key(key: &str) -> bool {
         || last == "auth"
         || last == "_auth"
         || SECRET_KEY_ENDINGS.iter().any(|e| last.ends_with(e))
+        // npm's per-registry login (`//host/path/:username` with its
+        // `_password`, `:email`) and client certificate (`:certfile`,
+        // `:keyfile`): each is part of how npm authenticates to that
+        // registry, none is needed to fetch from it.
+        || (k.starts_with("//") && NPM_REGISTRY_AUTH_KEYS.contains(&last))
+        || KEY_FILE_KEYS.contains(&last)
+}
+
+/// The last parts of npm's `//registry/path/:KEY` entries that belong to
+/// its login (see [`secret_key`]).
+const NPM_REGISTRY_AUTH_KEYS: &[&str] = &["username", "email", "certfile", "keyfile"];
+
+/// Keys whose value names a file holding a client key (npm's `keyfile`
+/// and `certfile`, pip's `client-cert`: a PEM with the key in it): the
+/// copies drop the key, and the file it names is hidden like a protected
+/// path ([`tool_config_key_files`]).
+const KEY_FILE_KEYS: &[&str] = &["keyfile", "certfile", "client-cert", "client_cert"];
+
+/// Configuration files a tool reads from the workspace root (npm's project
+/// `.npmrc`, next to `package.json`; cargo's and uv's project configs) or
+/// from HOME at their host paths (cargo's `$CARGO_HOME` is `~/.cargo`, uv's
+/// `~/.config/uv/uv.toml`), which may hold a registry credential: each is
+/// shown at its own path as a redacted copy when the redaction removes
+/// something ([`tool_config_view`]), as it is otherwise. HOME's `.npmrc`
+/// and `pip.conf` are not here: they are protected paths with a copy under
+/// the sandbox HOME ([`USER_TOOL_CONFIGS`]).
+pub const WORKSPACE_TOOL_CONFIGS: &[&str] =
+    &[".npmrc", ".cargo/config.toml", ".cargo/config", "uv.toml"];
+pub const HOME_TOOL_CONFIGS: &[&str] =
+    &[".cargo/config.toml", ".cargo/config", ".config/uv/uv.toml"];
+
+/// What the command sees of a tool config shown at its host path (see
+/// [`WORKSPACE_TOOL_CONFIGS`]; `rel` is its name there, which says its
+/// syntax: TOML for `*.toml` and cargo's `config`, npm's INI otherwise):
+/// None when the redaction removes nothing; otherwise the redacted copy
+/// headed by a comment naming what went (names only). A file that does
+/// not read in its syntax is shown as that comment alone when it might
+/// hold a credential (a key naming one appears in it), as it is otherwise.
+pub fn tool_config_view(rel: &str, text: &[u8]) -> Option<String> {
+    let toml = rel.ends_with(".toml") || rel.ends_with(".cargo/config");
+    let parsed = std::str::from_utf8(text).ok().and_then(|t| {
+        if toml {
+            redact_toml(t)
+        } else {
+            redact_config(t, Continuation::Backslash)
+        }
+    });
+    let Some((contents, removed)) = parsed else {
+        let lossy = String::from_utf8_lossy(text);
+        let maybe_secret = lossy
+            .split(|c: char| !(c.is_ascii_alphanumeric() || "_-.:/".contains(c)))
+            .any(secret_key)
+            || moat_audit::redact_arg(&lossy) != lossy;
+        return maybe_secret.then(|| {
+            format!(
+                "{WORKSPACE_GIT_CONFIG_MARK} this file is not shown: moat could not read it to remove its credentials; opt in with --ro PATH to see it\n"
+            )
+        });
+    };
+    let removed: Vec<String> = removed.into_iter().filter(|r| r != "comments").collect();
+    if removed.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{WORKSPACE_GIT_CONFIG_MARK} a copy with credentials removed; the original stays on the host (opt in with --ro PATH to see it)\n{WORKSPACE_GIT_CONFIG_MARK} removed: {}\n{contents}",
+        removed.join(", ")
+    ))
+}
+
+/// Redacts a TOML config (cargo's `[registries.x] token`, uv's
+/// `[[index]] url` with userinfo): parsed as TOML and rendered from the
+/// parsed table, every key naming a credential ([`secret_key`]) dropped,
+/// URL userinfo and query strings removed from every string, and a string
+/// that still reads as a credential to the audit log's redaction dropped.
+/// None when the text is not TOML.
+fn redact_toml(text: &str) -> Option<(String, Vec<String>)> {
+    let mut table: toml::Table = text.parse().ok()?;
+    let mut removed = Vec::new();
+    redact_toml_table(&mut table, "", &mut removed);
+    Some((toml::to_string(&table).ok()?, removed))
+}
+
+fn redact_toml_table(table: &mut toml::Table, prefix: &str, removed: &mut Vec<String>) {
+    let keys: Vec<String> = table.keys().cloned().collect();
+    for key in keys {
+        let name = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        if secret_key(&key) {
+            table.remove(&key);
+            removed.push(name);
+            continue;
+        }
+        if let Some(v) = table.get_mut(&key) {
+            if !redact_toml_value(v, &name, removed) {
+                table.remove(&key);
+            }
+        }
+    }
+}
+
+/// False when the value must go whole.
+fn redact_toml_value(v: &mut toml::Value, name: &str, removed: &mut Vec<String>) -> bool {
+    match v {
+        toml::Value::String(s) => {
+            let (clean, had) = url_credentials_removed(s);
+            if moat_audit::redact_arg(&clean) != clean {
+                removed.push(format!("{name} (its value looks like a credential)"));
+                return false;
+            }
+            removed.extend(had.into_iter().map(|what| format!("{what} of {name}")));
+            *s = clean;
+            true
+        }
+        toml::Value::Table(t) => {
+            redact_toml_table(t, name, removed);
+            true
+        }
+        toml::Value::Array(a) => {
+            let mut i = 0;
+            while i < a.len() {
+                if redact_toml_value(&mut a[i], name, removed) {
+                    i += 1;
+                } else {
+                    a.remove(i);
+                }
+            }
+            true
+        }
+        _ => true,
+    }
+}
+
+/// The files the user's and the project's tool configs name as a client
+/// key ([`KEY_FILE_KEYS`]: npm's `keyfile`/`certfile`, pip's
+/// `client-cert`), `~/` expanded from `home`, relative ones from the
+/// config's directory: the caller hides each existing one like a
+/// protected path (the copies drop the key naming it).
+pub fn tool_config_key_files(home: &Path, workspace: &Path) -> Vec<PathBuf> {
+    let configs = USER_TOOL_CONFIGS
+        .iter()
+        .filter(|rel| !GIT_CONFIGS.contains(rel))
+        .map(|rel| home.join(rel))
+        .chain(std::iter::once(workspace.join(".npmrc")));
+    let mut out: Vec<PathBuf> = Vec::new();
+    for path in configs {
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if !meta.is_file() || meta.len() > MAX_INCLUDE_SCAN {
+            continue;
+        }
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        for line in logical_lines(&text, Continuation::IndentOrBackslash) {
+            let Some((key, value)) = line.split_once('=') else {
+                continue;
+            };
+            let key = key.trim().to_ascii_lowercase();
+            let last = key.rsplit([':', '.', '/']).next().unwrap_or(&key);
+            if !KEY_FILE_KEYS.contains(&last) {
+                continue;
+            }
+            let v = value.trim().trim_matches('"');
+            if v.is_empty() {
+                continue;
+            }
+            let target = match v.strip_prefix("~/") {
+                Some(r) => home.join(r),
+                None => path.parent().unwrap_or(home).join(v),
+            };
+            if !out.contains(&target) {
+                out.push(target);
+            }
+        }
+    }
+    out
 }
 
 /// How a value continues on the next physical line.
@@ -573,6 +754,10 @@ pub enum CredentialKind {
 pub struct HttpCredential {
     pub host: String,
     pub port: u16,
+    /// The request paths the credential is for: `/` for a whole host (an
+    /// index URL's userinfo), npm's `//host/PATH/:_authToken` scope
+    /// otherwise (npm itself sends it only below that path).
+    pub path_prefix: String,
     pub kind: CredentialKind,
 }
 
@@ -661,7 +846,10 @@ pub fn http_registry_credentials(home: &Path, env: &[(String, String)]) -> Vec<H
     };
     let mut out: Vec<HttpCredential> = Vec::new();
     let mut push = |c: HttpCredential| {
-        if !out.iter().any(|o| o.host == c.host && o.port == c.port) {
+        if !out
+            .iter()
+            .any(|o| o.host == c.host && o.port == c.port && o.path_prefix == c.path_prefix)
+        {
             out.push(c);
         }
     };
@@ -691,6 +879,7 @@ pub fn http_registry_credentials(home: &Path, env: &[(String, String)]) -> Vec<H
             push(HttpCredential {
                 host,
                 port,
+                path_prefix: "/".into(),
                 kind: CredentialKind::Basic { user, password },
             });
         }
@@ -720,7 +909,17 @@ pub fn http_registry_credentials(home: &Path, env: &[(String, String)]) -> Vec<H
                 "_auth" => CredentialKind::BasicEncoded(v.clone()),
                 _ => continue,
             };
-            push(HttpCredential { host, port, kind });
+            // `//host:port/path/` → `/path/` (npm's nerf-dart scope).
+            let path_prefix = match hostpath.find('/') {
+                Some(i) => hostpath[i..].to_string(),
+                None => "/".into(),
+            };
+            push(HttpCredential {
+                host,
+                port,
+                path_prefix,
+                kind,
+            });
         }
     }
     out

@@ -97,6 +97,27 @@ pub fn host_git_config(path: &Path) -> Option<GitConfigFile> {
     }
 }
 
+/// A config file `name` (relative, one or more components) beneath the
+/// directory `dir`, read as a git dir's `config` is: no symlink on `dir`'s
+/// path nor at or under `name`, a regular file, at most 256 KiB (larger is
+/// reported, unread). For a tool's config in the workspace (`.npmrc`),
+/// which the command could have replaced with a symlink to a key.
+pub fn config_beneath(dir: &Path, name: &Path) -> Option<GitConfigFile> {
+    let path = dir.join(name);
+    match read_config(dir, name)? {
+        Config::Read(text) => Some(GitConfigFile {
+            path,
+            text,
+            too_large: false,
+        }),
+        Config::TooLarge => Some(GitConfigFile {
+            path,
+            text: Vec::new(),
+            too_large: true,
+        }),
+    }
+}
+
 /// The git dirs whose configs git reads for `workspace`: its `.git` (a
 /// directory, or where a gitfile or symlink points) and that dir's common
 /// dir (a linked worktree's main `.git`), each canonical.

@@ -319,6 +319,7 @@ fn registry_credentials(policy: &Policy) -> Vec<moat_proxy::HostCredential> {
         .map(|c| moat_proxy::HostCredential {
             host: c.host,
             port: c.port,
+            path_prefix: c.path_prefix,
             authorization: match c.kind {
                 moat_config::CredentialKind::Basic { user, password } => format!(
                     "Basic {}",
@@ -413,6 +414,49 @@ pub fn redact_host_git_configs(policy: &Policy, facts: &mut HostFacts) {
     }
 }
 
+/// Tool configs a tool reads at their host paths (the workspace's project
+/// `.npmrc`, `.cargo/config.toml`, `uv.toml`; HOME's cargo and uv configs:
+/// `moat_config::WORKSPACE_TOOL_CONFIGS`, `HOME_TOOL_CONFIGS`), each read
+/// without following a symlink (`gitconfigs::config_beneath`): one whose
+/// redaction removes something (a registry token, a URL's userinfo, npm's
+/// per-registry login) is hidden like a protected file and shown as its
+/// redacted copy, as a git config is; a grant naming the file exactly
+/// shows it raw. The files the tool configs name as a client key (npm's
+/// `keyfile`/`certfile`, pip's `client-cert`) are hidden whole.
+pub fn redact_tool_configs(policy: &Policy, facts: &mut HostFacts) {
+    let places = moat_config::WORKSPACE_TOOL_CONFIGS
+        .iter()
+        .map(|rel| (&policy.workspace, *rel))
+        .chain(
+            moat_config::HOME_TOOL_CONFIGS
+                .iter()
+                .map(|rel| (&policy.home, *rel)),
+        );
+    for (dir, rel) in places {
+        let Some(f) = moat_linux::gitconfigs::config_beneath(dir, std::path::Path::new(rel)) else {
+            continue;
+        };
+        let view = if f.too_large {
+            Some(moat_config::workspace_git_config_too_large())
+        } else {
+            moat_config::tool_config_view(rel, &f.text)
+        };
+        if let Some(contents) = view {
+            facts
+                .secrets
+                .insert(f.path.clone(), moat_linux::probe::Kind::File);
+            facts.redacted_files.insert(f.path, contents);
+        }
+    }
+    for p in moat_config::tool_config_key_files(&policy.home, &policy.workspace) {
+        if let (Ok(c), Ok(m)) = (std::fs::canonicalize(&p), std::fs::metadata(&p)) {
+            if m.is_file() {
+                facts.secrets.insert(c, moat_linux::probe::Kind::File);
+            }
+        }
+    }
+}
+
 /// Opens the audit log, probes the host, builds the plan, and puts the
 /// start of the run on record (a run that cannot be recorded does not
 /// happen). Events go to `sink` as they are recorded.
@@ -466,6 +510,7 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
             .map(|r| (r.rel, r.contents))
             .collect();
         redact_host_git_configs(&policy, &mut facts);
+        redact_tool_configs(&policy, &mut facts);
     }
     mark("redacted copies of the user's tool config");
     if let Some(log) = &audit {
