@@ -1098,7 +1098,7 @@ fn command_main(
     restored.unwrap_or_else(|e| init::fail(report_fd, SetupStage::Sandbox, 0, &e));
     let layers =
         confined.unwrap_or_else(|e| init::fail(report_fd, SetupStage::Confine, 0, &e.to_string()));
-    enter_cwd(plan, cwd)
+    init::enter_cwd(plan, cwd)
         .unwrap_or_else(|(errno, e)| init::fail(report_fd, SetupStage::Sandbox, errno, &e));
     let (argv, envp) = match (run::cstrings(argv), run::cstrings(env)) {
         (Ok(a), Ok(e)) => (a, e),
@@ -1113,31 +1113,4 @@ fn command_main(
         },
     );
     init::exec_search(report_fd, &argv, &envp)
-}
-
-/// Enters the view's cwd, opened without following any symlink, when it is
-/// the directory the caller checked (`checked`: its device and inode): a
-/// rename in the workspace between the check and now cannot lead the
-/// command elsewhere, as the fd is the one entered. Err: (errno, message).
-fn enter_cwd(plan: &Plan, checked: Option<(u64, u64)>) -> Result<(), (i32, String)> {
-    let fail = |e: std::io::Error| {
-        (
-            e.raw_os_error().unwrap_or(0),
-            format!("enter the workspace {}: {e}", plan.cwd.display()),
-        )
-    };
-    let dir = sys::open_dir_nofollow(&plan.cwd).map_err(fail)?;
-    if let Some((dev, ino)) = checked {
-        let st = nix::sys::stat::fstat(dir.as_fd()).map_err(|e| fail(e.into()))?;
-        if (st.st_dev, st.st_ino) != (dev, ino) {
-            return Err((
-                0,
-                format!(
-                    "the working directory {} was moved while the request was checked; nothing ran",
-                    plan.cwd.display()
-                ),
-            ));
-        }
-    }
-    nix::unistd::fchdir(dir.as_fd()).map_err(|e| fail(e.into()))
 }

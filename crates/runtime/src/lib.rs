@@ -82,6 +82,9 @@ pub struct ExecutionRequest {
     /// Whether the sink's reader is behind (see
     /// `RunObserver::output_backlog`); None: never.
     pub output_backlog: Option<OutputBacklog>,
+    /// The device and inode the workspace's cwd must have in the view
+    /// (see `RunOptions::cwd_identity`); None: not checked.
+    pub cwd_identity: Option<(u64, u64)>,
 }
 
 /// Tells the supervisor that the sink's reader is behind, so it stops
@@ -562,6 +565,7 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
         timeout: req.timeout,
         tag: req.execution_id,
         stdio_from_outer_sandbox: req.nested.is_some(),
+        cwd_identity: req.cwd_identity,
     };
     Ok(Prepared {
         policy,
