@@ -7,6 +7,7 @@
 //! passing another directory's identity: the race itself has no hook to
 //! hold it open. One `#[test]` per binary on purpose: `run` clones the
 //! sandbox's init, which wants a process without other busy threads.
+#![allow(clippy::expect_used)]
 
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
