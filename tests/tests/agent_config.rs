@@ -518,7 +518,8 @@ fn user_tool_configuration_arrives_without_its_credentials() {
 
 /// Every npm auth form in `~/.npmrc` (per-path `_authToken`, `_auth`,
 /// `username` + `_password`, `email`, `certfile`/`keyfile` and the key file
-/// they name), the project's own `.npmrc` in the workspace, and the
+/// they name), the project's own `.npmrc` and `.yarnrc.yml`
+/// (`npmAuthToken`) in the workspace, and the
 /// registry tokens cargo and uv read from their TOML configs (`~/.cargo/
 /// config.toml`, the workspace's `.cargo/config.toml` and `uv.toml`, uv's
 /// `~/.config/uv/uv.toml`): absent inside, at every level, while the
@@ -527,7 +528,7 @@ fn user_tool_configuration_arrives_without_its_credentials() {
 fn every_registry_auth_form_is_kept_out_while_registry_settings_stay() {
     let cx = Cx::new();
     let (h, w) = (&cx.fx.home, &cx.fx.ws);
-    let t: Vec<String> = (0..11).map(|i| unique(&format!("REG{i}x"))).collect();
+    let t: Vec<String> = (0..12).map(|i| unique(&format!("REG{i}x"))).collect();
     write(
         h.join(".npmrc"),
         &format!(
@@ -568,9 +569,16 @@ fn every_registry_auth_form_is_kept_out_while_registry_settings_stay() {
             t[10]
         ),
     );
+    write(
+        w.join(".yarnrc.yml"),
+        &format!(
+            "nodeLinker: node-modules\nnpmScopes:\n  corp:\n    npmRegistryServer: \"https://npm.corp.example\"\n    npmAuthToken: {}\n",
+            t[11]
+        ),
+    );
     let script = format!(
         "echo PROBE_RAN; cat ~/.npmrc {h}/.npmrc {h}/.npmcerts/k.pem .npmrc {h}/.cargo/config.toml \
-         .cargo/config.toml uv.toml 2>&1; echo PROBE_DONE",
+         .cargo/config.toml uv.toml .yarnrc.yml 2>&1; echo PROBE_DONE",
         h = h.display()
     );
     for level in ["read-only", "workspace-write", "workspace-contained"] {
@@ -583,6 +591,8 @@ fn every_registry_auth_form_is_kept_out_while_registry_settings_stay() {
             "retry = 3",
             "native-tls = true",
             "url = \"https://pypi.corp.example/simple\"",
+            "nodeLinker: node-modules",
+            "    npmRegistryServer: \"https://npm.corp.example\"",
         ] {
             assert!(
                 out.stdout.contains(kept),

@@ -58,6 +58,8 @@ const SECRET_KEY_WORDS: &[&str] = &[
     "oauth",
     "bearer",
     "session",
+    // yarn's `npmAuthIdent` (`user:password`).
+    "authident",
 ];
 
 /// Endings of a key's last part that mark a credential (`smtpPass`,
@@ -159,14 +161,30 @@ const KEY_FILE_KEYS: &[&str] = &["keyfile", "certfile", "client-cert", "client_c
 /// something ([`tool_config_view`]), as it is otherwise. HOME's `.npmrc`
 /// and `pip.conf` are not here: they are protected paths with a copy under
 /// the sandbox HOME ([`USER_TOOL_CONFIGS`]).
-pub const WORKSPACE_TOOL_CONFIGS: &[&str] =
-    &[".npmrc", ".cargo/config.toml", ".cargo/config", "uv.toml"];
+pub const WORKSPACE_TOOL_CONFIGS: &[&str] = &[
+    ".npmrc",
+    ".yarnrc.yml",
+    ".cargo/config.toml",
+    ".cargo/config",
+    "uv.toml",
+];
 pub const HOME_TOOL_CONFIGS: &[&str] =
     &[".cargo/config.toml", ".cargo/config", ".config/uv/uv.toml"];
+/// The system-wide twins (relative to `/`): pip's and npm's global configs
+/// (npm's under the usual prefixes), uv's.
+pub const SYSTEM_TOOL_CONFIGS: &[&str] = &[
+    "etc/pip.conf",
+    "etc/xdg/pip/pip.conf",
+    "etc/npmrc",
+    "usr/etc/npmrc",
+    "usr/local/etc/npmrc",
+    "etc/uv/uv.toml",
+];
 
 /// What the command sees of a tool config shown at its host path (see
 /// [`WORKSPACE_TOOL_CONFIGS`]; `rel` is its name there, which says its
-/// syntax: TOML for `*.toml` and cargo's `config`, npm's INI otherwise):
+/// syntax: TOML for `*.toml` and cargo's `config`, yarn's YAML for `*.yml`,
+/// pip's INI for `pip.conf`, npm's INI otherwise):
 /// None when the redaction removes nothing; otherwise the redacted copy
 /// headed by a comment naming what went (names only). A file that does
 /// not read in its syntax is shown as that comment alone when it might
@@ -176,6 +194,10 @@ pub fn tool_config_view(rel: &str, text: &[u8]) -> Option<String> {
     let parsed = std::str::from_utf8(text).ok().and_then(|t| {
         if toml {
             redact_toml(t)
+        } else if rel.ends_with(".yml") {
+            redact_yaml_lines(t)
+        } else if rel.ends_with("pip.conf") {
+            redact_config(t, Continuation::IndentOrBackslash)
         } else {
             redact_config(t, Continuation::Backslash)
         }
@@ -200,6 +222,106 @@ pub fn tool_config_view(rel: &str, text: &[u8]) -> Option<String> {
         "{WORKSPACE_GIT_CONFIG_MARK} a copy with credentials removed; the original stays on the host (opt in with --ro PATH to see it)\n{WORKSPACE_GIT_CONFIG_MARK} removed: {}\n{contents}",
         removed.join(", ")
     ))
+}
+
+/// Redacts yarn's `.yarnrc.yml` line by line, as far as its YAML is the
+/// plain `key: value` kind yarn writes: a line whose key names a credential
+/// (`npmAuthToken`, `npmAuthIdent`, `npmPassword`: [`secret_key`]) goes,
+/// with every more-indented line after it (a block value); URL userinfo
+/// and queries go from every value; a value that still reads as a
+/// credential to the audit log's redaction goes with its key. None (the
+/// file is then not shown) for YAML this does not follow: flow mappings,
+/// anchors, tags, a key on a `- ` item, a multi-document file.
+fn redact_yaml_lines(text: &str) -> Option<(String, Vec<String>)> {
+    let mut out = String::new();
+    let mut removed = Vec::new();
+    // Lines more indented than this belong to a dropped key.
+    let mut dropping: Option<usize> = None;
+    for full in text.lines() {
+        let indent = full.len() - full.trim_start().len();
+        let t = full.trim();
+        let line = full;
+        if let Some(d) = dropping {
+            if t.is_empty() || indent > d {
+                continue;
+            }
+            dropping = None;
+        }
+        if t.is_empty() || t.starts_with('#') {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        if t.starts_with("---") || t.starts_with("...") {
+            return None;
+        }
+        // A list item (`- path: …`, `- value`): its dash is indentation.
+        let item = t.len() - t.trim_start_matches(['-', ' ']).len();
+        let (indent, t) = (indent + item, &t[item..]);
+        let line = &line[..indent];
+        if t.starts_with(['{', '[', '&', '*', '!', '|', '>', '%', '-']) {
+            return None;
+        }
+        let Some((key, value)) = yaml_key_value(t) else {
+            if item == 0 {
+                return None;
+            }
+            // A plain list value.
+            let (clean, had) = url_credentials_removed(t);
+            if moat_audit::redact_arg(&clean) != clean {
+                removed.push("a list value (it looks like a credential)".into());
+                continue;
+            }
+            removed.extend(
+                had.into_iter()
+                    .map(|what| format!("{what} of a list value")),
+            );
+            out.push_str(&text_line_prefix(line, indent));
+            out.push_str(&clean);
+            out.push('\n');
+            continue;
+        };
+        let name = key.trim_matches(['"', '\'']);
+        if secret_key(name) {
+            removed.push(name.to_string());
+            dropping = Some(indent);
+            continue;
+        }
+        let (clean, had) = url_credentials_removed(value);
+        if moat_audit::redact_arg(&clean) != clean {
+            removed.push(format!("{name} (its value looks like a credential)"));
+            dropping = Some(indent);
+            continue;
+        }
+        removed.extend(had.into_iter().map(|what| format!("{what} of {name}")));
+        out.push_str(&text_line_prefix(line, indent));
+        out.push_str(key);
+        out.push(':');
+        if !clean.is_empty() {
+            out.push(' ');
+            out.push_str(&clean);
+        }
+        out.push('\n');
+    }
+    Some((out, removed))
+}
+
+/// A YAML line's `key: value` (the key as written, quotes kept; the value
+/// trimmed, possibly empty), or None when the line is not one.
+fn yaml_key_value(t: &str) -> Option<(&str, &str)> {
+    let key_end = match t.as_bytes().first() {
+        Some(&q @ (b'"' | b'\'')) => t[1..].find(q as char)? + 2,
+        _ => t.find(':')?,
+    };
+    let (key, rest) = t.split_at(key_end);
+    let value = rest.strip_prefix(':')?;
+    (value.is_empty() || value.starts_with(' ')).then(|| (key, value.trim()))
+}
+
+/// The prefix a kept line is written with: the original's leading part
+/// (spaces, and a list item's dash), `indent` bytes of it.
+fn text_line_prefix(line: &str, indent: usize) -> String {
+    line.get(..indent).unwrap_or("").to_string()
 }
 
 /// Redacts a TOML config (cargo's `[registries.x] token`, uv's
@@ -1093,6 +1215,43 @@ mod tests {
                 h.join("sys.inc"),
                 h.join(".b"),
             ]
+        );
+    }
+
+    #[test]
+    fn tool_configs_lose_registry_credentials_and_keep_settings() {
+        let yarn = "nodeLinker: node-modules\nyarnPath: .yarn/releases/yarn-4.1.0.cjs\n\
+                    npmRegistryServer: \"https://u:Y1SECRET@npm.corp.example\"\n\
+                    npmAuthToken: Y2SECRET\n\
+                    npmScopes:\n  corp:\n    npmAlwaysAuth: true\n    npmAuthIdent: \"bob:Y3SECRET\"\n\
+                    npmRegistries:\n  \"https://npm.corp.example\":\n    npmAuthToken: |\n      Y4SECRET\n\
+                    plugins:\n  - path: .yarn/plugins/x.cjs\n    spec: \"https://x.example/p.js\"\n";
+        let out = tool_config_view(".yarnrc.yml", yarn.as_bytes()).expect("redacted");
+        for n in 1..=4 {
+            assert!(!out.contains(&format!("Y{n}SECRET")), "{out}");
+        }
+        for kept in [
+            "nodeLinker: node-modules",
+            "yarnPath: .yarn/releases/yarn-4.1.0.cjs",
+            "npmRegistryServer: \"https://npm.corp.example\"",
+            "    npmAlwaysAuth: true",
+            "  \"https://npm.corp.example\":",
+            "  - path: .yarn/plugins/x.cjs",
+            "    spec: \"https://x.example/p.js\"",
+        ] {
+            assert!(out.contains(kept), "{kept}: {out}");
+        }
+        assert!(tool_config_view(".yarnrc.yml", b"nodeLinker: pnp\n").is_none());
+        let pip = "[global]\nindex-url = https://u:P1SECRET@pypi.corp.example/simple\n\
+                   extra-index-url =\n    https://a:P2SECRET@x.example/simple\n";
+        let out = tool_config_view("etc/pip.conf", pip.as_bytes()).expect("redacted");
+        assert!(
+            !out.contains("P1SECRET") && !out.contains("P2SECRET"),
+            "{out}"
+        );
+        assert!(
+            out.contains("index-url = https://pypi.corp.example/simple"),
+            "{out}"
         );
     }
 

@@ -418,8 +418,10 @@ pub fn redact_host_git_configs(policy: &Policy, facts: &mut HostFacts) {
 }
 
 /// Tool configs a tool reads at their host paths (the workspace's project
-/// `.npmrc`, `.cargo/config.toml`, `uv.toml`; HOME's cargo and uv configs:
-/// `moat_config::WORKSPACE_TOOL_CONFIGS`, `HOME_TOOL_CONFIGS`), each read
+/// `.npmrc`, `.yarnrc.yml`, `.cargo/config.toml`, `uv.toml`; HOME's cargo
+/// and uv configs; the system's pip, npm and uv configs:
+/// `moat_config::WORKSPACE_TOOL_CONFIGS`, `HOME_TOOL_CONFIGS`,
+/// `SYSTEM_TOOL_CONFIGS`), each read
 /// without following a symlink (`gitconfigs::config_beneath`): one whose
 /// redaction removes something (a registry token, a URL's userinfo, npm's
 /// per-registry login) is hidden like a protected file and shown as its
@@ -427,6 +429,7 @@ pub fn redact_host_git_configs(policy: &Policy, facts: &mut HostFacts) {
 /// shows it raw. The files the tool configs name as a client key (npm's
 /// `keyfile`/`certfile`, pip's `client-cert`) are hidden whole.
 pub fn redact_tool_configs(policy: &Policy, facts: &mut HostFacts) {
+    let root = std::path::PathBuf::from("/");
     let places = moat_config::WORKSPACE_TOOL_CONFIGS
         .iter()
         .map(|rel| (&policy.workspace, *rel))
@@ -434,6 +437,11 @@ pub fn redact_tool_configs(policy: &Policy, facts: &mut HostFacts) {
             moat_config::HOME_TOOL_CONFIGS
                 .iter()
                 .map(|rel| (&policy.home, *rel)),
+        )
+        .chain(
+            moat_config::SYSTEM_TOOL_CONFIGS
+                .iter()
+                .map(|rel| (&root, *rel)),
         );
     for (dir, rel) in places {
         let Some(f) = moat_linux::gitconfigs::config_beneath(dir, std::path::Path::new(rel)) else {
