@@ -68,56 +68,6 @@ pub fn workspace_git_configs(workspace: &Path, nested: &[PathBuf]) -> Vec<GitCon
     out
 }
 
-/// A git config file at a host path the command could not have shaped
-/// (`/etc/gitconfig`, `$XDG_CONFIG_HOME/git/config`): resolved once to its
-/// canonical path (a symlinked system config is the file it points to,
-/// which is what the view must cover), then read as a workspace config is.
-/// None when missing or not a regular file.
-pub fn host_git_config(path: &Path) -> Option<GitConfigFile> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let path = std::fs::canonicalize(path).ok()?;
-    // Not beneath a directory fd: a system file may be a mount of its own
-    // (a container's bind), which `openat_beneath` refuses to cross into.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&path)
-        .ok()?;
-    match read_open(file)? {
-        Config::Read(text) => Some(GitConfigFile {
-            path,
-            text,
-            too_large: false,
-        }),
-        Config::TooLarge => Some(GitConfigFile {
-            path,
-            text: Vec::new(),
-            too_large: true,
-        }),
-    }
-}
-
-/// A config file `name` (relative, one or more components) beneath the
-/// directory `dir`, read as a git dir's `config` is: no symlink on `dir`'s
-/// path nor at or under `name`, a regular file, at most 256 KiB (larger is
-/// reported, unread). For a tool's config in the workspace (`.npmrc`),
-/// which the command could have replaced with a symlink to a key.
-pub fn config_beneath(dir: &Path, name: &Path) -> Option<GitConfigFile> {
-    let path = dir.join(name);
-    match read_config(dir, name)? {
-        Config::Read(text) => Some(GitConfigFile {
-            path,
-            text,
-            too_large: false,
-        }),
-        Config::TooLarge => Some(GitConfigFile {
-            path,
-            text: Vec::new(),
-            too_large: true,
-        }),
-    }
-}
-
 /// The git dirs whose configs git reads for `workspace`: its `.git` (a
 /// directory, or where a gitfile or symlink points) and that dir's common
 /// dir (a linked worktree's main `.git`), each canonical.
@@ -252,6 +202,56 @@ fn read_beneath(dir: &Path, name: &Path) -> Option<Vec<u8>> {
     match read_config(dir, name)? {
         Config::Read(text) => Some(text),
         Config::TooLarge => None,
+    }
+}
+
+/// A git config file at a host path the command could not have shaped
+/// (`/etc/gitconfig`, `$XDG_CONFIG_HOME/git/config`): resolved once to its
+/// canonical path (a symlinked system config is the file it points to,
+/// which is what the view must cover), then read as a workspace config is.
+/// None when missing or not a regular file.
+pub fn host_git_config(path: &Path) -> Option<GitConfigFile> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = std::fs::canonicalize(path).ok()?;
+    // Not beneath a directory fd: a system file may be a mount of its own
+    // (a container's bind), which `openat_beneath` refuses to cross into.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+        .ok()?;
+    match read_open(file)? {
+        Config::Read(text) => Some(GitConfigFile {
+            path,
+            text,
+            too_large: false,
+        }),
+        Config::TooLarge => Some(GitConfigFile {
+            path,
+            text: Vec::new(),
+            too_large: true,
+        }),
+    }
+}
+
+/// A config file `name` (relative, one or more components) beneath the
+/// directory `dir`, read as a git dir's `config` is: no symlink on `dir`'s
+/// path nor at or under `name`, a regular file, at most 256 KiB (larger is
+/// reported, unread). For a tool's config in the workspace (`.npmrc`),
+/// which the command could have replaced with a symlink to a key.
+pub fn config_beneath(dir: &Path, name: &Path) -> Option<GitConfigFile> {
+    let path = dir.join(name);
+    match read_config(dir, name)? {
+        Config::Read(text) => Some(GitConfigFile {
+            path,
+            text,
+            too_large: false,
+        }),
+        Config::TooLarge => Some(GitConfigFile {
+            path,
+            text: Vec::new(),
+            too_large: true,
+        }),
     }
 }
 
