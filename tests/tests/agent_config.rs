@@ -516,6 +516,158 @@ fn user_tool_configuration_arrives_without_its_credentials() {
     out.expect_absent(&pip_secret, "dry-run");
 }
 
+/// Every npm auth form in `~/.npmrc` (per-path `_authToken`, `_auth`,
+/// `username` + `_password`, `email`, `certfile`/`keyfile` and the key file
+/// they name), the project's own `.npmrc` and `.yarnrc.yml`
+/// (`npmAuthToken`) in the workspace, and the
+/// registry tokens cargo and uv read from their TOML configs (`~/.cargo/
+/// config.toml`, the workspace's `.cargo/config.toml` and `uv.toml`, uv's
+/// `~/.config/uv/uv.toml`): absent inside, at every level, while the
+/// registry settings the tools need stay.
+#[test]
+fn every_registry_auth_form_is_kept_out_while_registry_settings_stay() {
+    let cx = Cx::new();
+    let (h, w) = (&cx.fx.home, &cx.fx.ws);
+    let t: Vec<String> = (0..12).map(|i| unique(&format!("REG{i}x"))).collect();
+    write(
+        h.join(".npmrc"),
+        &format!(
+            "registry=https://npm.corp.example/\n@corp:registry=https://npm.corp.example/path/\n\
+             //npm.corp.example/path/:_authToken={}\n//npm.corp.example/:_auth={}\n\
+             //npm.corp.example/:username={}\n//npm.corp.example/:_password={}\n\
+             //npm.corp.example/:email={}@corp.example\n\
+             //npm.corp.example/:certfile=~/.npmcerts/c.pem\n//npm.corp.example/:keyfile=~/.npmcerts/k.pem\n",
+            t[0], t[1], t[2], t[3], t[4]
+        ),
+    );
+    write(
+        h.join(".npmcerts/k.pem"),
+        &format!("-----BEGIN PRIVATE KEY-----\n{}\n", t[5]),
+    );
+    write(
+        w.join(".npmrc"),
+        &format!(
+            "save-exact=true\n//registry.npmjs.org/:_authToken={}\n",
+            t[6]
+        ),
+    );
+    write(
+        h.join(".cargo/config.toml"),
+        &format!(
+            "[build]\njobs = 2\n[registries.corp]\nindex = \"sparse+https://u:{}@cargo.corp.example/\"\ntoken = \"{}\"\n",
+            t[7], t[8]
+        ),
+    );
+    write(
+        w.join(".cargo/config.toml"),
+        &format!("[net]\nretry = 3\n[registry]\ntoken = \"{}\"\n", t[9]),
+    );
+    write(
+        w.join("uv.toml"),
+        &format!(
+            "native-tls = true\n[[index]]\nurl = \"https://x:{}@pypi.corp.example/simple\"\n",
+            t[10]
+        ),
+    );
+    write(
+        w.join(".yarnrc.yml"),
+        &format!(
+            "nodeLinker: node-modules\nnpmScopes:\n  corp:\n    npmRegistryServer: \"https://npm.corp.example\"\n    npmAuthToken: {}\n",
+            t[11]
+        ),
+    );
+    let script = format!(
+        "echo PROBE_RAN; cat ~/.npmrc {h}/.npmrc {h}/.npmcerts/k.pem .npmrc {h}/.cargo/config.toml \
+         .cargo/config.toml uv.toml .yarnrc.yml 2>&1; echo PROBE_DONE",
+        h = h.display()
+    );
+    for level in ["read-only", "workspace-write", "workspace-contained"] {
+        let out = run(cx.fx.sh(level, &[], &script));
+        out.expect_stdout_has("PROBE_DONE");
+        for kept in [
+            "registry = https://npm.corp.example/",
+            "@corp:registry = https://npm.corp.example/path/",
+            "save-exact = true",
+            "retry = 3",
+            "native-tls = true",
+            "url = \"https://pypi.corp.example/simple\"",
+            "nodeLinker: node-modules",
+            "    npmRegistryServer: \"https://npm.corp.example\"",
+        ] {
+            assert!(
+                out.stdout.contains(kept),
+                "{level}: {kept} missing\n{}",
+                out.dump()
+            );
+        }
+        if level != "workspace-contained" {
+            out.expect_stdout_has("index = \"sparse+https://cargo.corp.example/\"");
+        }
+        for (i, secret) in t.iter().enumerate() {
+            out.expect_absent(secret, &format!("{level}: registry credential #{i}"));
+        }
+    }
+}
+
+/// npm's per-path auth (`//host/PATH/:_authToken`) is npm's scope for the
+/// token: the proxy adds it only to requests below that path, never to the
+/// rest of the host (another tenant's registry on a shared host, an
+/// endpoint that echoes headers back). A second token scoped to a deeper
+/// path wins there, as npm picks the longest match.
+#[test]
+fn npm_per_path_registry_auth_stays_scoped_to_its_path() {
+    let cx = Cx::new();
+    let (port, seen) = fake_upstream();
+    let (outer, inner) = (unique("NPMOUTER"), unique("NPMINNER"));
+    write(
+        cx.fx.home.join(".npmrc"),
+        &format!(
+            "registry=http://127.0.0.1:{port}/npm/
+             //127.0.0.1:{port}/npm/:_authToken={outer}
+             //127.0.0.1:{port}/npm/team/:_authToken={inner}
+"
+        ),
+    );
+    let allow = format!("127.0.0.1:{port}");
+    let script = format!(
+        "cat ~/.npmrc; for p in npm/left-pad npm/team/x npmish/y other/z; do \
+         {curl} -sS -m 20 -o /dev/null http://127.0.0.1:{port}/$p; done; echo PROBE_DONE",
+        curl = "/usr/bin/curl"
+    );
+    let out = run(cx.fx.sh(
+        "workspace-write",
+        &["--network", "proxy", "--allow-domain", &allow],
+        &script,
+    ));
+    out.expect_stdout_has("PROBE_DONE");
+    out.expect_absent(&outer, "the npm token inside the sandbox");
+    out.expect_absent(&inner, "the npm token inside the sandbox");
+    let heads = seen.lock().unwrap().clone();
+    let head = |p: &str| {
+        heads
+            .iter()
+            .find(|h| h.starts_with(&format!("GET /{p} ")))
+            .cloned()
+            .unwrap_or_else(|| panic!("no /{p} request: {heads:?}\n{}", out.dump()))
+    };
+    assert!(
+        head("npm/left-pad").contains(&format!("Bearer {outer}")),
+        "{heads:?}"
+    );
+    let team = head("npm/team/x");
+    assert!(
+        team.contains(&format!("Bearer {inner}")) && !team.contains(&outer),
+        "{team}"
+    );
+    for p in ["npmish/y", "other/z"] {
+        let h = head(p);
+        assert!(
+            !h.contains(&outer) && !h.contains(&inner),
+            "a token scoped to /npm/ went to /{p}: {h}"
+        );
+    }
+}
+
 // ------------------------------------------------- smaller: a closed pipe is no panic
 
 #[test]

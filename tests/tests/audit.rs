@@ -571,6 +571,79 @@ fn secrets_never_reach_the_log() {
     }
 }
 
+/// Tokens carried in a URL's path, in the shapes services give them
+/// (Telegram's bot token, Slack's and Discord's webhook URLs, npm's token
+/// endpoint, a Gemfury repository URL, a `/token/VALUE` API path), in
+/// argv, inside a shell command line, and in an `--env` value: absent from
+/// the audit log and from `--events`, while the rest of each URL is kept.
+#[test]
+fn url_path_tokens_never_reach_the_log() {
+    let fx = Fixture::new();
+    let log = fx.root.join("audit.jsonl");
+    // Mixed case with digits, as generated keys are.
+    let s: Vec<String> = (1..=7)
+        .map(|i| unique(&format!("Pt{i}")).replace('-', "Q"))
+        .collect();
+    let telegram = format!(
+        "https://api.telegram.org/bot7012345678:{}/sendMessage",
+        s[0]
+    );
+    let slack = format!(
+        "https://hooks.slack.com/services/T0AB12CD3/B0CD34EF5/{}",
+        s[1]
+    );
+    let discord = format!(
+        "https://discord.com/api/webhooks/123456789012345678/{}",
+        s[2]
+    );
+    let npm = format!("https://registry.npmjs.org/-/npm/v1/tokens/token/{}", s[3]);
+    let fury = format!("https://pypi.fury.io/{}/acme/", s[4]);
+    let shell = format!(
+        "curl -s https://example.invalid/api/token/{} -o /dev/null",
+        s[5]
+    );
+    let env = format!("NOTIFY_URL=https://hooks.slack.com/services/T1/B2/{}", s[6]);
+    let argv = [
+        "/bin/true",
+        &telegram,
+        &slack,
+        &discord,
+        &npm,
+        &fury,
+        &shell,
+    ];
+    let extra = ["--env", &env];
+    run(fx.moat(exec_args(&log, &extra, &argv))).expect_code(0);
+    let ev_out = run(fx.moat(exec_args(
+        &log,
+        &[&extra[..], &["--events"][..]].concat(),
+        &argv,
+    )));
+    ev_out.expect_code(0);
+    let text = std::fs::read_to_string(&log).expect("log");
+    // Positive controls: each URL was logged, its host and place kept.
+    for kept in [
+        "api.telegram.org/***/sendMessage",
+        "hooks.slack.com/services/***",
+        "discord.com/api/webhooks/123456789012345678/***",
+        "/-/npm/v1/tokens/token/***",
+        "pypi.fury.io/***/acme/",
+        "example.invalid/api/token/***",
+    ] {
+        assert!(text.contains(kept), "{kept} not in the log:\n{text}");
+        ev_out.expect_stdout_has(kept);
+    }
+    assert!(text.contains("NOTIFY_URL"), "env name not in the log");
+    for (i, sec) in s.iter().enumerate() {
+        assert!(
+            !text.contains(sec.as_str()),
+            "LEAK: URL-path token #{} ({sec}) in the audit log:\n{text}",
+            i + 1
+        );
+        ev_out.expect_absent(sec, &format!("URL-path token #{} in --events", i + 1));
+    }
+}
+
 // ----------------------------------------------------- 5. --events is live
 
 #[test]

@@ -372,3 +372,179 @@ fn a_per_worktree_config_is_redacted() {
         out.expect_absent(&t, "a token in config.worktree");
     }
 }
+
+/// A directory grant of another checkout (`--ro DIR`) shows its
+/// `.git/config` redacted, as the workspace's: at `workspace-contained`
+/// the grant is what makes it visible at all.
+#[test]
+fn a_granted_checkouts_git_config_is_redacted() {
+    for level in LEVELS {
+        let fx = Fixture::new();
+        let other = fx.outside.join("other");
+        git(
+            &fx.root,
+            &["init", "-q", "-b", "main", other.to_str().unwrap()],
+        );
+        let tokens = plant(&other.join(".git"));
+        let o = other.display();
+        let out = run(fx.sh(
+            level,
+            &["--ro", other.to_str().unwrap()],
+            &format!(
+                "echo GITCFG-RAN; cat {o}/.git/config; git -C {o} config --list; git -C {o} remote -v; \
+                 grep -r . {o}/.git 2>/dev/null | grep -v /objects/; echo GITCFG-DONE"
+            ),
+        ));
+        out.expect_stdout_has("GITCFG-RAN")
+            .expect_stdout_has("GITCFG-DONE")
+            .expect_stdout_has("# moat: removed:")
+            .expect_stdout_has("origin\thttps://example.invalid/o/r (fetch)");
+        assert_no_tokens(&out, &tokens);
+    }
+}
+
+/// The user's own home by passwd (`~NAME/…` includes resolve there): its
+/// name and directory, when /etc/passwd has the invoking uid.
+fn passwd_self() -> Option<(String, std::path::PathBuf)> {
+    let uid = euid().to_string();
+    std::fs::read_to_string("/etc/passwd")
+        .ok()?
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.len() > 5 && f[2] == uid).then(|| (f[0].to_string(), f[5].into()))
+        })
+}
+
+/// Includes git follows that the one-level, `~/`-only look missed: an
+/// include's include (`~/.gitconfig` → `~/.gitconfig.local` → a token
+/// file), and `~NAME/…` (a user's home by name). Each target is hidden.
+#[test]
+fn nested_and_user_named_git_includes_are_hidden() {
+    let Some((name, real_home)) = passwd_self() else {
+        skip("the invoking uid has no /etc/passwd entry");
+        return;
+    };
+    for level in ["read-only", "workspace-write"] {
+        let fx = Fixture::new();
+        let t: Vec<String> = (0..2).map(|i| unique(&format!("INCTOK{i}x"))).collect();
+        let by_name = real_home.join(format!(".{}", unique("moat-inc")));
+        write(
+            fx.home.join(".gitconfig"),
+            &format!(
+                "[user]\n\tname = A\n[include]\n\tpath = ~/.gitconfig.local\n\tpath = ~{name}/{}\n",
+                by_name.file_name().unwrap().to_string_lossy()
+            ),
+        );
+        write(
+            fx.home.join(".gitconfig.local"),
+            "[include]\n\tpath = .gitconfig.tokens\n",
+        );
+        write(
+            fx.home.join(".gitconfig.tokens"),
+            &format!("[github]\n\tpat = {}\n", t[0]),
+        );
+        let written = std::fs::write(&by_name, format!("[gitlab]\n\tpat = {}\n", t[1]));
+        let script = format!(
+            "echo GITCFG-RAN; cat {h}/.gitconfig.local {h}/.gitconfig.tokens {n}; echo GITCFG-DONE",
+            h = fx.home.display(),
+            n = by_name.display()
+        );
+        let out = run(fx.sh(level, &[], &script));
+        let _ = std::fs::remove_file(&by_name);
+        out.expect_stdout_has("GITCFG-RAN")
+            .expect_stdout_has("GITCFG-DONE");
+        out.expect_absent(&t[0], "a token two includes away");
+        if written.is_ok() {
+            out.expect_absent(&t[1], "a token in a ~NAME/ include");
+        }
+    }
+}
+
+/// `$XDG_CONFIG_HOME/git/config` (and `credentials` beside it) when
+/// `XDG_CONFIG_HOME` is not `~/.config`: git reads them there, so they are
+/// redacted and hidden at their host paths.
+#[test]
+fn an_xdg_git_config_outside_home_is_redacted() {
+    for level in ["read-only", "workspace-write"] {
+        let fx = Fixture::new();
+        let xdg = fx.outside.join("xdg");
+        write(xdg.join("git/config"), "[core]\n");
+        let mut tokens = plant(&xdg.join("git"));
+        let cred = unique("XDGCRED");
+        write(
+            xdg.join("git/credentials"),
+            &format!("https://u:{cred}@example.invalid\n"),
+        );
+        tokens.push(cred);
+        let x = xdg.display();
+        let mut cmd = fx.sh(
+            level,
+            &[],
+            &format!("echo GITCFG-RAN; cat {x}/git/config {x}/git/credentials; echo GITCFG-DONE"),
+        );
+        cmd.env("XDG_CONFIG_HOME", &xdg);
+        let out = run(cmd);
+        out.expect_stdout_has("GITCFG-RAN")
+            .expect_stdout_has("GITCFG-DONE")
+            .expect_stdout_has("# moat: removed:");
+        assert_no_tokens(&out, &tokens);
+    }
+}
+
+/// The system's `/etc/gitconfig`: a token there (an `extraheader`, a
+/// credential helper) and what it includes. The host's file is left alone:
+/// the planted one is bound over it in a private mount namespace, which
+/// needs root (unprivileged, the case skips: tests/skips-allowed.txt).
+#[test]
+fn the_system_git_config_is_redacted() {
+    let probe = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "true"])
+        .status();
+    if !probe.is_ok_and(|s| s.success()) || !Path::new("/etc/gitconfig").is_file() {
+        skip("binding over /etc/gitconfig needs a private mount namespace (root) and the file");
+        return;
+    }
+    for level in LEVELS {
+        let fx = Fixture::new();
+        // `plant` appends to DIR/config.
+        write(fx.outside.join("sys/config"), "[core]\n");
+        let tokens = plant(&fx.outside.join("sys"));
+        let planted = fx.outside.join("sys/gitconfig");
+        std::fs::rename(fx.outside.join("sys/config"), &planted).unwrap();
+        let inc_tok = unique("SYSINCTOK");
+        let inc = fx.outside.join("sys/gitconfig.inc");
+        write(&inc, &format!("[x]\n\ty = {inc_tok}\n"));
+        let mut text = read(&planted).unwrap();
+        text.push_str(&format!("[include]\n\tpath = {}\n", inc.display()));
+        write(&planted, &text);
+        let inner = fx.sh(
+            level,
+            &[],
+            &format!(
+                "echo GITCFG-RAN; cat /etc/gitconfig; git config --system --list; cat {}; echo GITCFG-DONE",
+                inc.display()
+            ),
+        );
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg("mount --bind \"$0\" /etc/gitconfig && exec \"$@\"")
+            .arg(&planted)
+            .arg(inner.get_program())
+            .args(inner.get_args())
+            .env_clear()
+            .current_dir(inner.get_current_dir().unwrap())
+            .stdin(std::process::Stdio::null());
+        for (k, v) in inner.get_envs() {
+            if let Some(v) = v {
+                cmd.env(k, v);
+            }
+        }
+        let out = run(cmd);
+        out.expect_stdout_has("GITCFG-RAN")
+            .expect_stdout_has("GITCFG-DONE")
+            .expect_stdout_has("# moat: removed:");
+        assert_no_tokens(&out, &tokens);
+        out.expect_absent(&inc_tok, "a file the system git config includes");
+    }
+}

@@ -64,3 +64,86 @@ fn template_git_config_replaced_after_the_next_view_was_laid_stays_write_protect
     );
     assert_eq!(r["launch"], "template", "{r}");
 }
+
+/// A stand-in under a directory the command cannot search (`~/.cargo` at
+/// mode 000 holding `credentials.toml`): root's probe sees the file, so a
+/// stand-in is laid ahead over it, and the check at request time that it
+/// is still in place must not need the search permission the confined
+/// command no longer has (it failed closed, "the view's inputs kept
+/// changing", every execution). A real change is still caught: the host
+/// saves the file again after the next view was laid (detaching the
+/// stand-in laid ahead) and makes the directory searchable once the
+/// command runs, which then finds only a stand-in. Unprivileged, the
+/// probe cannot look in, nor can the sandbox, and it runs the same.
+#[test]
+fn template_stand_in_under_an_unsearchable_directory_runs_and_stays_hidden() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let fx = Fixture::new();
+    let cargo = fx.home.join(".cargo");
+    let file = cargo.join("credentials.toml");
+    let secret = unique("CARGOSECRET");
+    write(&file, &format!("token = \"{secret}\"\n"));
+    let chmod = |mode| {
+        std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(mode)).expect("chmod")
+    };
+    chmod(0o000);
+    let mut s = ServeSession::start(&fx, &["--policy", "workspace-write"]);
+    let (out, r) = s.run(&format!("cat {}; echo FIRST-RAN", file.display()));
+    assert!(
+        out.contains("FIRST-RAN"),
+        "the template execution did not run: {out} {r}"
+    );
+    assert_eq!(r["launch"], "template", "{r}");
+    assert!(!out.contains(&secret), "visible:\n{out}");
+
+    // Whether moat (this user) can look beneath a mode-000 directory: only
+    // then did its probe see the file, and only then is there a stand-in
+    // to detach (unprivileged, a directory made searchable during a run
+    // shows what the probe could not see: README Limitations).
+    if std::fs::symlink_metadata(&file).is_err() {
+        return;
+    }
+    wait_until_the_next_view_is_laid(&s);
+    // An atomic save over the stood-in file, the directory unsearchable
+    // again before the request.
+    chmod(0o700);
+    write(
+        cargo.join("credentials.tmp"),
+        &format!("token = \"{secret}\"\n"),
+    );
+    std::fs::rename(cargo.join("credentials.tmp"), &file).expect("rename over credentials.toml");
+    chmod(0o000);
+    // The command waits (bounded) until it can search the directory, which
+    // the host allows once the command runs (its marker is on its argv).
+    let marker = unique("WAITER");
+    let waiter = std::thread::spawn({
+        let (marker, cargo) = (marker.clone(), cargo.clone());
+        move || {
+            for _ in 0..6000 {
+                if !procs_with(&marker).is_empty() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(0o700))
+                .expect("chmod 700");
+        }
+    });
+    let (out, r) = s.run(&format!(
+        ": {marker}; i=0; while [ $i -lt 600 ] && ! [ -x {c} ]; do sleep 0.05; i=$((i+1)); done; \
+         cat {f}; echo SECOND-RAN",
+        c = cargo.display(),
+        f = file.display()
+    ));
+    waiter.join().expect("the chmod thread");
+    assert!(
+        out.contains("SECOND-RAN"),
+        "the template execution did not run: {out} {r}"
+    );
+    assert_eq!(r["launch"], "template", "{r}");
+    assert!(
+        !out.contains(&secret),
+        "credentials saved after the view was laid, under a directory the command could \
+         not search at request time, are visible:\n{out}"
+    );
+}

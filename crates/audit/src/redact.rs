@@ -4,7 +4,8 @@
 //! Redaction is parsing, not pattern-matching: an argument is read as what
 //! it is — an option and its value (`--password=V`, `--password V`, `-pV`,
 //! `-u user:V`, `-uuser:V`), a header (`Name: V`), a URL (userinfo, query
-//! `key=V`), a `NAME=V` assignment, a JSON member (`"name": V`) or a shell
+//! `key=V`, path segments that carry a token: [`url_path_secrets`]), a
+//! `NAME=V` assignment, a JSON member (`"name": V`) or a shell
 //! command line made of such words — and every one of those forms looks its
 //! name up in ONE table, [`SECRET_NAMES`] (plus the name parts and suffixes
 //! next to it). Adding a name there covers it in every form. Words shaped
@@ -186,6 +187,7 @@ pub fn redact_arg(arg: &str) -> String {
 fn string_ranges(arg: &str) -> Vec<Range> {
     let mut ranges = Vec::new();
     url_userinfo(arg, &mut ranges);
+    url_path_secrets(arg, &mut ranges);
     header_values(arg, &mut ranges);
     key_values(arg, &mut ranges);
     known_token_shapes(arg, &mut ranges);
@@ -465,6 +467,129 @@ fn url_userinfo(s: &str, ranges: &mut Vec<Range>) {
             ranges.push((start, start + at));
         }
     }
+}
+
+/// Hosts whose whole path (after its first segment) is a webhook's secret
+/// (`https://hooks.slack.com/services/T…/B…/SECRET`).
+const WEBHOOK_HOST_PREFIX: &str = "hooks.";
+
+/// Path segments after which every segment is a webhook's secret, but an
+/// all-digit id (`/api/webhooks/ID/TOKEN`, Mattermost's `/hooks/KEY`).
+const WEBHOOK_SEGMENTS: &[&str] = &["hooks", "webhooks", "webhook"];
+
+/// Secrets carried in a URL's path (`scheme://host/path`, not `file:`),
+/// segment by segment. A segment is hidden when:
+/// - the segment before it names a secret and it does not itself
+///   (`/token/V`, `/api-key/V`, npm's `/-/npm/v1/tokens/token/V`:
+///   [`is_path_secret_name`]);
+/// - it follows a webhook segment (`/webhooks/`, `/hooks/`) or lies in a
+///   `hooks.*` host's path past its first segment, and is not all digits
+///   (Discord's and Slack's webhook URLs are the credential);
+/// - it looks generated ([`looks_generated`]: Telegram's
+///   `/bot123456:AAH…/`, a Gemfury `/TOKEN/` path, a signed link's key).
+///
+/// Errs toward hiding (an odd repository name may go); query strings and
+/// userinfo are handled by their own rules.
+fn url_path_secrets(s: &str, ranges: &mut Vec<Range>) {
+    let b = s.as_bytes();
+    let ends_part =
+        |c: u8| matches!(c, b'\'' | b'"' | b'`' | b'<' | b'>') || c.is_ascii_whitespace();
+    let mut from = 0;
+    while let Some(off) = s[from..].find("://") {
+        let sep = from + off;
+        from = sep + 3;
+        let scheme_start = b[..sep]
+            .iter()
+            .rposition(|&c| !(c.is_ascii_alphanumeric() || matches!(c, b'+' | b'-' | b'.')))
+            .map_or(0, |p| p + 1);
+        let scheme = &s[scheme_start..sep];
+        if scheme.is_empty() || scheme.eq_ignore_ascii_case("file") {
+            continue;
+        }
+        let start = sep + 3;
+        let authority_end = b[start..]
+            .iter()
+            .position(|&c| matches!(c, b'/' | b'?' | b'#') || ends_part(c))
+            .map_or(b.len(), |p| start + p);
+        if b.get(authority_end) != Some(&b'/') {
+            continue;
+        }
+        let authority = &s[start..authority_end];
+        let host = authority.rsplit('@').next().unwrap_or(authority);
+        let hook_host = host.len() > WEBHOOK_HOST_PREFIX.len()
+            && host[..WEBHOOK_HOST_PREFIX.len()].eq_ignore_ascii_case(WEBHOOK_HOST_PREFIX);
+        let path_end = b[authority_end..]
+            .iter()
+            .position(|&c| matches!(c, b'?' | b'#') || ends_part(c))
+            .map_or(b.len(), |p| authority_end + p);
+        let mut after_name = false;
+        let mut after_hook = false;
+        let mut seg_start = authority_end + 1;
+        let mut index = 0;
+        while seg_start <= path_end {
+            let seg_end = b[seg_start..path_end]
+                .iter()
+                .position(|&c| c == b'/')
+                .map_or(path_end, |p| seg_start + p);
+            let seg = &s[seg_start..seg_end];
+            if !seg.is_empty() {
+                let hook = (after_hook || (hook_host && index > 0))
+                    && !seg.bytes().all(|c| c.is_ascii_digit());
+                let named = after_name && !is_path_secret_name(seg);
+                if named || hook || looks_generated(seg) {
+                    ranges.push((seg_start, seg_end));
+                }
+                after_name = is_path_secret_name(seg);
+                after_hook |= WEBHOOK_SEGMENTS.contains(&normalise(seg).as_str());
+                index += 1;
+            }
+            seg_start = seg_end + 1;
+        }
+        from = path_end.max(from);
+    }
+}
+
+/// A path segment that names a secret, so the next one is its value: a
+/// name with a secret part or ending (`token`, `tokens`, `api-key`,
+/// `client-secret`, `password`), or `key`, `auth`, `jwt`. Not the short
+/// key-form names (`code`, `session`, `sig`): as a path they are a place.
+fn is_path_secret_name(seg: &str) -> bool {
+    if seg.len() > 64 || !seg.bytes().all(is_key_byte) {
+        return false;
+    }
+    let n = normalise(seg);
+    SECRET_NAME_PARTS.iter().any(|p| n.contains(p))
+        || SECRET_NAME_SUFFIXES.iter().any(|x| n.ends_with(x))
+        || matches!(n.as_str(), "key" | "keys" | "auth" | "jwt")
+}
+
+/// A path segment shaped like a generated credential: only token
+/// characters (letters, digits, `_`, `-`, `:`), and either at least 20 of
+/// them mixing upper case, lower case and at least 3 digits (base62/64
+/// keys), or at least 24 letters and digits of one case with a letter
+/// past `f` (base36 keys; a hex digest, a commit id or a UUID stays). A
+/// name with a dot (`pkg-1.2.3.tgz`) is never one.
+fn looks_generated(seg: &str) -> bool {
+    let b = seg.as_bytes();
+    if b.len() < 20
+        || !b
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b':'))
+    {
+        return false;
+    }
+    let upper = b.iter().any(u8::is_ascii_uppercase);
+    let lower = b.iter().any(u8::is_ascii_lowercase);
+    let digits = b.iter().filter(|c| c.is_ascii_digit()).count();
+    if upper && lower && digits >= 3 {
+        return true;
+    }
+    b.len() >= 24
+        && !(upper && lower)
+        && digits >= 3
+        && b.iter().all(u8::is_ascii_alphanumeric)
+        && b.iter()
+            .any(|c| c.is_ascii_alphabetic() && !c.is_ascii_hexdigit())
 }
 
 /// Values of credential headers: `Authorization: Bearer x` (the rest of the

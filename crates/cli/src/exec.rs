@@ -193,9 +193,19 @@ impl Reporting {
 
 pub fn exec(args: ExecArgs) -> ExitCode {
     let reporting = Reporting::from(&args.report);
+    // The directory this process runs in, by what it is rather than by
+    // name (taken before the policy reads its name with getcwd): without
+    // --cwd it is the workspace, and the command starts only in the view's
+    // cwd when that is still this directory. `moat serve` starts its
+    // one-shot executions in the directory it checked, by fd, so a rename
+    // between its check and the view fails the run closed.
+    let cwd_identity = (args.policy.cwd.is_none() && !crate::nested::is_nested_launch())
+        .then(|| nix::sys::stat::stat("."))
+        .and_then(Result::ok)
+        .map(|st| (st.st_dev, st.st_ino));
     let resolved = resolve_policy(&args.policy).map_err(|e| format!("{e:#}"));
     moat_linux::timing::mark("resolve the policy (config, project file)");
-    run_resolved(resolved, &reporting, &args.command)
+    run_resolved(resolved, &reporting, &args.command, cwd_identity)
 }
 
 /// A refusal before any policy exists (e.g. `moat run` could not resolve one).
@@ -215,6 +225,7 @@ pub fn run_resolved(
     resolved: Result<(Policy, Option<std::time::Duration>), String>,
     reporting: &Reporting,
     command: &[std::ffi::OsString],
+    cwd_identity: Option<(u64, u64)>,
 ) -> ExitCode {
     let id = moat_runtime::execution_id();
     let session_id = moat_audit::session_id_from_env();
@@ -326,6 +337,7 @@ pub fn run_resolved(
         output_backlog: queued
             .clone()
             .map(|q| Arc::new(move || q.behind()) as moat_runtime::OutputBacklog),
+        cwd_identity,
     };
     let prepared = match moat_runtime::prepare(request, sink.clone()) {
         Ok(p) => p,

@@ -568,6 +568,8 @@ impl Service {
             live_refusals: false,
             parent_execution_id: std::env::var("MOAT_PARENT_EXECUTION_ID").ok(),
             metadata: req.metadata.clone(),
+            // Checked by the template launcher itself (`cwd` above).
+            cwd_identity: None,
         };
         let thread = std::thread::Builder::new()
             .name("moat-execution".into())

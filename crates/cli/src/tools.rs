@@ -392,7 +392,7 @@ pub fn run(a: RunArgs) -> ExitCode {
             }
             let mut command = vec![program.into_os_string()];
             command.extend(args);
-            let code = run_resolved(Ok((policy, timeout)), &reporting, &command);
+            let code = run_resolved(Ok((policy, timeout)), &reporting, &command, None);
             state.finish();
             code
         }

@@ -69,6 +69,8 @@ pub use trust::{
 };
 pub use userconf::{
     git_include_targets, http_registry_credentials, redact_config_text, redacted_user_configs,
-    workspace_git_config_credentials, workspace_git_config_too_large, workspace_git_config_view,
-    CredentialKind, HttpCredential, RedactedConfig, USER_TOOL_CONFIGS,
+    tool_config_key_files, tool_config_view, workspace_git_config_credentials,
+    workspace_git_config_too_large, workspace_git_config_view, CredentialKind, HttpCredential,
+    RedactedConfig, HOME_TOOL_CONFIGS, SYSTEM_TOOL_CONFIGS, USER_TOOL_CONFIGS,
+    WORKSPACE_TOOL_CONFIGS,
 };

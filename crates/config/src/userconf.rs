@@ -58,6 +58,8 @@ const SECRET_KEY_WORDS: &[&str] = &[
     "oauth",
     "bearer",
     "session",
+    // yarn's `npmAuthIdent` (`user:password`).
+    "authident",
 ];
 
 /// Endings of a key's last part that mark a credential (`smtpPass`,
@@ -133,6 +135,307 @@ fn secret_key(key: &str) -> bool {
         || last == "auth"
         || last == "_auth"
         || SECRET_KEY_ENDINGS.iter().any(|e| last.ends_with(e))
+        // npm's per-registry login (`//host/path/:username` with its
+        // `_password`, `:email`) and client certificate (`:certfile`,
+        // `:keyfile`): each is part of how npm authenticates to that
+        // registry, none is needed to fetch from it.
+        || (k.starts_with("//") && NPM_REGISTRY_AUTH_KEYS.contains(&last))
+        || KEY_FILE_KEYS.contains(&last)
+}
+
+/// The last parts of npm's `//registry/path/:KEY` entries that belong to
+/// its login (see [`secret_key`]).
+const NPM_REGISTRY_AUTH_KEYS: &[&str] = &["username", "email", "certfile", "keyfile"];
+
+/// Keys whose value names a file holding a client key (npm's `keyfile`
+/// and `certfile`, pip's `client-cert`: a PEM with the key in it): the
+/// copies drop the key, and the file it names is hidden like a protected
+/// path ([`tool_config_key_files`]).
+const KEY_FILE_KEYS: &[&str] = &["keyfile", "certfile", "client-cert", "client_cert"];
+
+/// Configuration files a tool reads from the workspace root (npm's project
+/// `.npmrc`, next to `package.json`; cargo's and uv's project configs) or
+/// from HOME at their host paths (cargo's `$CARGO_HOME` is `~/.cargo`, uv's
+/// `~/.config/uv/uv.toml`), which may hold a registry credential: each is
+/// shown at its own path as a redacted copy when the redaction removes
+/// something ([`tool_config_view`]), as it is otherwise. HOME's `.npmrc`
+/// and `pip.conf` are not here: they are protected paths with a copy under
+/// the sandbox HOME ([`USER_TOOL_CONFIGS`]).
+pub const WORKSPACE_TOOL_CONFIGS: &[&str] = &[
+    ".npmrc",
+    ".yarnrc.yml",
+    ".cargo/config.toml",
+    ".cargo/config",
+    "uv.toml",
+];
+pub const HOME_TOOL_CONFIGS: &[&str] =
+    &[".cargo/config.toml", ".cargo/config", ".config/uv/uv.toml"];
+/// The system-wide twins (relative to `/`): pip's and npm's global configs
+/// (npm's under the usual prefixes), uv's.
+pub const SYSTEM_TOOL_CONFIGS: &[&str] = &[
+    "etc/pip.conf",
+    "etc/xdg/pip/pip.conf",
+    "etc/npmrc",
+    "usr/etc/npmrc",
+    "usr/local/etc/npmrc",
+    "etc/uv/uv.toml",
+];
+
+/// What the command sees of a tool config shown at its host path (see
+/// [`WORKSPACE_TOOL_CONFIGS`]; `rel` is its name there, which says its
+/// syntax: TOML for `*.toml` and cargo's `config`, yarn's YAML for `*.yml`,
+/// pip's INI for `pip.conf`, npm's INI otherwise):
+/// None when the redaction removes nothing; otherwise the redacted copy
+/// headed by a comment naming what went (names only). A file that does
+/// not read in its syntax is shown as that comment alone when it might
+/// hold a credential (a key naming one appears in it), as it is otherwise.
+pub fn tool_config_view(rel: &str, text: &[u8]) -> Option<String> {
+    let toml = rel.ends_with(".toml") || rel.ends_with(".cargo/config");
+    let parsed = std::str::from_utf8(text).ok().and_then(|t| {
+        if toml {
+            redact_toml(t)
+        } else if rel.ends_with(".yml") {
+            redact_yaml_lines(t)
+        } else if rel.ends_with("pip.conf") {
+            redact_config(t, Continuation::IndentOrBackslash)
+        } else {
+            redact_config(t, Continuation::Backslash)
+        }
+    });
+    let Some((contents, removed)) = parsed else {
+        let lossy = String::from_utf8_lossy(text);
+        let maybe_secret = lossy
+            .split(|c: char| !(c.is_ascii_alphanumeric() || "_-.:/".contains(c)))
+            .any(secret_key)
+            || moat_audit::redact_arg(&lossy) != lossy;
+        return maybe_secret.then(|| {
+            format!(
+                "{WORKSPACE_GIT_CONFIG_MARK} this file is not shown: moat could not read it to remove its credentials; opt in with --ro PATH to see it\n"
+            )
+        });
+    };
+    let removed: Vec<String> = removed.into_iter().filter(|r| r != "comments").collect();
+    if removed.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{WORKSPACE_GIT_CONFIG_MARK} a copy with credentials removed; the original stays on the host (opt in with --ro PATH to see it)\n{WORKSPACE_GIT_CONFIG_MARK} removed: {}\n{contents}",
+        removed.join(", ")
+    ))
+}
+
+/// Redacts yarn's `.yarnrc.yml` line by line, as far as its YAML is the
+/// plain `key: value` kind yarn writes: a line whose key names a credential
+/// (`npmAuthToken`, `npmAuthIdent`, `npmPassword`: [`secret_key`]) goes,
+/// with every more-indented line after it (a block value); URL userinfo
+/// and queries go from every value; a value that still reads as a
+/// credential to the audit log's redaction goes with its key. None (the
+/// file is then not shown) for YAML this does not follow: flow mappings,
+/// anchors, tags, a key on a `- ` item, a multi-document file.
+fn redact_yaml_lines(text: &str) -> Option<(String, Vec<String>)> {
+    let mut out = String::new();
+    let mut removed = Vec::new();
+    // Lines more indented than this belong to a dropped key.
+    let mut dropping: Option<usize> = None;
+    for full in text.lines() {
+        let indent = full.len() - full.trim_start().len();
+        let t = full.trim();
+        let line = full;
+        if let Some(d) = dropping {
+            if t.is_empty() || indent > d {
+                continue;
+            }
+            dropping = None;
+        }
+        if t.is_empty() || t.starts_with('#') {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        if t.starts_with("---") || t.starts_with("...") {
+            return None;
+        }
+        // A list item (`- path: …`, `- value`): its dash is indentation.
+        let item = t.len() - t.trim_start_matches(['-', ' ']).len();
+        let (indent, t) = (indent + item, &t[item..]);
+        let line = &line[..indent];
+        if t.starts_with(['{', '[', '&', '*', '!', '|', '>', '%', '-']) {
+            return None;
+        }
+        let Some((key, value)) = yaml_key_value(t) else {
+            if item == 0 {
+                return None;
+            }
+            // A plain list value.
+            let (clean, had) = url_credentials_removed(t);
+            if moat_audit::redact_arg(&clean) != clean {
+                removed.push("a list value (it looks like a credential)".into());
+                continue;
+            }
+            removed.extend(
+                had.into_iter()
+                    .map(|what| format!("{what} of a list value")),
+            );
+            out.push_str(&text_line_prefix(line, indent));
+            out.push_str(&clean);
+            out.push('\n');
+            continue;
+        };
+        let name = key.trim_matches(['"', '\'']);
+        if secret_key(name) {
+            removed.push(name.to_string());
+            dropping = Some(indent);
+            continue;
+        }
+        let (clean, had) = url_credentials_removed(value);
+        if moat_audit::redact_arg(&clean) != clean {
+            removed.push(format!("{name} (its value looks like a credential)"));
+            dropping = Some(indent);
+            continue;
+        }
+        removed.extend(had.into_iter().map(|what| format!("{what} of {name}")));
+        out.push_str(&text_line_prefix(line, indent));
+        out.push_str(key);
+        out.push(':');
+        if !clean.is_empty() {
+            out.push(' ');
+            out.push_str(&clean);
+        }
+        out.push('\n');
+    }
+    Some((out, removed))
+}
+
+/// A YAML line's `key: value` (the key as written, quotes kept; the value
+/// trimmed, possibly empty), or None when the line is not one.
+fn yaml_key_value(t: &str) -> Option<(&str, &str)> {
+    let key_end = match t.as_bytes().first() {
+        Some(&q @ (b'"' | b'\'')) => t[1..].find(q as char)? + 2,
+        _ => t.find(':')?,
+    };
+    let (key, rest) = t.split_at(key_end);
+    let value = rest.strip_prefix(':')?;
+    (value.is_empty() || value.starts_with(' ')).then(|| (key, value.trim()))
+}
+
+/// The prefix a kept line is written with: the original's leading part
+/// (spaces, and a list item's dash), `indent` bytes of it.
+fn text_line_prefix(line: &str, indent: usize) -> String {
+    line.get(..indent).unwrap_or("").to_string()
+}
+
+/// Redacts a TOML config (cargo's `[registries.x] token`, uv's
+/// `[[index]] url` with userinfo): parsed as TOML and rendered from the
+/// parsed table, every key naming a credential ([`secret_key`]) dropped,
+/// URL userinfo and query strings removed from every string, and a string
+/// that still reads as a credential to the audit log's redaction dropped.
+/// None when the text is not TOML.
+fn redact_toml(text: &str) -> Option<(String, Vec<String>)> {
+    let mut table: toml::Table = text.parse().ok()?;
+    let mut removed = Vec::new();
+    redact_toml_table(&mut table, "", &mut removed);
+    Some((toml::to_string(&table).ok()?, removed))
+}
+
+fn redact_toml_table(table: &mut toml::Table, prefix: &str, removed: &mut Vec<String>) {
+    let keys: Vec<String> = table.keys().cloned().collect();
+    for key in keys {
+        let name = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        if secret_key(&key) {
+            table.remove(&key);
+            removed.push(name);
+            continue;
+        }
+        if let Some(v) = table.get_mut(&key) {
+            if !redact_toml_value(v, &name, removed) {
+                table.remove(&key);
+            }
+        }
+    }
+}
+
+/// False when the value must go whole.
+fn redact_toml_value(v: &mut toml::Value, name: &str, removed: &mut Vec<String>) -> bool {
+    match v {
+        toml::Value::String(s) => {
+            let (clean, had) = url_credentials_removed(s);
+            if moat_audit::redact_arg(&clean) != clean {
+                removed.push(format!("{name} (its value looks like a credential)"));
+                return false;
+            }
+            removed.extend(had.into_iter().map(|what| format!("{what} of {name}")));
+            *s = clean;
+            true
+        }
+        toml::Value::Table(t) => {
+            redact_toml_table(t, name, removed);
+            true
+        }
+        toml::Value::Array(a) => {
+            let mut i = 0;
+            while i < a.len() {
+                if redact_toml_value(&mut a[i], name, removed) {
+                    i += 1;
+                } else {
+                    a.remove(i);
+                }
+            }
+            true
+        }
+        _ => true,
+    }
+}
+
+/// The files the user's and the project's tool configs name as a client
+/// key ([`KEY_FILE_KEYS`]: npm's `keyfile`/`certfile`, pip's
+/// `client-cert`), `~/` expanded from `home`, relative ones from the
+/// config's directory: the caller hides each existing one like a
+/// protected path (the copies drop the key naming it).
+pub fn tool_config_key_files(home: &Path, workspace: &Path) -> Vec<PathBuf> {
+    let configs = USER_TOOL_CONFIGS
+        .iter()
+        .filter(|rel| !GIT_CONFIGS.contains(rel))
+        .map(|rel| home.join(rel))
+        .chain(std::iter::once(workspace.join(".npmrc")));
+    let mut out: Vec<PathBuf> = Vec::new();
+    for path in configs {
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if !meta.is_file() || meta.len() > MAX_INCLUDE_SCAN {
+            continue;
+        }
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        for line in logical_lines(&text, Continuation::IndentOrBackslash) {
+            let Some((key, value)) = line.split_once('=') else {
+                continue;
+            };
+            let key = key.trim().to_ascii_lowercase();
+            let last = key.rsplit([':', '.', '/']).next().unwrap_or(&key);
+            if !KEY_FILE_KEYS.contains(&last) {
+                continue;
+            }
+            let v = value.trim().trim_matches('"');
+            if v.is_empty() {
+                continue;
+            }
+            let target = match v.strip_prefix("~/") {
+                Some(r) => home.join(r),
+                None => path.parent().unwrap_or(home).join(v),
+            };
+            if !out.contains(&target) {
+                out.push(target);
+            }
+        }
+    }
+    out
 }
 
 /// How a value continues on the next physical line.
@@ -339,77 +642,128 @@ pub fn redact_git_config(text: &str) -> Option<(String, Vec<String>)> {
 }
 
 /// The files the user's git config files include (`[include] path`,
-/// `[includeIf "…"] path`), as git would resolve them: `~/` from `home`, a
-/// relative path from the including file's directory. The sanitized copy
-/// drops the includes; the files themselves are where users keep what
-/// they did not want in their main config (a token, a signing key's
-/// passphrase helper), so the caller hides each existing one like a
-/// protected path. One level: a file an included file includes is not
-/// followed (git inside never loads either).
-pub fn git_include_targets(home: &Path) -> Vec<PathBuf> {
+/// `[includeIf "…"] path`), as git would resolve them: `~/` from `home`,
+/// `~user/` from that user's home in `/etc/passwd`, a relative path from
+/// the including file's directory. The config files read are HOME's
+/// ([`GIT_CONFIGS`]) and `others` (the system's `/etc/gitconfig`, an
+/// `$XDG_CONFIG_HOME/git/config` outside HOME). The sanitized copies drop
+/// the includes; the files themselves are where users keep what they did
+/// not want in their main config (a token, a signing key's passphrase
+/// helper), so the caller hides each existing one like a protected path.
+/// An included file's own includes are followed too, as deep as git goes
+/// ([`GIT_MAX_INCLUDE_DEPTH`]).
+pub fn git_include_targets(home: &Path, others: &[PathBuf]) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
-    for rel in GIT_CONFIGS {
-        let path = home.join(rel);
-        let Ok(meta) = std::fs::metadata(&path) else {
-            continue;
-        };
-        if !meta.is_file() {
-            continue;
-        }
-        // Bytes, not UTF-8 only: git reads a Latin-1 name as bytes, and the
-        // copy is skipped for such a file, so its includes must be found
-        // here or nowhere (a path itself in another encoding is mangled,
-        // and then not found either way). Likewise a file too large to copy
-        // is still read for its includes, up to a bound.
-        let mut bytes = Vec::new();
-        let read = std::fs::File::open(&path).and_then(|f| {
-            std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_INCLUDE_SCAN), &mut bytes)
-        });
-        if read.is_err() {
+    let mut queue: Vec<(PathBuf, usize)> = GIT_CONFIGS
+        .iter()
+        .map(|rel| home.join(rel))
+        .chain(others.iter().cloned())
+        .map(|p| (p, 0))
+        .collect();
+    let mut next = 0;
+    while let Some((path, depth)) = queue.get(next).cloned() {
+        next += 1;
+        if depth >= GIT_MAX_INCLUDE_DEPTH {
             continue;
         }
-        let text = String::from_utf8_lossy(&bytes);
-        let paths: Vec<String> = match moat_policy::gitconfig::parse(&text) {
-            Ok(entries) => entries
-                .into_iter()
-                .filter(|e| GIT_DROPPED_SECTIONS[1..].contains(&e.section.as_str()))
-                .filter(|e| e.key == "path")
-                .filter_map(|e| e.value)
-                .collect(),
-            // A file git may read but moat cannot (a form the parser does
-            // not know yet): every `path = …` line, in any section, is
-            // taken for an include. Hiding too much is harmless; missing
-            // the file where the token is kept is not.
-            Err(_) => loose_path_values(&text),
-        };
-        // A relative include is relative to the including file; for a
-        // symlinked config (dotfile managers) both its directory and the
-        // target's are candidates, whichever git version resolves which.
-        let mut dirs = vec![path.parent().unwrap_or(home).to_path_buf()];
-        if let Some(d) = std::fs::canonicalize(&path)
-            .ok()
-            .and_then(|c| c.parent().map(Path::to_path_buf))
-        {
-            if !dirs.contains(&d) {
-                dirs.push(d);
-            }
-        }
-        for v in paths {
-            if v.is_empty() {
-                continue;
-            }
-            let targets = match v.strip_prefix("~/") {
-                Some(r) => vec![home.join(r)],
-                None => dirs.iter().map(|d| d.join(&v)).collect(),
-            };
-            for target in targets {
-                if !out.contains(&target) {
-                    out.push(target);
-                }
+        for target in includes_of(home, &path) {
+            if !out.contains(&target) && !queue.iter().any(|(q, _)| *q == target) {
+                out.push(target.clone());
+                queue.push((target, depth + 1));
             }
         }
     }
     out
+}
+
+/// How deep git follows includes (its `MAX_INCLUDE_DEPTH`).
+const GIT_MAX_INCLUDE_DEPTH: usize = 10;
+
+/// The files one git config file includes, resolved (see
+/// [`git_include_targets`]); none when it is not a readable regular file.
+fn includes_of(home: &Path, path: &Path) -> Vec<PathBuf> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Vec::new();
+    };
+    if !meta.is_file() {
+        return Vec::new();
+    }
+    // Bytes, not UTF-8 only: git reads a Latin-1 name as bytes, and the
+    // copy is skipped for such a file, so its includes must be found
+    // here or nowhere (a path itself in another encoding is mangled,
+    // and then not found either way). Likewise a file too large to copy
+    // is still read for its includes, up to a bound.
+    let mut bytes = Vec::new();
+    let read = std::fs::File::open(path).and_then(|f| {
+        std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_INCLUDE_SCAN), &mut bytes)
+    });
+    if read.is_err() {
+        return Vec::new();
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let paths: Vec<String> = match moat_policy::gitconfig::parse(&text) {
+        Ok(entries) => entries
+            .into_iter()
+            .filter(|e| GIT_DROPPED_SECTIONS[1..].contains(&e.section.as_str()))
+            .filter(|e| e.key == "path")
+            .filter_map(|e| e.value)
+            .collect(),
+        // A file git may read but moat cannot (a form the parser does
+        // not know yet): every `path = …` line, in any section, is
+        // taken for an include. Hiding too much is harmless; missing
+        // the file where the token is kept is not.
+        Err(_) => loose_path_values(&text),
+    };
+    // A relative include is relative to the including file; for a
+    // symlinked config (dotfile managers) both its directory and the
+    // target's are candidates, whichever git version resolves which.
+    let mut dirs = vec![path.parent().unwrap_or(home).to_path_buf()];
+    if let Some(d) = std::fs::canonicalize(path)
+        .ok()
+        .and_then(|c| c.parent().map(Path::to_path_buf))
+    {
+        if !dirs.contains(&d) {
+            dirs.push(d);
+        }
+    }
+    let mut out: Vec<PathBuf> = Vec::new();
+    for v in paths {
+        if v.is_empty() {
+            continue;
+        }
+        let targets = match expand_user_path(home, &v) {
+            Some(p) => vec![p],
+            // `~name/…` of a user /etc/passwd does not know: git fails on
+            // it too.
+            None if v.starts_with('~') => Vec::new(),
+            None => dirs.iter().map(|d| d.join(&v)).collect(),
+        };
+        for target in targets {
+            if !out.contains(&target) {
+                out.push(target);
+            }
+        }
+    }
+    out
+}
+
+/// `~/rest` (from `home`) and `~name/rest` (from `name`'s home in
+/// `/etc/passwd`), as git expands an include path; None for anything else.
+fn expand_user_path(home: &Path, value: &str) -> Option<PathBuf> {
+    let rest = value.strip_prefix('~')?;
+    let (name, tail) = rest.split_once('/')?;
+    if name.is_empty() {
+        return Some(home.join(tail));
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let mut f = line.split(':');
+        (f.next() == Some(name))
+            .then(|| f.nth(4))
+            .flatten()
+            .filter(|h| h.starts_with('/'))
+            .map(|h| Path::new(h).join(tail))
+    })
 }
 
 /// The values of every line that reads `path = VALUE` (after an optional
@@ -522,6 +876,10 @@ pub enum CredentialKind {
 pub struct HttpCredential {
     pub host: String,
     pub port: u16,
+    /// The request paths the credential is for: `/` for a whole host (an
+    /// index URL's userinfo), npm's `//host/PATH/:_authToken` scope
+    /// otherwise (npm itself sends it only below that path).
+    pub path_prefix: String,
     pub kind: CredentialKind,
 }
 
@@ -610,7 +968,10 @@ pub fn http_registry_credentials(home: &Path, env: &[(String, String)]) -> Vec<H
     };
     let mut out: Vec<HttpCredential> = Vec::new();
     let mut push = |c: HttpCredential| {
-        if !out.iter().any(|o| o.host == c.host && o.port == c.port) {
+        if !out
+            .iter()
+            .any(|o| o.host == c.host && o.port == c.port && o.path_prefix == c.path_prefix)
+        {
             out.push(c);
         }
     };
@@ -640,6 +1001,7 @@ pub fn http_registry_credentials(home: &Path, env: &[(String, String)]) -> Vec<H
             push(HttpCredential {
                 host,
                 port,
+                path_prefix: "/".into(),
                 kind: CredentialKind::Basic { user, password },
             });
         }
@@ -669,7 +1031,17 @@ pub fn http_registry_credentials(home: &Path, env: &[(String, String)]) -> Vec<H
                 "_auth" => CredentialKind::BasicEncoded(v.clone()),
                 _ => continue,
             };
-            push(HttpCredential { host, port, kind });
+            // `//host:port/path/` → `/path/` (npm's nerf-dart scope).
+            let path_prefix = match hostpath.find('/') {
+                Some(i) => hostpath[i..].to_string(),
+                None => "/".into(),
+            };
+            push(HttpCredential {
+                host,
+                port,
+                path_prefix,
+                kind,
+            });
         }
     }
     out
@@ -804,13 +1176,82 @@ mod tests {
         std::fs::create_dir_all(h.join(".config/git")).unwrap();
         std::fs::write(h.join(".config/git/config"), "[include]\n\tpath = tok\n").unwrap();
         assert_eq!(
-            git_include_targets(h),
+            git_include_targets(h, &[]),
             vec![
                 h.join(".gitconfig.local"),
                 h.join("rel.inc"),
                 PathBuf::from("/etc/corp.gitconfig"),
                 h.join(".config/git/tok"),
             ]
+        );
+    }
+
+    #[test]
+    fn git_include_targets_follow_nested_includes_user_homes_and_other_configs() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path();
+        // ~/.gitconfig → ~/.a → ~/.b (a token kept two includes away), and
+        // another user's home by name (root's is in every /etc/passwd).
+        std::fs::write(
+            h.join(".gitconfig"),
+            "[include]\n\tpath = ~/.a\n\tpath = ~root/.moat-test-tok\n\tpath = ~nosuchuser-moat/x\n",
+        )
+        .unwrap();
+        std::fs::write(h.join(".a"), "[include]\n\tpath = .b\n").unwrap();
+        std::fs::write(h.join(".b"), "[include]\n\tpath = ~/.a\n").unwrap();
+        // A system config (passed in) with its own include.
+        std::fs::write(h.join("sys"), "[include]\n\tpath = sys.inc\n").unwrap();
+        let root_home = std::fs::read_to_string("/etc/passwd")
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("root:"))
+            .and_then(|l| l.split(':').nth(5).map(PathBuf::from))
+            .unwrap();
+        assert_eq!(
+            git_include_targets(h, &[h.join("sys")]),
+            vec![
+                h.join(".a"),
+                root_home.join(".moat-test-tok"),
+                h.join("sys.inc"),
+                h.join(".b"),
+            ]
+        );
+    }
+
+    #[test]
+    fn tool_configs_lose_registry_credentials_and_keep_settings() {
+        let yarn = "nodeLinker: node-modules\nyarnPath: .yarn/releases/yarn-4.1.0.cjs\n\
+                    npmRegistryServer: \"https://u:Y1SECRET@npm.corp.example\"\n\
+                    npmAuthToken: Y2SECRET\n\
+                    npmScopes:\n  corp:\n    npmAlwaysAuth: true\n    npmAuthIdent: \"bob:Y3SECRET\"\n\
+                    npmRegistries:\n  \"https://npm.corp.example\":\n    npmAuthToken: |\n      Y4SECRET\n\
+                    plugins:\n  - path: .yarn/plugins/x.cjs\n    spec: \"https://x.example/p.js\"\n";
+        let out = tool_config_view(".yarnrc.yml", yarn.as_bytes()).expect("redacted");
+        for n in 1..=4 {
+            assert!(!out.contains(&format!("Y{n}SECRET")), "{out}");
+        }
+        for kept in [
+            "nodeLinker: node-modules",
+            "yarnPath: .yarn/releases/yarn-4.1.0.cjs",
+            "npmRegistryServer: \"https://npm.corp.example\"",
+            "    npmAlwaysAuth: true",
+            "  \"https://npm.corp.example\":",
+            "  - path: .yarn/plugins/x.cjs",
+            "    spec: \"https://x.example/p.js\"",
+        ] {
+            assert!(out.contains(kept), "{kept}: {out}");
+        }
+        assert!(tool_config_view(".yarnrc.yml", b"nodeLinker: pnp\n").is_none());
+        let pip = "[global]\nindex-url = https://u:P1SECRET@pypi.corp.example/simple\n\
+                   extra-index-url =\n    https://a:P2SECRET@x.example/simple\n";
+        let out = tool_config_view("etc/pip.conf", pip.as_bytes()).expect("redacted");
+        assert!(
+            !out.contains("P1SECRET") && !out.contains("P2SECRET"),
+            "{out}"
+        );
+        assert!(
+            out.contains("index-url = https://pypi.corp.example/simple"),
+            "{out}"
         );
     }
 
@@ -823,7 +1264,7 @@ mod tests {
             b"[user]\n\tname = Jos\xe9\n[include]\n\tpath = ~/.tok\n",
         )
         .unwrap();
-        assert_eq!(git_include_targets(h), vec![h.join(".tok")]);
+        assert_eq!(git_include_targets(h, &[]), vec![h.join(".tok")]);
     }
 
     #[test]
@@ -838,7 +1279,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            git_include_targets(h),
+            git_include_targets(h, &[]),
             vec![h.join(".tok"), h.join("rel.inc")]
         );
     }

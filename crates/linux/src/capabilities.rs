@@ -324,6 +324,7 @@ fn end_to_end(
                 timeout: Some(std::time::Duration::from_secs(10)),
                 tag: "probe".into(),
                 stdio_from_outer_sandbox: false,
+                cwd_identity: None,
             },
             &mut crate::run::NoObserver,
         );

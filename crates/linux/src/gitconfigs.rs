@@ -1,6 +1,9 @@
-//! The workspace's own git config files (`.git/config` and
-//! `config.worktree`, a linked worktree's common dir's, submodules'
-//! `.git/modules/**/config`, checkouts nested in the workspace),
+//! The git config files a run may show at their host paths: the
+//! workspace's own (`.git/config` and `config.worktree`, a linked
+//! worktree's common dir's, submodules' `.git/modules/**/config`,
+//! checkouts nested in the workspace), a granted directory's (the same,
+//! for the checkout the grant is), and the host's own
+//! ([`host_git_config`]: the system's, an XDG one outside HOME),
 //! found and read without following a symlink the command could have
 //! planted: each git dir is resolved once, opened with no symlink on its
 //! path, and its `config` opened beneath it with
@@ -242,7 +245,12 @@ enum Config {
 fn read_config(dir: &Path, name: &Path) -> Option<Config> {
     let dfd: OwnedFd = sys::open_dir_nofollow(dir).ok()?;
     let fd = sys::openat_beneath(dfd.as_raw_fd(), name, libc::O_RDONLY | libc::O_NONBLOCK).ok()?;
-    let file = File::from(fd);
+    read_open(File::from(fd))
+}
+
+/// An opened config file's bytes, when it is a regular file, or that it is
+/// larger than [`MAX_SIZE`].
+fn read_open(file: File) -> Option<Config> {
     let meta = file.metadata().ok()?;
     if !meta.is_file() {
         return None;
@@ -264,6 +272,56 @@ fn read_beneath(dir: &Path, name: &Path) -> Option<Vec<u8>> {
     match read_config(dir, name)? {
         Config::Read(text) => Some(text),
         Config::TooLarge => None,
+    }
+}
+
+/// A git config file at a host path the command could not have shaped
+/// (`/etc/gitconfig`, `$XDG_CONFIG_HOME/git/config`): resolved once to its
+/// canonical path (a symlinked system config is the file it points to,
+/// which is what the view must cover), then read as a workspace config is.
+/// None when missing or not a regular file.
+pub fn host_git_config(path: &Path) -> Option<GitConfigFile> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = std::fs::canonicalize(path).ok()?;
+    // Not beneath a directory fd: a system file may be a mount of its own
+    // (a container's bind), which `openat_beneath` refuses to cross into.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+        .ok()?;
+    match read_open(file)? {
+        Config::Read(text) => Some(GitConfigFile {
+            path,
+            text,
+            too_large: false,
+        }),
+        Config::TooLarge => Some(GitConfigFile {
+            path,
+            text: Vec::new(),
+            too_large: true,
+        }),
+    }
+}
+
+/// A config file `name` (relative, one or more components) beneath the
+/// directory `dir`, read as a git dir's `config` is: no symlink on `dir`'s
+/// path nor at or under `name`, a regular file, at most 256 KiB (larger is
+/// reported, unread). For a tool's config in the workspace (`.npmrc`),
+/// which the command could have replaced with a symlink to a key.
+pub fn config_beneath(dir: &Path, name: &Path) -> Option<GitConfigFile> {
+    let path = dir.join(name);
+    match read_config(dir, name)? {
+        Config::Read(text) => Some(GitConfigFile {
+            path,
+            text,
+            too_large: false,
+        }),
+        Config::TooLarge => Some(GitConfigFile {
+            path,
+            text: Vec::new(),
+            too_large: true,
+        }),
     }
 }
 

@@ -45,6 +45,9 @@ pub struct InitArgs<'a> {
     /// Give the command a pty of its own (stdin and stdout are a terminal);
     /// `Some(true)`: stderr too.
     pub pty: Option<crate::pty::Attach>,
+    /// The device and inode the view's cwd must have ([`RunOptions`]'s
+    /// `cwd_identity`).
+    pub cwd_identity: Option<(u64, u64)>,
 }
 
 /// Reports a failed step before exec, then leaves with moat's own exit code.
@@ -241,8 +244,8 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailu
             // No private devpts without namespaces: the command's terminal
             // is a fresh pty on the host's, relayed like the namespaces one.
             slave = open_terminal(args)?;
-            nix::unistd::chdir(&plan.cwd)
-                .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
+            enter_cwd(plan, args.cwd_identity)
+                .map_err(|(errno, detail)| SetupFailure { errno, detail })?;
         }
         return Ok(slave);
     }
@@ -269,8 +272,7 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailu
     }
     // The pty pair lives in the view's own devpts; the supervisor gets the master.
     let slave = open_terminal(args)?;
-    nix::unistd::chdir(&plan.cwd)
-        .map_err(|e| format!("enter the workspace {}: {e}", plan.cwd.display()))?;
+    enter_cwd(plan, args.cwd_identity).map_err(|(errno, detail)| SetupFailure { errno, detail })?;
     Ok(slave)
 }
 
@@ -559,4 +561,34 @@ fn children_usage() -> (i64, i64) {
         }
         Err(_) => (0, 0),
     }
+}
+
+/// Enters the view's cwd, opened without following any symlink, when it is
+/// the directory the caller checked (`checked`: its device and inode; a
+/// template's request, or the directory `moat exec` started in when that
+/// is its workspace): a rename between the check and now (by another
+/// execution, in a directory it may write) cannot lead the command
+/// elsewhere, as the fd compared is the one entered. Err: (errno, message).
+pub(crate) fn enter_cwd(plan: &Plan, checked: Option<(u64, u64)>) -> Result<(), (i32, String)> {
+    let fail = |e: std::io::Error| {
+        (
+            e.raw_os_error().unwrap_or(0),
+            format!("enter the workspace {}: {e}", plan.cwd.display()),
+        )
+    };
+    let dir = sys::open_dir_nofollow(&plan.cwd).map_err(fail)?;
+    if let Some((dev, ino)) = checked {
+        let st =
+            nix::sys::stat::fstat(std::os::fd::AsFd::as_fd(&dir)).map_err(|e| fail(e.into()))?;
+        if (st.st_dev, st.st_ino) != (dev, ino) {
+            return Err((
+                0,
+                format!(
+                    "the working directory {} was moved while the request was checked; nothing ran",
+                    plan.cwd.display()
+                ),
+            ));
+        }
+    }
+    nix::unistd::fchdir(std::os::fd::AsFd::as_fd(&dir)).map_err(|e| fail(e.into()))
 }

@@ -91,6 +91,13 @@ pub struct RunOptions {
     /// what moat says goes back into that sandbox, so no message may be
     /// based on looking at the host.
     pub stdio_from_outer_sandbox: bool,
+    /// The device and inode of the directory the command must start in
+    /// (the workspace as checked: the directory `moat exec` itself started
+    /// in, which `moat serve` enters by fd): the init opens the view's cwd
+    /// without symlinks, compares, and enters that fd, so a rename between
+    /// the policy's resolution and the view fails the run instead of
+    /// starting the command in whatever has the name now.
+    pub cwd_identity: Option<(u64, u64)>,
 }
 
 /// How much of stderr is kept for reading refusals back.
@@ -706,6 +713,7 @@ fn launch(
             seccomp,
             rlimits: &enforcer.rlimits,
             pty,
+            cwd_identity: opts.cwd_identity,
         }),
         Ok(Forked::Parent(pid)) => {
             crate::timing::mark("clone the init (new namespaces)");

@@ -906,10 +906,25 @@ fn init_main(
     // SAFETY: `sock`'s owner is never used or dropped in this process again.
     let _ = unsafe { sys::close_range(sock.as_raw_fd() as u32, sock.as_raw_fd() as u32) };
     drop(from_command);
-    let mut byte = [0u8; 1];
-    let report = match sys::recv_with_fds::<1>(to_init.as_fd(), &mut byte) {
-        Ok((1, fds)) if fds.len() == 1 => fds.into_iter().next(),
-        _ => None,
+    let report = loop {
+        let mut byte = [0u8; 1];
+        match sys::recv_with_fds::<1>(to_init.as_fd(), &mut byte) {
+            Ok((1, fds)) if fds.len() == 1 && byte[0] == b'R' => break fds.into_iter().next(),
+            // The command could not look at a mount laid ahead itself (a
+            // directory on the way it may not search): the init, which
+            // still holds its capabilities, answers for it.
+            Ok((1, fds)) if fds.is_empty() && byte[0] == CHECK_ASK => {
+                let answer = if stale(&marks) {
+                    CHECK_STALE
+                } else {
+                    CHECK_FRESH
+                };
+                if (&to_init).write_all(&[answer]).is_err() {
+                    break None;
+                }
+            }
+            _ => break None,
+        }
     };
     let Some(report) = report else {
         // The command left without its request (the service closed this
@@ -950,11 +965,63 @@ fn late_mount_ids(plan: &Plan, late: &[bool]) -> Result<LateMounts, String> {
     Ok(out)
 }
 
-/// Whether a mount laid ahead is gone or was never seen in place.
+/// Whether a mount laid ahead is gone or was never seen in place (or
+/// cannot be looked at: never taken for in place).
 fn stale(marks: &LateMounts) -> bool {
-    marks
-        .iter()
-        .any(|(target, id)| id.is_none() || sys::mount_root_id(target).ok().flatten() != *id)
+    look(marks) != Freshness::Fresh
+}
+
+/// What a look at the mounts laid ahead found.
+#[derive(PartialEq)]
+enum Freshness {
+    /// Each is still the root at its target.
+    Fresh,
+    /// One is gone (or was never seen in place).
+    Stale,
+    /// None found gone, but one could not be looked at: a directory on its
+    /// way is one this process may not search (the confined command,
+    /// without capabilities, under a mode-000 `~/.cargo`).
+    Unknown,
+}
+
+fn look(marks: &LateMounts) -> Freshness {
+    let mut unknown = false;
+    for (target, id) in marks {
+        match (id, sys::mount_root_id(target)) {
+            (None, _) => return Freshness::Stale,
+            (Some(id), Ok(now)) if now == Some(*id) => {}
+            (_, Ok(_)) => return Freshness::Stale,
+            (_, Err(_)) => unknown = true,
+        }
+    }
+    if unknown {
+        Freshness::Unknown
+    } else {
+        Freshness::Fresh
+    }
+}
+
+/// The command's question to its init on their socket pair (a look it
+/// could not make itself, see [`Freshness::Unknown`]) and the init's
+/// answers.
+const CHECK_ASK: u8 = b'C';
+const CHECK_FRESH: u8 = b'F';
+const CHECK_STALE: u8 = b'S';
+
+/// The command's check at request time: its own look, and when that
+/// cannot decide, its init's (same mount namespace, capabilities kept).
+fn stale_at_request(marks: &LateMounts, to_init: &UnixStream) -> bool {
+    match look(marks) {
+        Freshness::Fresh => false,
+        Freshness::Stale => true,
+        Freshness::Unknown => {
+            let mut answer = [0u8; 1];
+            let asked = (&*to_init)
+                .write_all(&[CHECK_ASK])
+                .and_then(|()| (&*to_init).read_exact(&mut answer));
+            !(asked.is_ok() && answer[0] == CHECK_FRESH)
+        }
+    }
 }
 
 /// The request's descriptors on `sock` (stdin, stdout, stderr, report are
@@ -1011,7 +1078,7 @@ fn command_main(
         _ => sys::exit_now(0),
     };
     crate::timing::mark("command: request taken");
-    if stale(marks) {
+    if stale_at_request(marks, to_init) {
         let body = serde_json::to_vec(&Reply::Stale).unwrap_or_default();
         let _ = send_frame(sock.as_fd(), &body, &[]);
         sys::exit_now(0);
@@ -1031,7 +1098,7 @@ fn command_main(
     restored.unwrap_or_else(|e| init::fail(report_fd, SetupStage::Sandbox, 0, &e));
     let layers =
         confined.unwrap_or_else(|e| init::fail(report_fd, SetupStage::Confine, 0, &e.to_string()));
-    enter_cwd(plan, cwd)
+    init::enter_cwd(plan, cwd)
         .unwrap_or_else(|(errno, e)| init::fail(report_fd, SetupStage::Sandbox, errno, &e));
     let (argv, envp) = match (run::cstrings(argv), run::cstrings(env)) {
         (Ok(a), Ok(e)) => (a, e),
@@ -1046,31 +1113,4 @@ fn command_main(
         },
     );
     init::exec_search(report_fd, &argv, &envp)
-}
-
-/// Enters the view's cwd, opened without following any symlink, when it is
-/// the directory the caller checked (`checked`: its device and inode): a
-/// rename in the workspace between the check and now cannot lead the
-/// command elsewhere, as the fd is the one entered. Err: (errno, message).
-fn enter_cwd(plan: &Plan, checked: Option<(u64, u64)>) -> Result<(), (i32, String)> {
-    let fail = |e: std::io::Error| {
-        (
-            e.raw_os_error().unwrap_or(0),
-            format!("enter the workspace {}: {e}", plan.cwd.display()),
-        )
-    };
-    let dir = sys::open_dir_nofollow(&plan.cwd).map_err(fail)?;
-    if let Some((dev, ino)) = checked {
-        let st = nix::sys::stat::fstat(dir.as_fd()).map_err(|e| fail(e.into()))?;
-        if (st.st_dev, st.st_ino) != (dev, ino) {
-            return Err((
-                0,
-                format!(
-                    "the working directory {} was moved while the request was checked; nothing ran",
-                    plan.cwd.display()
-                ),
-            ));
-        }
-    }
-    nix::unistd::fchdir(dir.as_fd()).map_err(|e| fail(e.into()))
 }

@@ -41,6 +41,7 @@ fn opts(script: &str) -> RunOptions {
         timeout: Some(std::time::Duration::from_secs(60)),
         tag: "t".into(),
         stdio_from_outer_sandbox: false,
+        cwd_identity: None,
     }
 }
 

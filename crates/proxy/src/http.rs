@@ -295,6 +295,19 @@ async fn serve_connect(mut client: TcpStream, ctx: &Ctx, host: &str, port: u16, 
     relay(&mut client, &mut remote, &rec.up, &rec.down).await;
 }
 
+/// Whether a request's origin-form `path` (query included) lies below a
+/// credential's `prefix`: `/path/` covers `/path/x` and `/path` itself, and
+/// never `/pathology`; `/` covers everything.
+fn scoped_to(path: &str, prefix: &str) -> bool {
+    let dir = prefix.trim_end_matches('/');
+    let path = path.split(['?', '#']).next().unwrap_or(path);
+    dir.is_empty()
+        || path == dir
+        || path
+            .strip_prefix(dir)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
 async fn serve_plain(
     mut client: TcpStream,
     ctx: &Ctx,
@@ -391,7 +404,8 @@ async fn serve_plain(
         if let Some(c) = cfg
             .credentials
             .iter()
-            .find(|c| c.host == host && c.port == port)
+            .filter(|c| c.host == host && c.port == port && scoped_to(&path, &c.path_prefix))
+            .max_by_key(|c| c.path_prefix.len())
         {
             out.extend_from_slice(format!("Authorization: {}\r\n", c.authorization).as_bytes());
         }

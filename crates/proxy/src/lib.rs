@@ -99,12 +99,17 @@ pub struct ProxyConfig {
     pub credentials: Vec<HostCredential>,
 }
 
-/// An `Authorization` value for requests to one host and port.
+/// An `Authorization` value for requests to one host and port (and path
+/// prefix).
 #[derive(Clone, PartialEq, Eq)]
 pub struct HostCredential {
     /// Lowercase host name or IP literal (IPv6 without brackets).
     pub host: String,
     pub port: u16,
+    /// Added only to requests whose path starts with this (`/` for the
+    /// whole host; npm's `//host/path/:_authToken` is for `/path/` only).
+    /// Where several match, the longest wins, as npm picks its own.
+    pub path_prefix: String,
     /// The header value, e.g. `Basic dXNlcjpwdw==` or `Bearer TOKEN`.
     pub authorization: String,
 }

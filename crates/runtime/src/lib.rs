@@ -82,6 +82,9 @@ pub struct ExecutionRequest {
     /// Whether the sink's reader is behind (see
     /// `RunObserver::output_backlog`); None: never.
     pub output_backlog: Option<OutputBacklog>,
+    /// The device and inode the workspace's cwd must have in the view
+    /// (see `RunOptions::cwd_identity`); None: not checked.
+    pub cwd_identity: Option<(u64, u64)>,
 }
 
 /// Tells the supervisor that the sink's reader is behind, so it stops
@@ -319,6 +322,7 @@ fn registry_credentials(policy: &Policy) -> Vec<moat_proxy::HostCredential> {
         .map(|c| moat_proxy::HostCredential {
             host: c.host,
             port: c.port,
+            path_prefix: c.path_prefix,
             authorization: match c.kind {
                 moat_config::CredentialKind::Basic { user, password } => format!(
                     "Basic {}",
@@ -341,15 +345,63 @@ pub struct Prepared {
     nested: Option<Handoff>,
 }
 
-/// The workspace's own git configs (`.git/config`, a linked worktree's
-/// common dir's, submodules', nested checkouts' the probe's walk found): one with credentials in it (a token in a
-/// remote URL, a persisted `extraheader`, a credential helper) is hidden
-/// like a protected file and shown as its redacted copy (on the Landlock
-/// backend, which cannot mount one, reading it is refused); a grant naming
-/// the file exactly shows it raw. `explain-policy` shows the same view.
-pub fn redact_workspace_git_configs(workspace: &std::path::Path, facts: &mut HostFacts) {
+/// The system's git config (git reads it unless told not to; a distro's
+/// git has its prefix at `/usr`, so it is this file).
+const SYSTEM_GIT_CONFIG: &str = "/etc/gitconfig";
+
+/// Every git config the command's git may read at a host path, other than
+/// HOME's own (those are copied, redacted, under the sandbox HOME, and
+/// hidden at their host paths by the protected list):
+/// - the workspace's own (`.git/config`, a linked worktree's common dir's,
+///   submodules', nested checkouts' the probe's walk found);
+/// - each directory grant's (`--ro`/`--rw DIR` of another checkout);
+/// - the system's (`/etc/gitconfig`) and `$XDG_CONFIG_HOME/git/config`
+///   when `XDG_CONFIG_HOME` is not `~/.config` (its `credentials` beside
+///   it is hidden, as `~/.config/git/credentials` is).
+///
+/// One with credentials in it (a token in a remote URL, a persisted
+/// `extraheader`, a credential helper: `moat_config::redact_git_config`
+/// decides) is hidden like a protected file and shown as its redacted copy
+/// (on the Landlock backend, which cannot mount one, reading it is
+/// refused); a grant naming the file exactly shows it raw. The files any
+/// of the user's or host's git configs include (`~/.gitconfig.local`,
+/// `~user/…`, an include's include) are hidden whole: the copies drop the
+/// includes, and a token kept out of the main config lives there.
+/// `explain-policy` shows the same view.
+pub fn redact_host_git_configs(policy: &Policy, facts: &mut HostFacts) {
+    let xdg = facts
+        .env
+        .iter()
+        .find(|(k, _)| k == "XDG_CONFIG_HOME")
+        .map(|(_, v)| std::path::PathBuf::from(v))
+        .filter(|p| p.is_absolute() && *p != policy.home.join(".config"));
+    let mut host_configs = vec![std::path::PathBuf::from(SYSTEM_GIT_CONFIG)];
+    if let Some(x) = &xdg {
+        host_configs.push(x.join("git/config"));
+        if let Ok(c) = std::fs::canonicalize(x.join("git/credentials")) {
+            facts.secrets.insert(c, moat_linux::probe::Kind::File);
+        }
+    }
+    for p in moat_config::git_include_targets(&policy.home, &host_configs) {
+        if let (Ok(c), Ok(m)) = (std::fs::canonicalize(&p), std::fs::metadata(&p)) {
+            if m.is_file() {
+                facts.secrets.insert(c, moat_linux::probe::Kind::File);
+            }
+        }
+    }
     let nested = facts.workspace_nested_git.clone();
-    for f in moat_linux::gitconfigs::workspace_git_configs(workspace, &nested) {
+    let mut files = moat_linux::gitconfigs::workspace_git_configs(&policy.workspace, &nested);
+    for g in &policy.paths {
+        if g.path.is_dir() {
+            files.extend(moat_linux::gitconfigs::workspace_git_configs(&g.path, &[]));
+        }
+    }
+    files.extend(
+        host_configs
+            .iter()
+            .filter_map(|p| moat_linux::gitconfigs::host_git_config(p)),
+    );
+    for f in files {
         // Too large to read: it may hold a credential, so it is not shown.
         let view = if f.too_large {
             Some(moat_config::workspace_git_config_too_large())
@@ -361,6 +413,57 @@ pub fn redact_workspace_git_configs(workspace: &std::path::Path, facts: &mut Hos
                 .secrets
                 .insert(f.path.clone(), moat_linux::probe::Kind::File);
             facts.redacted_files.insert(f.path, contents);
+        }
+    }
+}
+
+/// Tool configs a tool reads at their host paths (the workspace's project
+/// `.npmrc`, `.yarnrc.yml`, `.cargo/config.toml`, `uv.toml`; HOME's cargo
+/// and uv configs; the system's pip, npm and uv configs:
+/// `moat_config::WORKSPACE_TOOL_CONFIGS`, `HOME_TOOL_CONFIGS`,
+/// `SYSTEM_TOOL_CONFIGS`), each read
+/// without following a symlink (`gitconfigs::config_beneath`): one whose
+/// redaction removes something (a registry token, a URL's userinfo, npm's
+/// per-registry login) is hidden like a protected file and shown as its
+/// redacted copy, as a git config is; a grant naming the file exactly
+/// shows it raw. The files the tool configs name as a client key (npm's
+/// `keyfile`/`certfile`, pip's `client-cert`) are hidden whole.
+pub fn redact_tool_configs(policy: &Policy, facts: &mut HostFacts) {
+    let root = std::path::PathBuf::from("/");
+    let places = moat_config::WORKSPACE_TOOL_CONFIGS
+        .iter()
+        .map(|rel| (&policy.workspace, *rel))
+        .chain(
+            moat_config::HOME_TOOL_CONFIGS
+                .iter()
+                .map(|rel| (&policy.home, *rel)),
+        )
+        .chain(
+            moat_config::SYSTEM_TOOL_CONFIGS
+                .iter()
+                .map(|rel| (&root, *rel)),
+        );
+    for (dir, rel) in places {
+        let Some(f) = moat_linux::gitconfigs::config_beneath(dir, std::path::Path::new(rel)) else {
+            continue;
+        };
+        let view = if f.too_large {
+            Some(moat_config::workspace_git_config_too_large())
+        } else {
+            moat_config::tool_config_view(rel, &f.text)
+        };
+        if let Some(contents) = view {
+            facts
+                .secrets
+                .insert(f.path.clone(), moat_linux::probe::Kind::File);
+            facts.redacted_files.insert(f.path, contents);
+        }
+    }
+    for p in moat_config::tool_config_key_files(&policy.home, &policy.workspace) {
+        if let (Ok(c), Ok(m)) = (std::fs::canonicalize(&p), std::fs::metadata(&p)) {
+            if m.is_file() {
+                facts.secrets.insert(c, moat_linux::probe::Kind::File);
+            }
         }
     }
 }
@@ -417,18 +520,8 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
             .into_iter()
             .map(|r| (r.rel, r.contents))
             .collect();
-        // The files the user's git config includes are where a token kept
-        // out of ~/.gitconfig lives (`~/.gitconfig.local`): hidden like a
-        // protected path (the copy drops the include, so git inside never
-        // loads them).
-        for p in moat_config::git_include_targets(&policy.home) {
-            if let (Ok(c), Ok(m)) = (std::fs::canonicalize(&p), std::fs::metadata(&p)) {
-                if m.is_file() {
-                    facts.secrets.insert(c, moat_linux::probe::Kind::File);
-                }
-            }
-        }
-        redact_workspace_git_configs(&policy.workspace, &mut facts);
+        redact_host_git_configs(&policy, &mut facts);
+        redact_tool_configs(&policy, &mut facts);
     }
     mark("redacted copies of the user's tool config");
     if let Some(log) = &audit {
@@ -480,6 +573,7 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
         timeout: req.timeout,
         tag: req.execution_id,
         stdio_from_outer_sandbox: req.nested.is_some(),
+        cwd_identity: req.cwd_identity,
     };
     Ok(Prepared {
         policy,
