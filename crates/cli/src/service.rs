@@ -371,6 +371,9 @@ impl Service {
             // Executions probed in this process reuse the secrets probe's
             // answer while the directories it read are unchanged.
             moat_linux::probe::cache_secrets_probe();
+            // They also reuse an equal policy's hash and canonical form,
+            // and the audit log kept open (with its chain's head).
+            moat_runtime::keep_across_executions();
         }
         Ok(Service {
             ceiling,
