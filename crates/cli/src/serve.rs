@@ -48,11 +48,25 @@ pub(crate) fn send_all(out: &Out, msgs: &[Value]) {
         lines.push_str(&v.to_string());
         lines.push('\n');
     }
+    send_text(out, &lines);
+}
+
+/// Writes `lines` (whole lines) with one write.
+fn send_text(out: &Out, lines: &str) {
     if let Ok(mut w) = out.lock() {
         let _ = w.write_all(lines.as_bytes());
         let _ = w.flush();
     }
     moat_linux::timing::mark("service: a message written");
+}
+
+/// Appends the `event` notification of `ev` as a line: the bytes of
+/// `{"jsonrpc": "2.0", "method": "event", "params": ev}` serialized (keys
+/// in that order, as serde_json sorts them), without copying `ev` into it.
+fn push_event_line(lines: &mut String, ev: &Value) {
+    lines.push_str(r#"{"jsonrpc":"2.0","method":"event","params":"#);
+    lines.push_str(&ev.to_string());
+    lines.push_str("}\n");
 }
 
 pub(crate) fn reply(out: &Out, id: &Value, r: Result<Value, RpcError>) {
@@ -390,11 +404,12 @@ fn session(service: &Arc<Service>, mut input: impl BufRead, out: Out, owner: u64
                 let answer: Arc<Mutex<Option<Value>>> = Arc::default();
                 let (held, events_out) = (answer.clone(), out2.clone());
                 let sink: EventSink = Arc::new(move |ev: &Value| {
-                    let event = json!({"jsonrpc": "2.0", "method": "event", "params": ev});
-                    match held.lock().ok().and_then(|mut a| a.take()) {
-                        Some(answer) => send_all(&events_out, &[answer, event]),
-                        None => send(&events_out, &event),
-                    }
+                    let mut lines = match held.lock().ok().and_then(|mut a| a.take()) {
+                        Some(answer) => answer.to_string() + "\n",
+                        None => String::new(),
+                    };
+                    push_event_line(&mut lines, ev);
+                    send_text(&events_out, &lines);
                 });
                 service.execute(
                     req,
@@ -708,6 +723,17 @@ mod tests {
         let got = lines(b"short\n0123456789abcdef\nnext\nlast-too-long", 8);
         let want = vec![Some(b"short".to_vec()), None, Some(b"next".to_vec()), None];
         assert_eq!(got, want);
+    }
+
+    /// The event line written without copying the event is the bytes the
+    /// envelope serialized as a value would be.
+    #[test]
+    fn an_event_line_is_the_serialized_envelope() {
+        let ev = json!({"type": "policy.resolved", "execution_id": "exec_1", "policy": {"b": [1, "x\"y"], "a": null}});
+        let mut line = String::new();
+        push_event_line(&mut line, &ev);
+        let want = json!({"jsonrpc": "2.0", "method": "event", "params": ev}).to_string() + "\n";
+        assert_eq!(line, want);
     }
 
     #[test]

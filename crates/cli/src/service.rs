@@ -735,7 +735,10 @@ impl Service {
     ) -> bool {
         let mut finished = false;
         for (ev, envelope, typed) in events {
-            let mut forwarded = ev.clone();
+            // An output chunk is forwarded with its encoding and offset;
+            // every other event as it came (not copied: `policy.resolved`
+            // carries the whole canonical policy).
+            let mut chunk_offset = None;
             self.update(id, |r| match typed {
                 Event::Stdout(chunk) | Event::Stderr(chunk) => {
                     let bytes = chunk.bytes();
@@ -754,8 +757,7 @@ impl Service {
                         r.view.output_truncated = true;
                     }
                     keep.extend_from_slice(&bytes[..bytes.len().min(room)]);
-                    forwarded["encoding"] = json!("base64");
-                    forwarded["stream_offset"] = json!(chunk.offset);
+                    chunk_offset = Some(chunk.offset);
                 }
                 Event::Denied(d) => {
                     if r.view.denials.len() < MAX_KEPT_DENIALS {
@@ -802,7 +804,15 @@ impl Service {
                 _ => r.keep_event(&ev, false),
             });
             if let Some(s) = sink {
-                s(&forwarded);
+                match chunk_offset {
+                    Some(offset) => {
+                        let mut forwarded = ev.clone();
+                        forwarded["encoding"] = json!("base64");
+                        forwarded["stream_offset"] = json!(offset);
+                        s(&forwarded);
+                    }
+                    None => s(&ev),
+                }
             }
         }
         finished
