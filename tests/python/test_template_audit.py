@@ -3,7 +3,7 @@ hash chain from memory (`AuditLog::append`'s kept head): every execution is
 still on record before its result is reported, the chain still verifies
 when another moat process appends between two of the service's
 executions, and a log moved away (rotated) is not written to again — the
-next execution is recorded in a new log at the path."""
+next execution is recorded in the new log at the path."""
 
 import json
 import os
@@ -94,10 +94,12 @@ def test_a_kept_log_stays_one_chain_with_other_appenders_and_after_rotation(ws):
         seqs = [r["seq"] for r in records(log)]
         assert seqs == list(range(1, len(seqs) + 1)), seqs
         assert len(seqs) >= 9, seqs
-        # Rotated: the service's next execution starts a new log at the
-        # path; the rotated one is left as it was.
+        # Rotated, a new empty log created in its place (logrotate's
+        # `create 0600`): the service's next execution is recorded there;
+        # the rotated one is left as it was.
         rotated = log + ".1"
         os.rename(log, rotated)
+        os.close(os.open(log, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         before = open(rotated, "rb").read()
         third, _ = srv.run(["/bin/true"])
         assert open(rotated, "rb").read() == before
