@@ -109,9 +109,13 @@ def test_eighty_concurrent_executions_start_under_a_small_soft_limit(ws, launch)
             ) from None
         assert not failed(), f"executions failed to start under a soft limit of {SOFT}: {failed()[:2]}"
         assert len(markers()) == want, sorted(markers())
-        for n in range(want):
+        # `echo ran > marker.N` creates the file before it writes to it.
+        def written(n):
             with open(os.path.join(ws, f"marker.{n}")) as f:
-                assert f.read() == "ran\n"
+                return f.read() == "ran\n"
+
+        for n in range(want):
+            wait_for(lambda: written(n), f"marker.{n} written")  # noqa: B023 (called at once)
     finally:
         for client in clients:
             client.close()

@@ -78,8 +78,47 @@ pub struct AuditLog {
     path: PathBuf,
     file: File,
     /// `flock` excludes other open file descriptions, not threads sharing
-    /// this one, so threads of one process also queue here.
-    in_process: Mutex<()>,
+    /// this one, so threads of one process also queue here. It holds the
+    /// chain's head after this log's last append.
+    in_process: Mutex<Option<Head>>,
+}
+
+/// The chain's state after an append of this [`AuditLog`], and the file as
+/// it was right after it: while the file is unchanged since (the same
+/// inode, length, mtime and ctime under the lock), the next append of this
+/// log continues from here instead of reading the last line back. Any other
+/// appender (another process, another `AuditLog`) grows the file, so the
+/// next append reads the tail again. A head kept across an edit that left
+/// all four alike (the same length within one tick of the clock the file
+/// times come from) cannot hide it: the next lines would chain onto the
+/// line the edit replaced, so [`verify`] still breaks at the edit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Head {
+    file: FileSig,
+    prev: String,
+    seq: u64,
+}
+
+/// What an append sees of the file under its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileSig {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileSig {
+    fn of(meta: &std::fs::Metadata) -> FileSig {
+        FileSig {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
 }
 
 impl AuditLog {
@@ -169,7 +208,7 @@ impl AuditLog {
         Ok(AuditLog {
             path: path.to_path_buf(),
             file,
-            in_process: Mutex::new(()),
+            in_process: Mutex::new(None),
         })
     }
 
@@ -177,17 +216,38 @@ impl AuditLog {
         &self.path
     }
 
+    /// Whether this log's path still names the file it opened, and that
+    /// file still passes [`AuditLog::open`]'s checks of the file itself (a
+    /// regular file of this user that no one else may write): a caller
+    /// that keeps the log open across runs (a service) opens it again when
+    /// it was moved away (rotated), removed or replaced.
+    pub fn still_at_its_path(&self) -> bool {
+        let (Ok(named), Ok(held)) = (std::fs::symlink_metadata(&self.path), self.file.metadata())
+        else {
+            return false;
+        };
+        let uid = nix::unistd::geteuid().as_raw();
+        named.file_type().is_file()
+            && (named.dev(), named.ino()) == (held.dev(), held.ino())
+            && held.uid() == uid
+            && !others_may_write(&held, uid)
+    }
+
     /// Appends `events` (JSON objects) in order as one locked write:
     /// `flock(LOCK_EX)`, read the last line from the file's tail for its
     /// hash and `seq`, give each event `seq` (previous + 1, from 1) and
     /// `prev` (`sha256:` of the previous line without its newline, or
-    /// [`GENESIS`]), write all lines with one `write(2)`, unlock.
+    /// [`GENESIS`]), write all lines with one `write(2)`, unlock. The tail
+    /// is not read when the file is exactly as this log's own last append
+    /// left it (same inode, length, mtime and ctime: see [`Head`]); a
+    /// long-lived service appends twice per execution.
     ///
     /// A log whose last line is incomplete or not an event is refused
     /// ([`AuditError::Corrupt`]) rather than extended. A failed write is
     /// rolled back (the file is cut back to its old length) so no partial
-    /// line stays behind. A written batch is read back (length and last
-    /// line) before this returns `Ok`. There is no fsync: an event survives a crash of
+    /// line stays behind. A written batch is read back (the file's length,
+    /// and the bytes written compared with the batch) before this returns
+    /// `Ok`. There is no fsync: an event survives a crash of
     /// moat, not necessarily one of the machine.
     pub fn append(&self, events: &[Value]) -> Result<(), AuditError> {
         if events.is_empty() {
@@ -197,13 +257,17 @@ impl AuditLog {
             path: self.path.clone(),
             source,
         };
-        let _thread_guard = self
+        let mut head = self
             .in_process
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let locked = lock_exclusive(self.file.try_clone().map_err(io)?, &self.path)?;
-        let len = locked.metadata().map_err(io)?.len();
-        let (mut prev, mut seq) = last_line_state(&locked, len, &self.path)?;
+        let before = FileSig::of(&locked.metadata().map_err(io)?);
+        let len = before.len;
+        let (mut prev, mut seq) = match head.take() {
+            Some(h) if h.file == before => (h.prev, h.seq),
+            _ => last_line_state(&locked, len, &self.path)?,
+        };
 
         let mut buf = Vec::with_capacity(events.len() * 512);
         for ev in events {
@@ -225,26 +289,36 @@ impl AuditLog {
             let _ = locked.set_len(len);
             return Err(io(e));
         }
-        // Read it back: the file grew by exactly this batch and its last
-        // line is the one written (a file that swallows writes records
-        // nothing).
+        // Read it back: the file grew by exactly this batch and holds it
+        // where it was written (a file that swallows writes records
+        // nothing). The bytes are compared, not parsed: they are the
+        // lines whose hashes were just computed.
         let not_recorded = |reason: String| AuditError::NotRecorded {
             path: self.path.clone(),
             reason,
         };
-        let grown = locked.metadata().map_err(io)?.len();
+        let after = FileSig::of(&locked.metadata().map_err(io)?);
+        let grown = after.len;
         if grown != len + buf.len() as u64 {
             return Err(not_recorded(format!(
                 "the file is {grown} bytes after appending {} bytes to {len}",
                 buf.len()
             )));
         }
-        let (last, last_seq) = last_line_state(&locked, grown, &self.path)?;
-        if last != prev || last_seq != seq {
+        let mut back = vec![0u8; buf.len()];
+        locked.read_exact_at(&mut back, len).map_err(io)?;
+        if back != buf {
             return Err(not_recorded(format!(
-                "its last line is seq {last_seq}, not the seq {seq} just written"
+                "the {} bytes read back at offset {len} are not the lines just written (seq {} to {seq})",
+                buf.len(),
+                seq + 1 - events.len() as u64
             )));
         }
+        *head = Some(Head {
+            file: after,
+            prev,
+            seq,
+        });
         // Dropping `locked` unlocks (and closes the duplicate descriptor).
         Ok(())
     }

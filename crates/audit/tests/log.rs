@@ -225,6 +225,57 @@ fn truncated_last_line_is_detected_and_not_extended() {
     assert_eq!(broken(&path).0, 9);
 }
 
+/// A log kept open continues its chain from memory only while the file is
+/// as its own last append left it: another appender (another process or
+/// open file, here a second `AuditLog`) in between, or an edit that keeps
+/// the file's length, makes the next append read the tail again, so the
+/// chain still verifies (with the head kept regardless, the third and
+/// last appends would chain onto a line that is no longer last).
+#[test]
+fn a_kept_log_rereads_the_tail_after_anyone_else_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.jsonl");
+    let kept = AuditLog::open(&path).unwrap();
+    kept.append(&run_events("exec_a", &["true"])[..1]).unwrap();
+    AuditLog::open(&path)
+        .unwrap()
+        .append(&run_events("exec_b", &["true"]))
+        .unwrap();
+    kept.append(&run_events("exec_a", &["true"])[1..]).unwrap();
+    assert_eq!(
+        verify(&path).unwrap(),
+        moat_audit::VerifyReport {
+            lines: 6,
+            executions: 2
+        }
+    );
+    // The same length, other bytes: the last line's event renamed in place
+    // (its mtime and ctime move on). The next append chains onto the line
+    // as it is now (the chain then breaks at the edited line, as for any
+    // edit, never at the appended one).
+    std::thread::sleep(Duration::from_millis(20));
+    let mut lines = lines_of(&path);
+    let last = lines.pop().unwrap();
+    let edited = last.replacen("execution.finished", "execution.finishes", 1);
+    assert_eq!(edited.len(), last.len());
+    lines.push(edited);
+    let bytes = lines.join("\n") + "\n";
+    {
+        use std::io::{Seek, Write};
+        let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.seek(std::io::SeekFrom::Start(0)).unwrap();
+        f.write_all(bytes.as_bytes()).unwrap();
+    }
+    kept.append(&run_events("exec_c", &["true"])[..1]).unwrap();
+    let all = lines_of(&path);
+    let appended: Value = serde_json::from_str(&all[6]).unwrap();
+    use sha2::Digest;
+    assert_eq!(
+        appended["prev"].as_str().unwrap(),
+        format!("sha256:{:x}", sha2::Sha256::digest(all[5].as_bytes()))
+    );
+}
+
 #[test]
 fn long_last_line_is_found_from_the_tail() {
     let dir = tempfile::tempdir().unwrap();

@@ -38,13 +38,35 @@ pub(crate) struct ServeArgs {
 pub(crate) type Out = Arc<Mutex<Box<dyn Write + Send>>>;
 
 pub(crate) fn send(out: &Out, v: &Value) {
+    send_all(out, std::slice::from_ref(v));
+}
+
+/// Writes `msgs` in order, one line each, with one write.
+pub(crate) fn send_all(out: &Out, msgs: &[Value]) {
+    let mut lines = String::new();
+    for v in msgs {
+        lines.push_str(&v.to_string());
+        lines.push('\n');
+    }
+    send_text(out, &lines);
+}
+
+/// Writes `lines` (whole lines) with one write.
+fn send_text(out: &Out, lines: &str) {
     if let Ok(mut w) = out.lock() {
-        let mut line = v.to_string();
-        line.push('\n');
-        let _ = w.write_all(line.as_bytes());
+        let _ = w.write_all(lines.as_bytes());
         let _ = w.flush();
     }
     moat_linux::timing::mark("service: a message written");
+}
+
+/// Appends the `event` notification of `ev` as a line: the bytes of
+/// `{"jsonrpc": "2.0", "method": "event", "params": ev}` serialized (keys
+/// in that order, as serde_json sorts them), without copying `ev` into it.
+fn push_event_line(lines: &mut String, ev: &Value) {
+    lines.push_str(r#"{"jsonrpc":"2.0","method":"event","params":"#);
+    lines.push_str(&ev.to_string());
+    lines.push_str("}\n");
 }
 
 pub(crate) fn reply(out: &Out, id: &Value, r: Result<Value, RpcError>) {
@@ -340,15 +362,6 @@ fn same_namespaces(pid: i32) -> Result<(), String> {
 
 /// One client: reads requests until its input ends, then stops what it started.
 fn session(service: &Arc<Service>, mut input: impl BufRead, out: Out, owner: u64, transport: &str) {
-    let sink: EventSink = {
-        let out = out.clone();
-        Arc::new(move |ev: &Value| {
-            send(
-                &out,
-                &json!({"jsonrpc": "2.0", "method": "event", "params": ev}),
-            )
-        })
-    };
     while let Ok(Some(line)) = read_line(&mut input, MAX_REQUEST) {
         let msg = match line {
             Line::TooLong => {
@@ -383,10 +396,40 @@ fn session(service: &Arc<Service>, mut input: impl BufRead, out: Out, owner: u64
                     continue;
                 }
             };
-            let (service, out2, sink, id2) =
-                (service.clone(), out.clone(), sink.clone(), id.clone());
+            let (service, out2, id2) = (service.clone(), out.clone(), id.clone());
             let spawned = std::thread::Builder::new().spawn(move || {
-                service.execute(req, owner, |r| reply(&out2, &id2, r), Some(sink));
+                // The answer goes out with the execution's first event
+                // (`policy.resolved`, which `execute` forwards right after
+                // it): one write, one wake of the client, instead of two.
+                let answer: Arc<Mutex<Option<Value>>> = Arc::default();
+                let (held, events_out) = (answer.clone(), out2.clone());
+                let sink: EventSink = Arc::new(move |ev: &Value| {
+                    let mut lines = match held.lock().ok().and_then(|mut a| a.take()) {
+                        Some(answer) => answer.to_string() + "\n",
+                        None => String::new(),
+                    };
+                    push_event_line(&mut lines, ev);
+                    send_text(&events_out, &lines);
+                });
+                service.execute(
+                    req,
+                    owner,
+                    |r| match r {
+                        Ok(execution) => {
+                            let msg = json!({"jsonrpc": "2.0", "id": id2, "result": execution});
+                            match answer.lock() {
+                                Ok(mut a) => *a = Some(msg),
+                                Err(_) => send(&out2, &msg),
+                            }
+                        }
+                        Err(e) => reply(&out2, &id2, Err(e)),
+                    },
+                    Some(sink),
+                );
+                // Never lost: an answer no event took goes out alone.
+                if let Some(msg) = answer.lock().ok().and_then(|mut a| a.take()) {
+                    send(&out2, &msg);
+                }
             });
             if let Err(e) = spawned {
                 // Out of threads: refused, nothing started; the session goes on.
@@ -680,6 +723,17 @@ mod tests {
         let got = lines(b"short\n0123456789abcdef\nnext\nlast-too-long", 8);
         let want = vec![Some(b"short".to_vec()), None, Some(b"next".to_vec()), None];
         assert_eq!(got, want);
+    }
+
+    /// The event line written without copying the event is the bytes the
+    /// envelope serialized as a value would be.
+    #[test]
+    fn an_event_line_is_the_serialized_envelope() {
+        let ev = json!({"type": "policy.resolved", "execution_id": "exec_1", "policy": {"b": [1, "x\"y"], "a": null}});
+        let mut line = String::new();
+        push_event_line(&mut line, &ev);
+        let want = json!({"jsonrpc": "2.0", "method": "event", "params": ev}).to_string() + "\n";
+        assert_eq!(line, want);
     }
 
     #[test]

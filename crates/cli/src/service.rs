@@ -371,6 +371,9 @@ impl Service {
             // Executions probed in this process reuse the secrets probe's
             // answer while the directories it read are unchanged.
             moat_linux::probe::cache_secrets_probe();
+            // They also reuse an equal policy's hash and canonical form,
+            // and the audit log kept open (with its chain's head).
+            moat_runtime::keep_across_executions();
         }
         Ok(Service {
             ceiling,
@@ -481,22 +484,20 @@ impl Service {
     /// template, or None: the one-shot path (`--launch oneshot`, a policy
     /// that is not eligible, or one that does not resolve — the child
     /// reports that refusal as `moat exec` does). Resolved as the child
-    /// would: in the checked directory — as the kernel names the directory
-    /// `dir` opened, never the checked path walked again (a component
-    /// swapped for a symlink since would lead elsewhere) — against the
-    /// service's HOME.
+    /// would: in the checked directory `dir` — as the kernel named the
+    /// directory the checked fd opened (read once, by the check), never the
+    /// checked path walked again (a component swapped for a symlink since
+    /// would lead elsewhere) — against the service's HOME.
     fn template_policy(
         &self,
         flags: &PolicyFlags,
-        dir: &std::os::fd::OwnedFd,
+        dir: &std::path::Path,
     ) -> Option<(Policy, Option<Duration>)> {
-        use std::os::fd::AsRawFd;
         self.templates.as_ref()?;
-        let dir = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())).ok()?;
         let home = std::env::var_os("HOME")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/"));
-        let (policy, timeout) = crate::resolve_policy_in(flags, &dir, &home).ok()?;
+        let (policy, timeout) = crate::resolve_policy_in(flags, dir, &home).ok()?;
         moat_runtime::template::policy_eligible(&policy).ok()?;
         Some((policy, timeout))
     }
@@ -635,7 +636,7 @@ impl Service {
             use std::os::fd::AsRawFd;
             std::fs::read_link(format!("/proc/self/fd/{}", dir_fd.as_raw_fd()))
         };
-        if opened.as_deref().ok() != Some(dir.as_path()) {
+        let Some(opened) = opened.ok().filter(|o| *o == dir) else {
             return Err(RpcError::domain(
                 "POLICY_DENIED",
                 format!(
@@ -643,11 +644,11 @@ impl Service {
                     dir.display()
                 ),
             ));
-        }
+        };
         let template = match &req.stdin {
             // Streamed input goes through the child's stdin pipe.
             StdinSource::Stream => None,
-            _ => self.template_policy(&flags, &dir_fd),
+            _ => self.template_policy(&flags, &opened),
         };
         moat_linux::timing::mark("service: cwd checked, policy resolved");
         let mut sup = match template {
@@ -736,7 +737,10 @@ impl Service {
     ) -> bool {
         let mut finished = false;
         for (ev, envelope, typed) in events {
-            let mut forwarded = ev.clone();
+            // An output chunk is forwarded with its encoding and offset;
+            // every other event as it came (not copied: `policy.resolved`
+            // carries the whole canonical policy).
+            let mut chunk_offset = None;
             self.update(id, |r| match typed {
                 Event::Stdout(chunk) | Event::Stderr(chunk) => {
                     let bytes = chunk.bytes();
@@ -755,8 +759,7 @@ impl Service {
                         r.view.output_truncated = true;
                     }
                     keep.extend_from_slice(&bytes[..bytes.len().min(room)]);
-                    forwarded["encoding"] = json!("base64");
-                    forwarded["stream_offset"] = json!(chunk.offset);
+                    chunk_offset = Some(chunk.offset);
                 }
                 Event::Denied(d) => {
                     if r.view.denials.len() < MAX_KEPT_DENIALS {
@@ -803,7 +806,15 @@ impl Service {
                 _ => r.keep_event(&ev, false),
             });
             if let Some(s) = sink {
-                s(&forwarded);
+                match chunk_offset {
+                    Some(offset) => {
+                        let mut forwarded = ev.clone();
+                        forwarded["encoding"] = json!("base64");
+                        forwarded["stream_offset"] = json!(offset);
+                        s(&forwarded);
+                    }
+                    None => s(&ev),
+                }
             }
         }
         finished

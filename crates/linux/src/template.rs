@@ -360,7 +360,24 @@ impl Template {
         cwd: Option<(u64, u64)>,
         control: Control<'_>,
     ) -> Result<RunOutcome, TemplateError> {
-        if key(plan) != self.key {
+        self.run_keyed(plan, &key(plan), opts, observer, stdin, cwd, control)
+    }
+
+    /// [`Template::run`] with `plan`'s [`key`] computed by the caller, once
+    /// per execution for [`Templates::get_keyed`] and this check (it
+    /// serializes the view and stats every bind source).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_keyed(
+        &self,
+        plan: &Plan,
+        plan_key: &str,
+        opts: &RunOptions,
+        observer: &mut dyn RunObserver,
+        stdin: &mut Option<OwnedFd>,
+        cwd: Option<(u64, u64)>,
+        control: Control<'_>,
+    ) -> Result<RunOutcome, TemplateError> {
+        if plan_key != self.key {
             // Never a stale view: the plan computed for this execution
             // must be the one the template was built from.
             return Err(TemplateError::Refused(
@@ -561,7 +578,11 @@ impl Templates {
     /// template of the same cwd with another key is stale (the view's
     /// inputs changed since it was built): it is retired.
     pub fn get(&self, plan: &Plan) -> Result<Arc<Template>, String> {
-        let k = key(plan);
+        self.get_keyed(plan, &key(plan))
+    }
+
+    /// [`Templates::get`] with `plan`'s [`key`] `k` computed by the caller.
+    pub fn get_keyed(&self, plan: &Plan, k: &str) -> Result<Arc<Template>, String> {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = map.iter().position(|(x, _)| *x == k) {
             let entry = map.remove(i);
@@ -575,7 +596,7 @@ impl Templates {
         }
         let t = Arc::new(Template::start(plan, &self.moat)?);
         map.retain(|(_, old)| !same_place(old, plan));
-        map.push((k, t.clone()));
+        map.push((k.to_string(), t.clone()));
         while map.len() > MAX_TEMPLATES {
             map.remove(0);
         }

@@ -112,6 +112,15 @@ pub fn execution_id() -> String {
 
 /// The `policy.resolved` event of `policy`, with the request's metadata.
 pub fn policy_resolved(policy: &Policy, metadata: Option<serde_json::Map<String, Value>>) -> Event {
+    policy_resolved_with(policy, policy.canonical_value(), metadata)
+}
+
+/// [`policy_resolved`] with `policy`'s canonical value computed already.
+fn policy_resolved_with(
+    policy: &Policy,
+    canonical: Value,
+    metadata: Option<serde_json::Map<String, Value>>,
+) -> Event {
     Event::PolicyResolved {
         policy_id: policy.level.as_str().to_string(),
         sandbox_level: policy.level.as_str().to_string(),
@@ -119,16 +128,81 @@ pub fn policy_resolved(policy: &Policy, metadata: Option<serde_json::Map<String,
             "mode": policy.network.mode.as_str(),
             "routes": policy.network.rules.allow.iter().map(|p| p.as_str().to_string()).collect::<Vec<_>>(),
         }),
-        policy: policy.canonical_value(),
+        policy: canonical,
         metadata,
     }
+}
+
+/// Whether [`prepare`] keeps what a later execution can reuse (see
+/// [`keep_across_executions`]).
+static KEEP_ACROSS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The last policy prepared, with its hash and canonical value.
+type Digest = (Policy, String, Value);
+static LAST_DIGEST: Mutex<Option<Digest>> = Mutex::new(None);
+
+/// Makes [`prepare`] keep, for the executions after this one (a service
+/// runs many, mostly of one policy): the last policy's hash and canonical
+/// value, reused for an equal policy (serializing it canonically, twice —
+/// the hash and the `policy.resolved` event — costs ≈ 60 µs, comparing it
+/// a few), and the audit log open, with its chain's head (see
+/// `AuditLog::append`). A one-shot run prepares once and keeps nothing.
+pub fn keep_across_executions() {
+    KEEP_ACROSS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The audit log [`prepare`] opened last, kept open when
+/// [`keep_across_executions`] was called.
+static KEPT_LOG: Mutex<Option<Arc<AuditLog>>> = Mutex::new(None);
+
+/// The audit log at `path`: in a service, the one kept open since an
+/// earlier run while its path still names that file (its appends then
+/// continue the chain from memory, see `AuditLog::append`); else opened,
+/// with every check of [`AuditLog::open`].
+fn open_audit_log(path: &std::path::Path) -> Result<Arc<AuditLog>, moat_audit::AuditError> {
+    let keep = KEEP_ACROSS.load(std::sync::atomic::Ordering::Relaxed);
+    if keep {
+        if let Ok(kept) = KEPT_LOG.lock() {
+            if let Some(log) = kept.as_ref() {
+                if log.path() == path && log.still_at_its_path() {
+                    return Ok(log.clone());
+                }
+            }
+        }
+    }
+    let log = Arc::new(AuditLog::open(path)?);
+    if keep {
+        if let Ok(mut kept) = KEPT_LOG.lock() {
+            *kept = Some(log.clone());
+        }
+    }
+    Ok(log)
+}
+
+/// `policy`'s hash and canonical value (kept for the next equal policy when
+/// [`keep_across_executions`] was called).
+fn policy_digest(policy: &Policy) -> (String, Value) {
+    if !KEEP_ACROSS.load(std::sync::atomic::Ordering::Relaxed) {
+        return (policy.hash(), policy.canonical_value());
+    }
+    if let Ok(last) = LAST_DIGEST.lock() {
+        if let Some((p, hash, canonical)) = last.as_ref() {
+            if p == policy {
+                return (hash.clone(), canonical.clone());
+            }
+        }
+    }
+    let (hash, canonical) = (policy.hash(), policy.canonical_value());
+    if let Ok(mut last) = LAST_DIGEST.lock() {
+        *last = Some((policy.clone(), hash.clone(), canonical.clone()));
+    }
+    (hash, canonical)
 }
 
 /// Follows one run: streams events, appends to the audit log, serves the
 /// proxy and the nested-run broker.
 struct Session {
     ctx: RunContext,
-    audit: Option<AuditLog>,
+    audit: Option<Arc<AuditLog>>,
     sink: EventSink,
     output_backlog: Option<OutputBacklog>,
     argv: Vec<String>,
@@ -152,7 +226,7 @@ struct Session {
 impl Session {
     fn new(
         ctx: RunContext,
-        audit: Option<AuditLog>,
+        audit: Option<Arc<AuditLog>>,
         sink: EventSink,
         req: &ExecutionRequest,
     ) -> Session {
@@ -478,7 +552,7 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
         policy: Box::new(policy.clone()),
     };
     // Hashed once: serialising the policy canonically costs on every launch.
-    let policy_hash = policy.hash();
+    let (policy_hash, canonical) = policy_digest(&policy);
     let ctx = RunContext {
         execution_id: req.execution_id.clone(),
         session_id: req.session_id.clone(),
@@ -497,7 +571,7 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
             else {
                 return Err(refused("no audit log location: set HOME or XDG_STATE_HOME, pass --audit-log PATH, or --no-audit".to_string()));
             };
-            match AuditLog::open(&path) {
+            match open_audit_log(&path) {
                 Ok(l) => Some(l),
                 Err(e) => {
                     return Err(refused(format!(
@@ -509,7 +583,7 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
         }
     };
     mark("open the audit log");
-    let resolved = policy_resolved(&policy, req.metadata.clone()).stamp(&ctx);
+    let resolved = policy_resolved_with(&policy, canonical, req.metadata.clone()).stamp(&ctx);
     mark("the start event (canonical policy)");
     let mut facts = HostFacts::probe(&policy, req.env.clone());
     mark("probe the host");

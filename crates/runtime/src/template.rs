@@ -90,16 +90,18 @@ impl Launcher for TemplateLauncher {
         // A template found gone before it took the execution is replaced
         // once; anything else is this execution's failure.
         let mut run = Err(String::new());
+        let plan_key = moat_linux::template::key(plan);
         for _ in 0..2 {
-            let t = match self.templates.get(plan) {
+            let t = match self.templates.get_keyed(plan, &plan_key) {
                 Ok(t) => t,
                 Err(e) => {
                     run = Err(e);
                     break;
                 }
             };
-            match t.run(
+            match t.run_keyed(
                 plan,
+                &plan_key,
                 opts,
                 observer,
                 &mut self.stdin,
