@@ -205,7 +205,17 @@ pub fn exec(args: ExecArgs) -> ExitCode {
         .map(|st| (st.st_dev, st.st_ino));
     let resolved = resolve_policy(&args.policy).map_err(|e| format!("{e:#}"));
     moat_linux::timing::mark("resolve the policy (config, project file)");
-    run_resolved(resolved, &reporting, &args.command, cwd_identity)
+    // The sandbox's init is cloned now, so its namespaces are built while
+    // moat probes the host (a plain run of the namespaces backend without
+    // limits; anything else, or a failed clone, launches serially).
+    let early = match &resolved {
+        Ok((policy, _)) if !crate::nested::is_nested_launch() && policy.limits.is_unset() => {
+            moat_linux::plan::NamespaceSet::for_policy(policy)
+                .and_then(|set| moat_linux::EarlyInit::start(set).ok())
+        }
+        _ => None,
+    };
+    run_resolved_early(resolved, &reporting, &args.command, cwd_identity, early)
 }
 
 /// A refusal before any policy exists (e.g. `moat run` could not resolve one).
@@ -226,6 +236,18 @@ pub fn run_resolved(
     reporting: &Reporting,
     command: &[std::ffi::OsString],
     cwd_identity: Option<(u64, u64)>,
+) -> ExitCode {
+    run_resolved_early(resolved, reporting, command, cwd_identity, None)
+}
+
+/// [`run_resolved`] with the init `moat exec` cloned early, if any: every
+/// return before the launch drops it (killed and reaped).
+fn run_resolved_early(
+    resolved: Result<(Policy, Option<std::time::Duration>), String>,
+    reporting: &Reporting,
+    command: &[std::ffi::OsString],
+    cwd_identity: Option<(u64, u64)>,
+    early: Option<moat_linux::EarlyInit>,
 ) -> ExitCode {
     let id = moat_runtime::execution_id();
     let session_id = moat_audit::session_id_from_env();
@@ -352,7 +374,7 @@ pub fn run_resolved(
         .with_broker(Box::new(|outer| {
             Box::new(crate::nested::Broker::new(outer)) as Box<dyn moat_runtime::NestedBroker>
         }))
-        .run(&mut InProcess);
+        .run(&mut InProcess { early });
     moat_linux::timing::mark("run, denials, audit finish record");
     let stopped = done.outcome.timed_out || done.outcome.termination_reason.is_some();
     if let Some(q) = &queued {

@@ -48,6 +48,9 @@ pub struct InitArgs<'a> {
     /// The device and inode the view's cwd must have ([`RunOptions`]'s
     /// `cwd_identity`).
     pub cwd_identity: Option<(u64, u64)>,
+    /// Cloned early (`init::early_main`): the environment is wiped and the
+    /// id maps and hostname are written already.
+    pub early: bool,
 }
 
 /// Reports a failed step before exec, then leaves with moat's own exit code.
@@ -83,6 +86,122 @@ pub fn main(args: InitArgs<'_>) -> ! {
         Ok(slave) => command_and_reap(&args, slave),
         Err(f) => fail(fd, SetupStage::Sandbox, f.errno, &f.detail),
     }
+}
+
+/// Entry point of the early init (`run::EarlyInit::start`), cloned with
+/// new user and pid namespaces only. Makes the rest of its namespaces
+/// (`set`), writes its id maps (`uid`, `gid`: read before the clone) and
+/// hostname, says so on `sock` (0: done, else it leaves), and waits for
+/// the plan there; at the end of the socket (moat refused the run, or
+/// is gone) it leaves. With the plan, it takes back `mask` (moat's cpus),
+/// makes its cgroup namespace and runs [`main`]. Never returns.
+pub(crate) fn early_main(
+    sock: std::os::fd::OwnedFd,
+    set: crate::plan::NamespaceSet,
+    uid: u32,
+    gid: u32,
+    mask: &nix::sched::CpuSet,
+) -> ! {
+    use std::os::fd::{AsFd, AsRawFd};
+    let first_half = (|| -> Result<(), String> {
+        // The namespaces die if the supervisor dies (and so does everything in them).
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+            .map_err(|e| format!("set parent-death signal: {e}"))?;
+        close_all_but(&[sock.as_raw_fd()]).map_err(|e| format!("close inherited fds: {e}"))?;
+        // SAFETY: this process has one thread, and nothing in it reads its
+        // environment or arguments (the command's come with the plan).
+        unsafe { sys::wipe_environ_and_argv_blocks() }
+            .map_err(|e| format!("clear the init's environment and command line: {e}"))?;
+        sys::unshare(set.unshare_flags()).map_err(|e| format!("unshare: {e}"))?;
+        mounts::set_identity_ids(&Kernel, uid, gid)
+    })();
+    crate::timing::mark("early init: namespaces, id maps, hostname");
+    let word = [u8::from(first_half.is_err())];
+    if first_half.is_err() || nix::unistd::write(&sock, &word) != Ok(1) {
+        sys::exit_now(125);
+    }
+    let Ok((msg, fds)) = crate::template::recv_frame::<init_msg::PlanMessage>(sock.as_fd()) else {
+        sys::exit_now(125);
+    };
+    drop(sock);
+    let expected = 1 + usize::from(msg.stdout) + usize::from(msg.stderr) + usize::from(msg.handoff);
+    if fds.len() != expected {
+        sys::exit_now(125);
+    }
+    let mut fds = fds.into_iter();
+    let report = fds.next().expect("counted");
+    let report_fd = report.as_raw_fd();
+    let mut next = |on: bool| on.then(|| fds.next().expect("counted"));
+    let (stdout, stderr, handoff) = (next(msg.stdout), next(msg.stderr), next(msg.handoff));
+    if let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), mask) {
+        fail(
+            report_fd,
+            SetupStage::Sandbox,
+            e as i32,
+            "restore moat's cpu mask",
+        );
+    }
+    // After the plan: the supervisor placed this process in the run's
+    // cgroup first when it has one, so that is the namespace's root.
+    if let Err(e) = sys::unshare(libc::CLONE_NEWCGROUP) {
+        fail(
+            report_fd,
+            SetupStage::Sandbox,
+            e.raw_os_error().unwrap_or(0),
+            &format!("unshare the cgroup namespace: {e}"),
+        );
+    }
+    let mut rlimits = Vec::new();
+    for (code, soft, hard) in &msg.rlimits {
+        match init_msg::rlimit_of(*code) {
+            Some(r) => rlimits.push((r, *soft, *hard)),
+            None => fail(
+                report_fd,
+                SetupStage::Sandbox,
+                0,
+                "an unknown resource limit in the plan",
+            ),
+        }
+    }
+    let seccomp = match msg.seccomp.as_deref().map(init_msg::program_of) {
+        None => None,
+        Some(Some(p)) => Some(p),
+        Some(None) => fail(
+            report_fd,
+            SetupStage::Sandbox,
+            0,
+            "a malformed seccomp program in the plan",
+        ),
+    };
+    let cstrings = |v: &[Vec<u8>]| -> Vec<CString> {
+        v.iter()
+            .map(|b| CString::new(b.clone()).unwrap_or_default())
+            .collect()
+    };
+    let (argv, envp) = (cstrings(&msg.argv), cstrings(&msg.envp));
+    crate::timing::mark("early init: the plan received");
+    // The fds' owners are never dropped: `main` leaves by exec or `_exit`.
+    let fd_of = |f: &Option<std::os::fd::OwnedFd>| f.as_ref().map(|f| f.as_raw_fd());
+    let args = InitArgs {
+        plan: &msg.plan,
+        report_fd,
+        stdout_fd: fd_of(&stdout),
+        stderr_fd: fd_of(&stderr),
+        handoff_fd: fd_of(&handoff),
+        argv,
+        envp,
+        seccomp,
+        rlimits: &rlimits,
+        pty: msg.pty.map(|(stdin, stdout, stderr)| crate::pty::Attach {
+            stdin,
+            stdout,
+            stderr,
+        }),
+        cwd_identity: msg.cwd_identity,
+        early: true,
+    };
+    std::mem::forget((report, stdout, stderr, handoff));
+    main(args)
 }
 
 /// The init's second half, once the view is in place and the cwd entered:
@@ -251,9 +370,11 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailu
     }
     // SAFETY: the init has one thread, and nothing in it reads its
     // environment or arguments (the command's are prepared before the clone).
-    unsafe { sys::wipe_environ_and_argv_blocks() }
-        .map_err(|e| format!("clear the init's environment and command line: {e}"))?;
-    mounts::set_identity(&Kernel, plan)?;
+    if !args.early {
+        unsafe { sys::wipe_environ_and_argv_blocks() }
+            .map_err(|e| format!("clear the init's environment and command line: {e}"))?;
+        mounts::set_identity(&Kernel, plan)?;
+    }
     if let (Some(hfd), Some(_)) = (args.handoff_fd, &plan.proxy) {
         // First, so the supervisor can start serving while the view is built.
         crate::netns::create_and_send_listeners(hfd)?;

@@ -45,6 +45,6 @@ pub use confine::Enforcement;
 pub use plan::{build as build_plan, Plan, PlanError};
 pub use probe::HostFacts;
 pub use run::{
-    run, run_with, Layers, NoObserver, OutputMode, RunObserver, RunOptions, RunOutcome, RunStatus,
-    Stream,
+    run, run_early, run_with, EarlyInit, Layers, NoObserver, OutputMode, RunObserver, RunOptions,
+    RunOutcome, RunStatus, Stream,
 };

@@ -44,14 +44,21 @@ const PROC_REFUSED: &str = "mount a fresh procfs (refused: the /proc moat runs u
 /// themselves, setgroups denied, the process made non-dumpable, the
 /// hostname `moat`. Errors are the messages the user sees.
 pub(crate) fn set_identity<S: Syscall>(sys: &S, plan: &Plan) -> Result<(), String> {
+    set_identity_ids(sys, plan.uid, plan.gid)
+}
+
+/// [`set_identity`] from the ids alone (the early init has no plan yet;
+/// its caller read them before the clone: inside the new user namespace
+/// `getuid` gives the overflow id until the map exists).
+pub(crate) fn set_identity_ids<S: Syscall>(sys: &S, uid: u32, gid: u32) -> Result<(), String> {
     sys.write_file(Path::new("/proc/self/setgroups"), b"deny")
         .map_err(|e| format!("write /proc/self/setgroups: {e}"))?;
     sys.write_file(
         Path::new("/proc/self/uid_map"),
-        format!("{0} {0} 1\n", plan.uid).as_bytes(),
+        format!("{0} {0} 1\n", uid).as_bytes(),
     )
     .map_err(|e| {
-        if plan.uid == 0 && e.raw_os_error() == Some(libc::EPERM) {
+        if uid == 0 && e.raw_os_error() == Some(libc::EPERM) {
             // Linux >= 5.12: mapping root needs CAP_SETFCAP where moat runs.
             format!("write uid_map: {e}; root may map itself into a user namespace only with CAP_SETFCAP (a container that drops it: add it, e.g. docker --cap-add SETFCAP, run moat as a non-root user, or use --backend landlock)")
         } else {
@@ -60,7 +67,7 @@ pub(crate) fn set_identity<S: Syscall>(sys: &S, plan: &Plan) -> Result<(), Strin
     })?;
     sys.write_file(
         Path::new("/proc/self/gid_map"),
-        format!("{0} {0} 1\n", plan.gid).as_bytes(),
+        format!("{0} {0} 1\n", gid).as_bytes(),
     )
     .map_err(|e| format!("write gid_map: {e}"))?;
     // After the id maps: a non-dumpable process's /proc files belong to root.

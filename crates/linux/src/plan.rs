@@ -125,6 +125,56 @@ pub const SANDBOX_SHIMS: &str = "/moat/shims";
 /// What each in-sandbox shim runs and with which net class (JSON).
 pub const SANDBOX_SHIM_TABLE: &str = "/moat/shims.json";
 
+/// The namespaces a run's init gets: decided by the policy alone, so
+/// `moat exec` can build them before the host is probed (`run::EarlyInit`).
+/// The one source of the clone flags and of `Plan::new_netns`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamespaceSet {
+    /// A network namespace of its own (every managed network mode).
+    pub new_netns: bool,
+}
+
+impl NamespaceSet {
+    /// The set for `policy`; None outside the namespaces backend (an
+    /// unsandboxed level, Landlock, and `auto`, which the host decides).
+    pub fn for_policy(policy: &Policy) -> Option<NamespaceSet> {
+        (policy.level.is_sandboxed() && policy.backend == moat_policy::Backend::Namespaces).then(
+            || NamespaceSet {
+                new_netns: Self::wants_netns(policy),
+            },
+        )
+    }
+
+    /// A sandboxed run gets its own network namespace unless its network
+    /// is unmanaged.
+    fn wants_netns(policy: &Policy) -> bool {
+        policy.level.is_sandboxed() && policy.network.mode != NetworkMode::Unmanaged
+    }
+
+    /// Every namespace but the user and pid ones, which the init's clone
+    /// makes: the mount, ipc, uts and (as the set says) network ones.
+    pub fn unshare_flags(&self) -> libc::c_int {
+        let mut f = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+        if self.new_netns {
+            f |= libc::CLONE_NEWNET;
+        }
+        f
+    }
+
+    /// The flags of the serial path's one clone (the cgroup namespace
+    /// included: the supervisor stands in the run's cgroup for it).
+    pub fn clone_flags(&self) -> libc::c_int {
+        libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWCGROUP | self.unshare_flags()
+    }
+
+    /// The set of a plan already built (its backend resolved).
+    pub fn of_plan(plan: &Plan) -> Option<NamespaceSet> {
+        plan.namespaces().then_some(NamespaceSet {
+            new_netns: plan.new_netns,
+        })
+    }
+}
+
 /// Everything needed to launch one run, decided before anything runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
@@ -239,7 +289,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
         level: policy.level,
         network: policy.network.mode,
         sandboxed,
-        new_netns: sandboxed && policy.network.mode != NetworkMode::Unmanaged,
+        new_netns: NamespaceSet::wants_netns(policy),
         uid: host.uid,
         gid: host.gid,
         mounts: Vec::new(),

@@ -22,7 +22,7 @@ use crate::control::{Control, Request};
 use crate::init::{self, InitArgs, INIT_SIGNALS};
 use crate::init_msg::{self, InitMessage};
 use crate::limits::{Applied, Enforcer, LimitFacts, ResourceUsage, TerminationReason};
-use crate::plan::Plan;
+use crate::plan::{NamespaceSet, Plan};
 use crate::sys::{self, Forked};
 
 /// Grace between SIGTERM and SIGKILL when a run is stopped.
@@ -493,6 +493,20 @@ pub fn run_with(
     observer: &mut dyn RunObserver,
     control: Control<'_>,
 ) -> RunOutcome {
+    run_early(plan, opts, observer, control, None)
+}
+
+/// [`run_with`], handed the init `moat exec` cloned before it probed the
+/// host ([`EarlyInit`]): the plan goes to that init instead of a clone
+/// when the plan fits it; otherwise it is killed and the launch is the
+/// serial one.
+pub fn run_early(
+    plan: &Plan,
+    opts: &RunOptions,
+    observer: &mut dyn RunObserver,
+    control: Control<'_>,
+    early: Option<EarlyInit>,
+) -> RunOutcome {
     let start = Instant::now();
     // The Landlock backend: a per-run scratch directory (TMPDIR and HOME)
     // and the rules made from the view on the host's paths.
@@ -543,7 +557,7 @@ pub fn run_with(
     match &enforcer {
         Ok(e) => {
             out.limits = e.applied.clone();
-            if let Err(e) = launch(plan, opts, &mut out, start, observer, e, control) {
+            if let Err(e) = launch(plan, opts, &mut out, start, observer, e, control, early) {
                 out.status = RunStatus::FailedToStart;
                 out.exit_code = 125;
                 out.error = Some(e);
@@ -590,6 +604,7 @@ pub(crate) fn cstrings(items: impl IntoIterator<Item = Vec<u8>>) -> Result<Vec<C
         .collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn launch(
     plan: &Plan,
     opts: &RunOptions,
@@ -598,7 +613,11 @@ fn launch(
     observer: &mut dyn RunObserver,
     enforcer: &Enforcer,
     control: Control<'_>,
+    early: Option<EarlyInit>,
 ) -> Result<(), String> {
+    // The early init takes this plan only when it was built for exactly
+    // it; anything else kills it here (its Drop) and clones serially.
+    let early = early.filter(|e| e.fits(plan, enforcer));
     if opts.argv.is_empty() {
         return Err("no command given; put it after --".into());
     }
@@ -651,18 +670,10 @@ fn launch(
     // before the clone, so none arrives in a window without a handler.
     let old_mask = sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS)
         .map_err(|e| format!("block signals: {e}"))?;
-    let mut ns_flags = 0;
-    if plan.namespaces() {
-        ns_flags = libc::CLONE_NEWUSER
-            | libc::CLONE_NEWNS
-            | libc::CLONE_NEWPID
-            | libc::CLONE_NEWIPC
-            | libc::CLONE_NEWUTS
-            | libc::CLONE_NEWCGROUP;
-        if plan.new_netns {
-            ns_flags |= libc::CLONE_NEWNET;
-        }
-    }
+    let ns_flags = NamespaceSet::of_plan(plan).map_or(0, |s| s.clone_flags());
+    // The early init reports whether its half went through; if not, it is
+    // killed and the serial clone below gives today's error.
+    let early = early.filter(|e| e.ready());
     // The init is cloned inside the run's cgroup (the supervisor steps in
     // for the clone and back out right after), so nothing it starts escapes.
     if let Some(cg) = &enforcer.cgroup {
@@ -673,19 +684,57 @@ fn launch(
         }
     }
     crate::timing::mark("seccomp filter, pipes, signal mask");
-    // The clone's caller must be single-threaded (SAFETY below); debug
-    // builds (the test suites') check it: a thread inside the
-    // allocator at the clone leaves the init waiting forever on its lock,
-    // once in many runs.
-    #[cfg(debug_assertions)]
-    if let Some(n) = sys::thread_count().filter(|&n| n > 1) {
+    if let Some(e) = early {
+        let sent = e.send_plan(
+            plan,
+            &argv,
+            &envp,
+            seccomp.as_ref(),
+            &enforcer.rlimits,
+            pty,
+            opts.cwd_identity,
+            [
+                Some(report_w.as_fd()),
+                stdout_end.as_ref().map(|f| f.as_fd()),
+                stderr_end.as_ref().map(|f| f.as_fd()),
+                handoff_tx.as_ref().map(|s| s.as_fd()),
+            ],
+        );
+        let child = match sent {
+            Ok(pid) => pid,
+            Err(e) => {
+                sys::restore_sigmask(&old_mask);
+                return Err(e);
+            }
+        };
+        crate::timing::mark("the plan sent to the early init");
+        drop(report_w);
+        drop(stdout_end);
+        drop(stderr_end);
+        drop(handoff_tx);
+        out.layers.namespaces = Enforcement::Full;
+        let result = supervise(
+            InitHandle::Child(child),
+            plan,
+            opts,
+            out,
+            captures,
+            report_r,
+            handoff_rx,
+            start,
+            observer,
+            enforcer,
+            control,
+        );
+        sys::restore_sigmask(&old_mask);
+        return result;
+    }
+    if let Err(e) = check_single_threaded() {
         sys::restore_sigmask(&old_mask);
         if let Some(cg) = &enforcer.cgroup {
             let _ = cg.leave();
         }
-        return Err(format!(
-            "internal error: moat's supervisor had {n} threads at the sandbox's clone (it must have one)"
-        ));
+        return Err(e);
     }
     // SAFETY: every caller runs this from a single-threaded process, so the
     // init may run ordinary code: `moat exec`'s supervisor (the proxy's
@@ -714,6 +763,7 @@ fn launch(
             rlimits: &enforcer.rlimits,
             pty,
             cwd_identity: opts.cwd_identity,
+            early: false,
         }),
         Ok(Forked::Parent(pid)) => {
             crate::timing::mark("clone the init (new namespaces)");
@@ -1476,4 +1526,179 @@ fn interpret(
         out.exit_code = 124;
     }
     Ok(())
+}
+
+/// The clone's caller must be single-threaded (see `sys::clone_process`);
+/// debug builds (the test suites') check it before either clone (the
+/// serial one in [`launch`], the early one in [`EarlyInit::start`]): a
+/// thread inside the allocator at the clone leaves the init waiting
+/// forever on its lock, once in many runs.
+fn check_single_threaded() -> Result<(), String> {
+    #[cfg(debug_assertions)]
+    if let Some(n) = sys::thread_count().filter(|&n| n > 1) {
+        return Err(format!(
+            "internal error: moat's supervisor had {n} threads at the sandbox's clone (it must have one)"
+        ));
+    }
+    Ok(())
+}
+
+/// The sandbox's init, cloned by `moat exec` right after it resolved the
+/// policy, so its namespaces and id maps are built while moat probes the
+/// host (ARCHITECTURE.md, "Launch performance", third pass). The clone
+/// makes only the user and pid namespaces (what a clone makes costs the
+/// caller's time); the init makes the rest itself (`init::early_main`)
+/// and waits for the plan on a socket. [`launch`] sends it the plan
+/// instead of cloning. Dropped without that (a refusal, a plan it does
+/// not fit), it is killed and reaped: nothing of the run is left.
+pub struct EarlyInit {
+    pid: Pid,
+    pidfd: OwnedFd,
+    /// The supervisor's end of the plan socket.
+    sock: std::os::unix::net::UnixStream,
+    set: NamespaceSet,
+    uid: u32,
+    gid: u32,
+    /// The plan was sent: the supervisor watches and reaps it now.
+    handed: bool,
+}
+
+impl EarlyInit {
+    /// Clones the early init for `set`. Moves it to another cpu of this
+    /// process's mask only when nothing else is runnable (`/proc/loadavg`):
+    /// a new child mostly waits on its parent's cpu, and moved onto a busy
+    /// one it waits at every step. The init takes this process's mask back
+    /// before it starts the command.
+    pub fn start(set: NamespaceSet) -> Result<EarlyInit, String> {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| format!("create a socket pair: {e}"))?;
+        let uid = nix::unistd::getuid().as_raw();
+        let gid = nix::unistd::getgid().as_raw();
+        let mask = nix::sched::sched_getaffinity(Pid::from_raw(0))
+            .map_err(|e| format!("read the cpu mask: {e}"))?;
+        let idle = sys::runnable_tasks() == Some(1);
+        check_single_threaded()?;
+        // The init waits for these signals (sigwait): blocked from before
+        // the clone so none is lost; this process unblocks them right after.
+        let old_mask = sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS)
+            .map_err(|e| format!("block signals: {e}"))?;
+        // SAFETY: the caller is single-threaded (`moat exec` before it
+        // starts any thread; checked above in debug builds), so the child
+        // may run ordinary code, see `sys::clone_process`.
+        let cloned = unsafe { sys::clone_with_pidfd(libc::CLONE_NEWUSER | libc::CLONE_NEWPID) };
+        match cloned {
+            Ok((Forked::Child, _)) => {
+                drop(ours);
+                init::early_main(theirs.into(), set, uid, gid, &mask)
+            }
+            Ok((Forked::Parent(pid), pidfd)) => {
+                sys::restore_sigmask(&old_mask);
+                drop(theirs);
+                let pid = Pid::from_raw(pid);
+                let Some(pidfd) = pidfd else {
+                    let _ = sys::kill(pid.as_raw(), libc::SIGKILL);
+                    let _ = waitpid(pid, None);
+                    return Err("clone gave no pidfd".into());
+                };
+                if idle {
+                    move_to_another_cpu(pid, &mask);
+                }
+                crate::timing::mark("clone the early init (user and pid namespaces)");
+                Ok(EarlyInit {
+                    pid,
+                    pidfd,
+                    sock: ours,
+                    set,
+                    uid,
+                    gid,
+                    handed: false,
+                })
+            }
+            Err(e) => {
+                sys::restore_sigmask(&old_mask);
+                Err(format!("clone: {e}"))
+            }
+        }
+    }
+
+    /// Whether `plan` is what this init was built for: the same
+    /// namespaces and ids, and limits it can carry (a cgroup needs the
+    /// serial clone, which the supervisor makes inside it).
+    fn fits(&self, plan: &Plan, enforcer: &Enforcer) -> bool {
+        NamespaceSet::of_plan(plan) == Some(self.set)
+            && (plan.uid, plan.gid) == (self.uid, self.gid)
+            && enforcer.cgroup.is_none()
+            && enforcer
+                .rlimits
+                .iter()
+                .all(|(r, _, _)| init_msg::rlimit_code(*r).is_some())
+    }
+
+    /// Waits for the init's word that its half (namespaces, id maps,
+    /// hostname) went through.
+    fn ready(&self) -> bool {
+        let mut b = [1u8];
+        matches!(nix::unistd::read(&self.sock, &mut b), Ok(1)) && b[0] == 0
+    }
+
+    /// Sends the plan and the run's fds; the init's pid, for the
+    /// supervisor to watch and reap.
+    #[allow(clippy::too_many_arguments)]
+    fn send_plan(
+        mut self,
+        plan: &Plan,
+        argv: &[CString],
+        envp: &[CString],
+        seccomp: Option<&seccompiler::BpfProgram>,
+        rlimits: &[(nix::sys::resource::Resource, u64, u64)],
+        pty: Option<crate::pty::Attach>,
+        cwd_identity: Option<(u64, u64)>,
+        fds: [Option<std::os::fd::BorrowedFd<'_>>; 4],
+    ) -> Result<Pid, String> {
+        let msg = init_msg::PlanMessage {
+            plan: plan.clone(),
+            argv: argv.iter().map(|a| a.as_bytes().to_vec()).collect(),
+            envp: envp.iter().map(|a| a.as_bytes().to_vec()).collect(),
+            seccomp: seccomp.map(init_msg::program_bytes),
+            rlimits: rlimits
+                .iter()
+                .filter_map(|(r, s, h)| init_msg::rlimit_code(*r).map(|c| (c, *s, *h)))
+                .collect(),
+            pty: pty.map(|a| (a.stdin, a.stdout, a.stderr)),
+            cwd_identity,
+            stdout: fds[1].is_some(),
+            stderr: fds[2].is_some(),
+            handoff: fds[3].is_some(),
+        };
+        let body = serde_json::to_vec(&msg).map_err(|e| format!("encode the plan: {e}"))?;
+        let raw: Vec<i32> = fds.iter().flatten().map(|f| f.as_raw_fd()).collect();
+        crate::template::send_frame(self.sock.as_fd(), &body, &raw)
+            .map_err(|e| format!("hand the plan to the sandbox's init: {e}"))?;
+        self.handed = true;
+        Ok(self.pid)
+    }
+}
+
+impl Drop for EarlyInit {
+    fn drop(&mut self) {
+        if !self.handed {
+            let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+            let _ = waitpid(self.pid, None);
+        }
+    }
+}
+
+/// Pins `pid` to one cpu of `mask` other than the one this process runs on.
+fn move_to_another_cpu(pid: Pid, mask: &nix::sched::CpuSet) {
+    let Some(here) = sys::current_cpu() else {
+        return;
+    };
+    let other =
+        (0..nix::sched::CpuSet::count()).find(|&c| c != here && mask.is_set(c).unwrap_or(false));
+    if let Some(c) = other {
+        let mut one = nix::sched::CpuSet::new();
+        if one.set(c).is_ok() {
+            let _ = nix::sched::sched_setaffinity(pid, &one);
+        }
+    }
 }

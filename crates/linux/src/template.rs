@@ -629,7 +629,7 @@ fn same_place(t: &Template, plan: &Plan) -> bool {
 // ---------------------------------------------------------------------------
 // Framing: a u32 length and a JSON body; descriptors ride on the first byte.
 
-fn send_frame(sock: BorrowedFd<'_>, body: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
+pub(crate) fn send_frame(sock: BorrowedFd<'_>, body: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
     let len = (body.len() as u32).to_le_bytes();
     let cmsg = [ControlMessage::ScmRights(fds)];
     let iov = [IoSlice::new(&len), IoSlice::new(body)];
@@ -648,7 +648,7 @@ fn send_frame(sock: BorrowedFd<'_>, body: &[u8], fds: &[RawFd]) -> std::io::Resu
     Ok(())
 }
 
-fn recv_frame<T: serde::de::DeserializeOwned>(
+pub(crate) fn recv_frame<T: serde::de::DeserializeOwned>(
     sock: BorrowedFd<'_>,
 ) -> std::io::Result<(T, Vec<OwnedFd>)> {
     let mut len = [0u8; 4];

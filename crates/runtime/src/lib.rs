@@ -672,8 +672,14 @@ pub trait Launcher {
     ) -> RunOutcome;
 }
 
-/// Runs the plan with [`moat_linux::run`], supervised by this process.
-pub struct InProcess;
+/// Runs the plan with [`moat_linux::run`], supervised by this process;
+/// with the init `moat exec` cloned before it probed the host, when there
+/// is one (`moat_linux::EarlyInit`: killed and reaped when it is not used,
+/// on every path that drops this launcher).
+#[derive(Default)]
+pub struct InProcess {
+    pub early: Option<moat_linux::EarlyInit>,
+}
 
 impl Launcher for InProcess {
     fn launch(
@@ -682,7 +688,13 @@ impl Launcher for InProcess {
         opts: &RunOptions,
         observer: &mut dyn RunObserver,
     ) -> RunOutcome {
-        moat_linux::run(plan, opts, observer)
+        moat_linux::run_early(
+            plan,
+            opts,
+            observer,
+            moat_linux::control::Control::ProcessSignals,
+            self.early.take(),
+        )
     }
 }
 
