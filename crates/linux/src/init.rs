@@ -128,10 +128,13 @@ pub(crate) fn early_main(
     if fds.len() != expected {
         sys::exit_now(125);
     }
+    // In the message's order: the report pipe, then each fd its flag names.
     let mut fds = fds.into_iter();
-    let report = fds.next().expect("counted");
+    let mut next = |on: bool| if on { fds.next() } else { None };
+    let Some(report) = next(true) else {
+        sys::exit_now(125);
+    };
     let report_fd = report.as_raw_fd();
-    let mut next = |on: bool| on.then(|| fds.next().expect("counted"));
     let (stdout, stderr, handoff) = (next(msg.stdout), next(msg.stderr), next(msg.handoff));
     if let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), mask) {
         fail(
@@ -368,9 +371,9 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailu
         }
         return Ok(slave);
     }
-    // SAFETY: the init has one thread, and nothing in it reads its
-    // environment or arguments (the command's are prepared before the clone).
     if !args.early {
+        // SAFETY: the init has one thread, and nothing in it reads its
+        // environment or arguments (the command's are prepared before the clone).
         unsafe { sys::wipe_environ_and_argv_blocks() }
             .map_err(|e| format!("clear the init's environment and command line: {e}"))?;
         mounts::set_identity(&Kernel, plan)?;

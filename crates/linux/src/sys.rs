@@ -1278,6 +1278,31 @@ pub fn ignore_signal(sig: libc::c_int) {
     unsafe { libc::signal(sig, libc::SIG_IGN) };
 }
 
+/// unshare(flags): new namespaces for this process alone.
+pub fn unshare(flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: integer-only syscall.
+    check(unsafe { libc::syscall(libc::SYS_unshare, flags as libc::c_ulong) }).map(|_| ())
+}
+
+/// The count of runnable tasks on the machine (the first half of the 4th
+/// field of /proc/loadavg, "runnable/total"), the caller itself included.
+pub fn runnable_tasks() -> Option<u32> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace()
+        .nth(3)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The cpu this thread runs on now.
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: no arguments; returns -1 on failure.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
 #[cfg(test)]
 mod shared_vm_tests {
     use super::*;
@@ -1303,29 +1328,4 @@ mod shared_vm_tests {
             nix::sys::wait::WaitStatus::Exited(nix::unistd::Pid::from_raw(pid), 7)
         );
     }
-}
-
-/// unshare(flags): new namespaces for this process alone.
-pub fn unshare(flags: libc::c_int) -> io::Result<()> {
-    // SAFETY: integer-only syscall.
-    check(unsafe { libc::syscall(libc::SYS_unshare, flags as libc::c_ulong) }).map(|_| ())
-}
-
-/// The count of runnable tasks on the machine (the first half of the 4th
-/// field of /proc/loadavg, "runnable/total"), the caller itself included.
-pub fn runnable_tasks() -> Option<u32> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    text.split_whitespace()
-        .nth(3)?
-        .split('/')
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// The cpu this thread runs on now.
-pub fn current_cpu() -> Option<usize> {
-    // SAFETY: no arguments; returns -1 on failure.
-    let cpu = unsafe { libc::sched_getcpu() };
-    usize::try_from(cpu).ok()
 }
