@@ -176,12 +176,26 @@ pub(crate) fn early_main(
             "a malformed seccomp program in the plan",
         ),
     };
-    let cstrings = |v: &[Vec<u8>]| -> Vec<CString> {
-        v.iter()
-            .map(|b| CString::new(b.clone()).unwrap_or_default())
-            .collect()
+    // Fail closed: a sandboxed plan never runs without its filter.
+    if msg.plan.sandboxed && seccomp.is_none() {
+        fail(
+            report_fd,
+            SetupStage::Sandbox,
+            0,
+            "the plan came without its seccomp program",
+        );
+    }
+    let cstrings = |v: &[Vec<u8>]| -> Option<Vec<CString>> {
+        v.iter().map(|b| CString::new(b.clone()).ok()).collect()
     };
-    let (argv, envp) = (cstrings(&msg.argv), cstrings(&msg.envp));
+    let (Some(argv), Some(envp)) = (cstrings(&msg.argv), cstrings(&msg.envp)) else {
+        fail(
+            report_fd,
+            SetupStage::Sandbox,
+            0,
+            "an argument or environment value contains a NUL byte",
+        );
+    };
     crate::timing::mark("early init: the plan received");
     // The fds' owners are never dropped: `main` leaves by exec or `_exit`.
     let fd_of = |f: &Option<std::os::fd::OwnedFd>| f.as_ref().map(|f| f.as_raw_fd());

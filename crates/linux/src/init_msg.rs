@@ -1,6 +1,7 @@
 //! The init's report pipe: what the sandbox's init (and the command's
 //! process, between fork and exec) tells the supervisor, as one typed
-//! [`InitMessage`] per length-prefixed frame.
+//! [`InitMessage`] per length-prefixed frame; and the other way, the
+//! [`PlanMessage`] an early init gets in place of the clone.
 //!
 //! A frame is `[body length: u16 LE][tag: u8][body]`, at most
 //! [`MAX_FRAME`] bytes (PIPE_BUF, so each frame is one atomic pipe write
@@ -297,6 +298,81 @@ pub(crate) fn send(fd: std::os::fd::RawFd, msg: &InitMessage<'_>) {
     crate::sys::write_all_fd(fd, &frame[..n]);
 }
 
+/// What the supervisor sends an early init (`run::EarlyInit`) in place of
+/// the clone: the plan and everything else [`crate::init::InitArgs`]
+/// holds, as one frame (`template::send_frame`: JSON with the run's fds as
+/// `SCM_RIGHTS`). The fds come in this order: the report pipe, then the
+/// stdout and stderr capture ends and the handoff socket, each when its
+/// flag says so.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct PlanMessage {
+    pub plan: crate::plan::Plan,
+    pub argv: Vec<Vec<u8>>,
+    pub envp: Vec<Vec<u8>>,
+    /// The compiled seccomp program, each `sock_filter` as its 8 bytes
+    /// (code, jt, jf, k; native order); None: not sandboxed.
+    pub seccomp: Option<Vec<u8>>,
+    /// (resource, soft, hard), the resource as [`rlimit_code`] gives it.
+    pub rlimits: Vec<(u8, u64, u64)>,
+    /// The command's pty: which of stdin, stdout, stderr it becomes.
+    pub pty: Option<(bool, bool, bool)>,
+    pub cwd_identity: Option<(u64, u64)>,
+    pub stdout: bool,
+    pub stderr: bool,
+    pub handoff: bool,
+}
+
+/// The rlimits a plan message can carry (every one `limits` sets).
+const RLIMITS: [nix::sys::resource::Resource; 5] = [
+    nix::sys::resource::Resource::RLIMIT_AS,
+    nix::sys::resource::Resource::RLIMIT_NPROC,
+    nix::sys::resource::Resource::RLIMIT_CPU,
+    nix::sys::resource::Resource::RLIMIT_FSIZE,
+    nix::sys::resource::Resource::RLIMIT_NOFILE,
+];
+
+/// `r`'s code in a [`PlanMessage`]; None: it cannot be sent (the caller
+/// launches the serial way).
+pub(crate) fn rlimit_code(r: nix::sys::resource::Resource) -> Option<u8> {
+    RLIMITS.iter().position(|x| *x == r).map(|i| i as u8)
+}
+
+/// The resource behind a code of [`rlimit_code`].
+pub(crate) fn rlimit_of(code: u8) -> Option<nix::sys::resource::Resource> {
+    RLIMITS.get(code as usize).copied()
+}
+
+/// A seccomp program as the bytes a [`PlanMessage`] carries.
+pub(crate) fn program_bytes(p: &seccompiler::BpfProgram) -> Vec<u8> {
+    let mut out = Vec::with_capacity(p.len() * 8);
+    for f in p {
+        out.extend_from_slice(&f.code.to_ne_bytes());
+        out.push(f.jt);
+        out.push(f.jf);
+        out.extend_from_slice(&f.k.to_ne_bytes());
+    }
+    out
+}
+
+/// The program back from [`program_bytes`]; None when the length is not
+/// a whole number of instructions.
+pub(crate) fn program_of(bytes: &[u8]) -> Option<seccompiler::BpfProgram> {
+    if bytes.len() % 8 != 0 {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(8)
+            .map(|c| seccompiler::sock_filter {
+                code: u16::from_ne_bytes([c[0], c[1]]),
+                jt: c[2],
+                jf: c[3],
+                k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -478,79 +554,31 @@ mod tests {
         s.extend_from_slice(&[0, 0, 0]);
         assert_eq!(decode_all(&s, true), Err(DecodeError::UnknownTag(0)));
     }
-}
 
-/// What the supervisor sends an early init (`run::EarlyInit`) in place of
-/// the clone: the plan and everything else [`crate::init::InitArgs`]
-/// holds, as one frame (`template::send_frame`: JSON with the run's fds as
-/// `SCM_RIGHTS`). The fds come in this order: the report pipe, then the
-/// stdout and stderr capture ends and the handoff socket, each when its
-/// flag says so.
-#[derive(serde::Serialize, serde::Deserialize)]
-pub(crate) struct PlanMessage {
-    pub plan: crate::plan::Plan,
-    pub argv: Vec<Vec<u8>>,
-    pub envp: Vec<Vec<u8>>,
-    /// The compiled seccomp program, each `sock_filter` as its 8 bytes
-    /// (code, jt, jf, k; native order); None: not sandboxed.
-    pub seccomp: Option<Vec<u8>>,
-    /// (resource, soft, hard), the resource as [`rlimit_code`] gives it.
-    pub rlimits: Vec<(u8, u64, u64)>,
-    /// The command's pty: which of stdin, stdout, stderr it becomes.
-    pub pty: Option<(bool, bool, bool)>,
-    pub cwd_identity: Option<(u64, u64)>,
-    pub stdout: bool,
-    pub stderr: bool,
-    pub handoff: bool,
-}
-
-/// The rlimits a plan message can carry (every one `limits` sets).
-const RLIMITS: [nix::sys::resource::Resource; 5] = [
-    nix::sys::resource::Resource::RLIMIT_AS,
-    nix::sys::resource::Resource::RLIMIT_NPROC,
-    nix::sys::resource::Resource::RLIMIT_CPU,
-    nix::sys::resource::Resource::RLIMIT_FSIZE,
-    nix::sys::resource::Resource::RLIMIT_NOFILE,
-];
-
-/// `r`'s code in a [`PlanMessage`]; None: it cannot be sent (the caller
-/// launches the serial way).
-pub(crate) fn rlimit_code(r: nix::sys::resource::Resource) -> Option<u8> {
-    RLIMITS.iter().position(|x| *x == r).map(|i| i as u8)
-}
-
-/// The resource behind a code of [`rlimit_code`].
-pub(crate) fn rlimit_of(code: u8) -> Option<nix::sys::resource::Resource> {
-    RLIMITS.get(code as usize).copied()
-}
-
-/// A seccomp program as the bytes a [`PlanMessage`] carries.
-pub(crate) fn program_bytes(p: &seccompiler::BpfProgram) -> Vec<u8> {
-    let mut out = Vec::with_capacity(p.len() * 8);
-    for f in p {
-        out.extend_from_slice(&f.code.to_ne_bytes());
-        out.push(f.jt);
-        out.push(f.jf);
-        out.extend_from_slice(&f.k.to_ne_bytes());
+    #[test]
+    fn the_plan_message_carries_the_seccomp_program_and_rlimits_unchanged() {
+        let prog: seccompiler::BpfProgram = vec![
+            seccompiler::sock_filter {
+                code: 0x20,
+                jt: 0,
+                jf: 0,
+                k: 4,
+            },
+            seccompiler::sock_filter {
+                code: 0x15,
+                jt: 1,
+                jf: 7,
+                k: 0xc000_003e,
+            },
+        ];
+        assert_eq!(program_of(&program_bytes(&prog)), Some(prog));
+        assert_eq!(program_of(&[0; 7]), None);
+        for r in RLIMITS {
+            assert_eq!(rlimit_code(r).and_then(rlimit_of), Some(r));
+        }
+        assert_eq!(
+            rlimit_code(nix::sys::resource::Resource::RLIMIT_STACK),
+            None
+        );
     }
-    out
-}
-
-/// The program back from [`program_bytes`]; None when the length is not
-/// a whole number of instructions.
-pub(crate) fn program_of(bytes: &[u8]) -> Option<seccompiler::BpfProgram> {
-    if bytes.len() % 8 != 0 {
-        return None;
-    }
-    Some(
-        bytes
-            .chunks_exact(8)
-            .map(|c| seccompiler::sock_filter {
-                code: u16::from_ne_bytes([c[0], c[1]]),
-                jt: c[2],
-                jf: c[3],
-                k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
-            })
-            .collect(),
-    )
 }
