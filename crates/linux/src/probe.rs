@@ -15,6 +15,7 @@ use crate::sweep::{PrefixGuard, SweepRoot};
 use crate::sys;
 use crate::timing::mark;
 
+mod dents;
 mod secrets_cache;
 pub use secrets_cache::enable as cache_secrets_probe;
 
@@ -245,18 +246,45 @@ fn may_be_visible(policy: &Policy, p: &Path) -> bool {
 /// Canonical path and kind of an existing path (following symlinks).
 /// One lstat first: most candidates do not exist, and realpath is costly.
 fn resolve(p: &Path) -> Option<(PathBuf, Kind)> {
-    match lstat_kind(p)? {
-        Kind::Symlink => {
-            let c = fs::canonicalize(p).ok()?;
-            let k = lstat_kind(&c)?;
-            Some((c, k))
+    Resolver::default().resolve(p)
+}
+
+/// [`resolve`] for many paths, most sharing a few parents (a home, `/etc`,
+/// `/etc/ssh`): whether a parent is canonical is asked once per parent
+/// (realpath is a `readlink` per component) within one probe.
+#[derive(Default)]
+struct Resolver {
+    /// Parent → whether it is its own canonical path.
+    parents: Vec<(PathBuf, bool)>,
+}
+
+impl Resolver {
+    fn resolve(&mut self, p: &Path) -> Option<(PathBuf, Kind)> {
+        match lstat_kind(p)? {
+            Kind::Symlink => {
+                let c = fs::canonicalize(p).ok()?;
+                let k = lstat_kind(&c)?;
+                Some((c, k))
+            }
+            // Parents are canonical already (home, /etc) unless one of them is a
+            // symlink, which realpath then resolves.
+            k => {
+                let parent = p.parent()?;
+                let canonical = match self.parents.iter().find(|(d, _)| d == parent) {
+                    Some((_, c)) => *c,
+                    None => {
+                        let c = fs::canonicalize(parent).is_ok_and(|c| c == parent);
+                        self.parents.push((parent.to_path_buf(), c));
+                        c
+                    }
+                };
+                if canonical {
+                    Some((p.to_path_buf(), k))
+                } else {
+                    Some((fs::canonicalize(p).ok()?, k))
+                }
+            }
         }
-        // Parents are canonical already (home, /etc) unless one of them is a
-        // symlink, which realpath then resolves.
-        k => match fs::canonicalize(p.parent()?) {
-            Ok(parent) if parent == p.parent()? => Some((p.to_path_buf(), k)),
-            _ => Some((fs::canonicalize(p).ok()?, k)),
-        },
     }
 }
 
@@ -301,11 +329,7 @@ fn existing_names(dir: &Path, rels: &[&str]) -> Vec<PathBuf> {
     // A listing is used only when every entry was read; a lookup of one or
     // two names is cheaper as lstats.
     let listing: Option<std::collections::HashSet<std::ffi::OsString>> = if by_first.len() > 2 {
-        fs::read_dir(dir).ok().and_then(|rd| {
-            rd.map(|e| e.map(|e| e.file_name()))
-                .collect::<Result<_, _>>()
-                .ok()
-        })
+        dents::names(dir)
     } else {
         None
     };
@@ -544,6 +568,7 @@ impl HostFacts {
         let mut answer = secrets_cache::Answer::default();
         // A secret found through a symlink (its canonical path another).
         let mut via_symlink = false;
+        let mut resolver = Resolver::default();
         // Every home on the host, whoever runs moat: as root they are all
         // readable, and an unprivileged caller may still read a home (and a
         // secret in it) that another user left group/world-readable.
@@ -551,7 +576,7 @@ impl HostFacts {
         let homes = host_homes(passwd, self.uid, &policy.home, shown);
         for home in &homes {
             for p in existing_names(home, PROTECTED_HOME_PATHS) {
-                if let Some((c, k)) = resolve(&p) {
+                if let Some((c, k)) = resolver.resolve(&p) {
                     via_symlink |= c != p;
                     if home == &policy.home {
                         answer.home_protected.push((p.clone(), c.clone()));
@@ -561,7 +586,7 @@ impl HostFacts {
             }
         }
         for s in ETC_SECRETS {
-            if let Some((c, k)) = resolve(Path::new(s)) {
+            if let Some((c, k)) = resolver.resolve(Path::new(s)) {
                 via_symlink |= c != Path::new(s);
                 answer.secrets.push((c, k));
             }
@@ -571,7 +596,7 @@ impl HostFacts {
             for e in rd.flatten() {
                 let n = e.file_name().to_string_lossy().into_owned();
                 if n.starts_with("ssh_host_") && n.ends_with("_key") {
-                    if let Some((c, k)) = resolve(&e.path()) {
+                    if let Some((c, k)) = resolver.resolve(&e.path()) {
                         via_symlink |= c != e.path();
                         answer.secrets.push((c, k));
                     }
