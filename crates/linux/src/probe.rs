@@ -318,12 +318,19 @@ fn canonical_prefix(p: &Path) -> PathBuf {
 /// them), a directory that cannot be listed is asked name by name with an
 /// lstat. Never leaves out a path that exists; the caller resolves each one.
 fn existing_names(dir: &Path, rels: &[&str]) -> Vec<PathBuf> {
+    // Grouped by first component, in order of first appearance; an index
+    // finds the group (a scan per name was ≈ 10⁴ comparisons per home).
     let mut by_first: Vec<(&str, Vec<&str>)> = Vec::new();
+    let mut index: std::collections::HashMap<&str, usize> =
+        std::collections::HashMap::with_capacity(rels.len());
     for rel in rels {
         let (first, rest) = rel.split_once('/').unwrap_or((rel, ""));
-        match by_first.iter_mut().find(|(f, _)| *f == first) {
-            Some((_, rests)) => rests.push(rest),
-            None => by_first.push((first, vec![rest])),
+        match index.get(first) {
+            Some(&i) => by_first[i].1.push(rest),
+            None => {
+                index.insert(first, by_first.len());
+                by_first.push((first, vec![rest]));
+            }
         }
     }
     // A listing is used only when every entry was read; a lookup of one or

@@ -530,13 +530,14 @@ impl Policy {
 
     /// `sha256:` of [`Policy::canonical_json`].
     pub fn hash(&self) -> String {
-        let digest = Sha256::digest(self.canonical_json().as_bytes());
-        let mut out = String::with_capacity(7 + 64);
-        out.push_str("sha256:");
-        for b in digest {
-            out.push_str(&format!("{b:02x}"));
-        }
-        out
+        sha256_tag(self.canonical_json().as_bytes())
+    }
+
+    /// [`Policy::hash`] and [`Policy::canonical_value`] from one
+    /// serialisation (the launch path needs both).
+    pub fn digest(&self) -> (String, serde_json::Value) {
+        let value = self.canonical_value();
+        (sha256_tag(value.to_string().as_bytes()), value)
     }
 
     /// The canonical policy as a JSON value (for embedding in results).
@@ -552,6 +553,17 @@ impl Policy {
             .filter(|p| !self.protected_opt_in.contains(p))
             .collect()
     }
+}
+
+/// `sha256:<hex>` of `bytes`.
+fn sha256_tag(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256:");
+    for b in Sha256::digest(bytes) {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
 }
 
 fn network_policy(mode: NetworkMode, req: &PolicyRequest) -> Result<NetworkPolicy, PolicyError> {

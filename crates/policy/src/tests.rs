@@ -336,3 +336,12 @@ fn a_string_path_never_collides_with_an_encoded_one() {
     let bytes = Policy::resolve(r).unwrap();
     assert_ne!(text.hash(), bytes.hash());
 }
+
+#[test]
+fn digest_is_the_hash_and_the_canonical_value() {
+    let mut r = req();
+    r.workspace = non_utf8("/home/u/proj-", 0xff);
+    let p = Policy::resolve(r).unwrap();
+    assert_eq!(p.digest(), (p.hash(), p.canonical_value()));
+    assert_eq!(p.hash().len(), 7 + 64);
+}

@@ -182,7 +182,7 @@ fn open_audit_log(path: &std::path::Path) -> Result<Arc<AuditLog>, moat_audit::A
 /// [`keep_across_executions`] was called).
 fn policy_digest(policy: &Policy) -> (String, Value) {
     if !KEEP_ACROSS.load(std::sync::atomic::Ordering::Relaxed) {
-        return (policy.hash(), policy.canonical_value());
+        return policy.digest();
     }
     if let Ok(last) = LAST_DIGEST.lock() {
         if let Some((p, hash, canonical)) = last.as_ref() {
@@ -191,7 +191,7 @@ fn policy_digest(policy: &Policy) -> (String, Value) {
             }
         }
     }
-    let (hash, canonical) = (policy.hash(), policy.canonical_value());
+    let (hash, canonical) = policy.digest();
     if let Ok(mut last) = LAST_DIGEST.lock() {
         *last = Some((policy.clone(), hash.clone(), canonical.clone()));
     }
