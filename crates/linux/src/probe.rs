@@ -317,48 +317,83 @@ fn canonical_prefix(p: &Path) -> PathBuf {
 /// its names (the protected list holds ≈ 200 names, most homes a few of
 /// them), a directory that cannot be listed is asked name by name with an
 /// lstat. Never leaves out a path that exists; the caller resolves each one.
+#[cfg(test)]
 fn existing_names(dir: &Path, rels: &[&str]) -> Vec<PathBuf> {
-    // Grouped by first component, in order of first appearance; an index
-    // finds the group (a scan per name was ≈ 10⁴ comparisons per home).
-    let mut by_first: Vec<(&str, Vec<&str>)> = Vec::new();
-    let mut index: std::collections::HashMap<&str, usize> =
-        std::collections::HashMap::with_capacity(rels.len());
-    for rel in rels {
-        let (first, rest) = rel.split_once('/').unwrap_or((rel, ""));
-        match index.get(first) {
-            Some(&i) => by_first[i].1.push(rest),
-            None => {
-                index.insert(first, by_first.len());
-                by_first.push((first, vec![rest]));
+    NameTree::of(rels).existing_in(dir)
+}
+
+/// Relative paths grouped by first component, level by level, in order of
+/// first appearance: built once per probe and asked of every home (the
+/// protected list's ≈ 200 names grouped per home cost ≈ 25 µs each).
+struct NameTree<'a> {
+    /// Each first component: whether a path ends there, and the rest.
+    groups: Vec<(&'a str, bool, NameTree<'a>)>,
+    /// The groups' names, sorted, with their index in `groups`.
+    sorted: Vec<(&'a [u8], usize)>,
+}
+
+impl<'a> NameTree<'a> {
+    fn of(rels: &[&'a str]) -> NameTree<'a> {
+        let mut by_first: Vec<(&'a str, bool, Vec<&'a str>)> = Vec::new();
+        let mut sorted: Vec<(&'a [u8], usize)> = Vec::new();
+        for rel in rels {
+            let (first, rest) = rel.split_once('/').unwrap_or((rel, ""));
+            let i = match sorted.binary_search_by(|(n, _)| (*n).cmp(first.as_bytes())) {
+                Ok(at) => sorted[at].1,
+                Err(at) => {
+                    sorted.insert(at, (first.as_bytes(), by_first.len()));
+                    by_first.push((first, false, Vec::new()));
+                    by_first.len() - 1
+                }
+            };
+            if rest.is_empty() {
+                by_first[i].1 = true;
+            } else {
+                by_first[i].2.push(rest);
             }
         }
+        let groups = by_first
+            .into_iter()
+            .map(|(first, whole, deeper)| (first, whole, NameTree::of(&deeper)))
+            .collect();
+        NameTree { groups, sorted }
     }
-    // A listing is used only when every entry was read; a lookup of one or
-    // two names is cheaper as lstats.
-    let listing: Option<std::collections::HashSet<std::ffi::OsString>> = if by_first.len() > 2 {
-        dents::names(dir)
-    } else {
-        None
-    };
-    let mut out = Vec::new();
-    for (first, rests) in by_first {
-        let there = match &listing {
-            Some(names) => names.contains(std::ffi::OsStr::new(first)),
-            None => lstat_kind(&dir.join(first)).is_some(),
+
+    /// The paths `dir/rel` of the tree that may exist. Never leaves out a
+    /// path that exists; the caller resolves each one.
+    fn existing_in(&self, dir: &Path) -> Vec<PathBuf> {
+        // A listing is used only when every entry was read; a lookup of one
+        // or two names is cheaper as lstats.
+        let listed = if self.groups.len() > 2 {
+            let mut seen = vec![false; self.groups.len()];
+            dents::for_each_name(dir, |name| {
+                if let Ok(at) = self.sorted.binary_search_by(|(n, _)| (*n).cmp(name)) {
+                    seen[self.sorted[at].1] = true;
+                }
+            })
+            .then_some(seen)
+        } else {
+            None
         };
-        if !there {
-            continue;
+        let mut out = Vec::new();
+        for (i, (first, whole, deeper)) in self.groups.iter().enumerate() {
+            let there = match &listed {
+                Some(seen) => seen[i],
+                None => lstat_kind(&dir.join(first)).is_some(),
+            };
+            if !there {
+                continue;
+            }
+            let path = dir.join(first);
+            if *whole {
+                out.push(path.clone());
+            }
+            if !deeper.groups.is_empty() {
+                out.extend(deeper.existing_in(&path));
+            }
         }
-        let path = dir.join(first);
-        let deeper: Vec<&str> = rests.iter().copied().filter(|r| !r.is_empty()).collect();
-        if deeper.len() < rests.len() {
-            out.push(path.clone());
-        }
-        if !deeper.is_empty() {
-            out.extend(existing_names(&path, &deeper));
-        }
+        out
     }
-    out
 }
 
 /// The directories [`HostFacts::probe_secrets`] read names from (each
@@ -581,8 +616,9 @@ impl HostFacts {
         // secret in it) that another user left group/world-readable.
         let shown = |p: &Path| may_be_visible(policy, p);
         let homes = host_homes(passwd, self.uid, &policy.home, shown);
+        let protected = NameTree::of(PROTECTED_HOME_PATHS);
         for home in &homes {
-            for p in existing_names(home, PROTECTED_HOME_PATHS) {
+            for p in protected.existing_in(home) {
                 if let Some((c, k)) = resolver.resolve(&p) {
                     via_symlink |= c != p;
                     if home == &policy.home {

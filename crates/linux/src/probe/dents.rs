@@ -2,16 +2,19 @@
 //! probe needs from a listing (which names exist) without std's `ReadDir`
 //! (an extra `fstat`, an allocation per entry and a shared handle).
 
-use std::collections::HashSet;
-use std::ffi::{CStr, OsString};
+use std::ffi::CStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-/// Every name in directory `dir` (not `.` and `..`), or `None` when it
-/// cannot be opened or read to the end: a caller must then not take a
-/// name's absence for its nonexistence.
-pub(super) fn names(dir: &Path) -> Option<HashSet<OsString>> {
+/// Calls `each` with every name in directory `dir` (not `.` and `..`);
+/// `false` when it cannot be opened or read to the end: a caller must then
+/// not take a name's absence for its nonexistence.
+pub(super) fn for_each_name(dir: &Path, mut each: impl FnMut(&[u8])) -> bool {
+    names(dir, &mut each).is_some()
+}
+
+fn names(dir: &Path, each: &mut impl FnMut(&[u8])) -> Option<()> {
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
     // SAFETY: a valid C string; the fd returned is owned below.
     let fd = unsafe {
@@ -25,7 +28,6 @@ pub(super) fn names(dir: &Path) -> Option<HashSet<OsString>> {
     }
     // SAFETY: `fd` was just opened and is owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut out = HashSet::new();
     // u64s: the kernel writes 8-byte aligned records.
     let mut buf = [0u64; 4096];
     loop {
@@ -42,7 +44,7 @@ pub(super) fn names(dir: &Path) -> Option<HashSet<OsString>> {
             return None;
         }
         if n == 0 {
-            return Some(out);
+            return Some(());
         }
         let bytes = &buf_bytes(&buf)[..n as usize];
         let mut at = 0;
@@ -55,7 +57,7 @@ pub(super) fn names(dir: &Path) -> Option<HashSet<OsString>> {
             let name = CStr::from_bytes_until_nul(&bytes[at + 19..at + reclen]).ok()?;
             let name = name.to_bytes();
             if name != b"." && name != b".." {
-                out.insert(OsString::from_vec(name.to_vec()));
+                each(name);
             }
             at += reclen;
         }
@@ -70,6 +72,17 @@ fn buf_bytes(buf: &[u64]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+
+    fn listed(dir: &str) -> Option<HashSet<OsString>> {
+        let mut out = HashSet::new();
+        for_each_name(Path::new(dir), |n| {
+            out.insert(OsString::from_vec(n.to_vec()));
+        })
+        .then_some(out)
+    }
 
     #[test]
     fn names_are_std_read_dirs() {
@@ -79,9 +92,9 @@ mod tests {
                 .unwrap()
                 .map(|e| e.unwrap().file_name())
                 .collect();
-            assert_eq!(names(Path::new(dir)).unwrap(), std, "{dir}");
+            assert_eq!(listed(dir).unwrap(), std, "{dir}");
         }
-        assert!(names(Path::new("/nonexistent-moat-dents")).is_none());
-        assert!(names(Path::new("/etc/passwd")).is_none());
+        assert!(listed("/nonexistent-moat-dents").is_none());
+        assert!(listed("/etc/passwd").is_none());
     }
 }
