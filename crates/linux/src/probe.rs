@@ -322,40 +322,37 @@ fn existing_names(dir: &Path, rels: &[&str]) -> Vec<PathBuf> {
     NameTree::of(rels).existing_in(dir)
 }
 
-/// Relative paths grouped by first component, level by level, in order of
-/// first appearance: built once per probe and asked of every home (the
-/// protected list's ≈ 200 names grouped per home cost ≈ 25 µs each).
+/// Relative paths grouped by first component, in order of first
+/// appearance: built once per probe and asked of every home (the
+/// protected list's ≈ 200 names grouped per home cost ≈ 25 µs each). The
+/// level below a name is grouped only where that name exists.
 struct NameTree<'a> {
-    /// Each first component: whether a path ends there, and the rest.
-    groups: Vec<(&'a str, bool, NameTree<'a>)>,
+    /// Each first component: whether a path ends there, and the rests.
+    groups: Vec<(&'a str, bool, Vec<&'a str>)>,
     /// The groups' names, sorted, with their index in `groups`.
     sorted: Vec<(&'a [u8], usize)>,
 }
 
 impl<'a> NameTree<'a> {
     fn of(rels: &[&'a str]) -> NameTree<'a> {
-        let mut by_first: Vec<(&'a str, bool, Vec<&'a str>)> = Vec::new();
-        let mut sorted: Vec<(&'a [u8], usize)> = Vec::new();
+        let mut groups: Vec<(&'a str, bool, Vec<&'a str>)> = Vec::with_capacity(rels.len());
+        let mut sorted: Vec<(&'a [u8], usize)> = Vec::with_capacity(rels.len());
         for rel in rels {
             let (first, rest) = rel.split_once('/').unwrap_or((rel, ""));
             let i = match sorted.binary_search_by(|(n, _)| (*n).cmp(first.as_bytes())) {
                 Ok(at) => sorted[at].1,
                 Err(at) => {
-                    sorted.insert(at, (first.as_bytes(), by_first.len()));
-                    by_first.push((first, false, Vec::new()));
-                    by_first.len() - 1
+                    sorted.insert(at, (first.as_bytes(), groups.len()));
+                    groups.push((first, false, Vec::new()));
+                    groups.len() - 1
                 }
             };
             if rest.is_empty() {
-                by_first[i].1 = true;
+                groups[i].1 = true;
             } else {
-                by_first[i].2.push(rest);
+                groups[i].2.push(rest);
             }
         }
-        let groups = by_first
-            .into_iter()
-            .map(|(first, whole, deeper)| (first, whole, NameTree::of(&deeper)))
-            .collect();
         NameTree { groups, sorted }
     }
 
@@ -388,8 +385,8 @@ impl<'a> NameTree<'a> {
             if *whole {
                 out.push(path.clone());
             }
-            if !deeper.groups.is_empty() {
-                out.extend(deeper.existing_in(&path));
+            if !deeper.is_empty() {
+                out.extend(NameTree::of(deeper).existing_in(&path));
             }
         }
         out

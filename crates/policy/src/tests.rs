@@ -345,3 +345,24 @@ fn digest_is_the_hash_and_the_canonical_value() {
     assert_eq!(p.digest(), (p.hash(), p.canonical_value()));
     assert_eq!(p.hash().len(), 7 + 64);
 }
+
+/// The workspace check compares components after the home: a name that
+/// only starts like a protected one, or a sibling home, is not inside it.
+#[test]
+fn workspace_protection_compares_components_under_the_home() {
+    let refused = |ws: &str| {
+        let mut r = req();
+        r.workspace = ws.into();
+        matches!(
+            Policy::resolve(r),
+            Err(PolicyError::WorkspaceProtected { .. })
+        )
+    };
+    assert!(refused("/home/u/.config/gh"));
+    assert!(refused("/home/u/.config/gh/sub/dir"));
+    assert!(!refused("/home/u/.sshd"));
+    assert!(!refused("/home/u/.config"));
+    assert!(!refused("/home/u"));
+    assert!(!refused("/home/u2/.ssh"));
+    assert!(!refused("/home/.ssh"));
+}
