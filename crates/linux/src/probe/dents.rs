@@ -29,24 +29,23 @@ fn names(dir: &Path, each: &mut impl FnMut(&[u8])) -> Option<()> {
     // SAFETY: `fd` was just opened and is owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // u64s: the kernel writes 8-byte aligned records.
-    let mut buf = [0u64; 4096];
+    // Not zeroed (32 KiB per listing): only what the kernel wrote is read.
+    const LEN: usize = 32 * 1024;
+    let mut buf = std::mem::MaybeUninit::<[u64; LEN / 8]>::uninit();
     loop {
         // SAFETY: the buffer is writable for its whole length.
-        let n = unsafe {
-            libc::syscall(
-                libc::SYS_getdents64,
-                fd.as_raw_fd(),
-                buf.as_mut_ptr(),
-                std::mem::size_of_val(&buf),
-            )
-        };
+        let n =
+            unsafe { libc::syscall(libc::SYS_getdents64, fd.as_raw_fd(), buf.as_mut_ptr(), LEN) };
         if n < 0 {
             return None;
         }
         if n == 0 {
             return Some(());
         }
-        let bytes = &buf_bytes(&buf)[..n as usize];
+        let n = usize::try_from(n).ok().filter(|n| *n <= LEN)?;
+        // SAFETY: the kernel wrote the first `n` bytes (n <= LEN); u8 has
+        // no alignment or validity requirements.
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
         let mut at = 0;
         while at + 19 < bytes.len() {
             // struct linux_dirent64: ino u64, off i64, reclen u16, type u8, name.
@@ -62,11 +61,6 @@ fn names(dir: &Path, each: &mut impl FnMut(&[u8])) -> Option<()> {
             at += reclen;
         }
     }
-}
-
-fn buf_bytes(buf: &[u64]) -> &[u8] {
-    // SAFETY: u8 has no alignment or validity requirements; same memory.
-    unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), std::mem::size_of_val(buf)) }
 }
 
 #[cfg(test)]
