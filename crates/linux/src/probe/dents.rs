@@ -3,9 +3,10 @@
 //! (an extra `fstat`, an allocation per entry and a shared handle).
 
 use std::ffi::CStr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+
+use crate::sys;
 
 /// Calls `each` with every name in directory `dir` (not `.` and `..`);
 /// `false` when it cannot be opened or read to the end: a caller must then
@@ -15,37 +16,18 @@ pub(super) fn for_each_name(dir: &Path, mut each: impl FnMut(&[u8])) -> bool {
 }
 
 fn names(dir: &Path, each: &mut impl FnMut(&[u8])) -> Option<()> {
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: a valid C string; the fd returned is owned below.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NONBLOCK,
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: `fd` was just opened and is owned by nothing else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // u64s: the kernel writes 8-byte aligned records.
-    // Not zeroed (32 KiB per listing): only what the kernel wrote is read.
-    const LEN: usize = 32 * 1024;
-    let mut buf = std::mem::MaybeUninit::<[u64; LEN / 8]>::uninit();
+    let fd = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NONBLOCK)
+        .open(dir)
+        .ok()?;
+    let mut buf = [0u8; 32 * 1024];
     loop {
-        // SAFETY: the buffer is writable for its whole length.
-        let n =
-            unsafe { libc::syscall(libc::SYS_getdents64, fd.as_raw_fd(), buf.as_mut_ptr(), LEN) };
-        if n < 0 {
-            return None;
-        }
+        let n = sys::getdents64(&fd, &mut buf).ok()?;
         if n == 0 {
             return Some(());
         }
-        let n = usize::try_from(n).ok().filter(|n| *n <= LEN)?;
-        // SAFETY: the kernel wrote the first `n` bytes (n <= LEN); u8 has
-        // no alignment or validity requirements.
-        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
+        let bytes = &buf[..n];
         let mut at = 0;
         while at + 19 < bytes.len() {
             // struct linux_dirent64: ino u64, off i64, reclen u16, type u8, name.
