@@ -307,8 +307,9 @@ pub fn host_git_config(path: &Path) -> Option<GitConfigFile> {
 /// The config files `names` (relative, one or more components) beneath
 /// the directory `dir` (opened once), each found one with its name, read
 /// as a git dir's `config` is: no symlink on `dir`'s path nor at or under
-/// a name, a regular file, at most 256 KiB (larger is reported, unread). For a tool's config in the workspace (`.npmrc`),
-/// which the command could have replaced with a symlink to a key.
+/// a name, a regular file, at most 256 KiB (larger is reported, unread).
+/// For a tool's config in the workspace (`.npmrc`), which the command
+/// could have replaced with a symlink to a key.
 pub fn configs_beneath<'a>(dir: &Path, names: &[&'a str]) -> Vec<(&'a str, GitConfigFile)> {
     let Ok(dfd) = sys::open_dir_nofollow(dir) else {
         return Vec::new();
