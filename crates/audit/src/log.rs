@@ -274,11 +274,13 @@ impl AuditLog {
             let Value::Object(fields) = ev else {
                 return Err(AuditError::NotAnObject);
             };
-            let mut line = fields.clone();
             seq += 1;
-            line.insert("seq".into(), Value::from(seq));
-            line.insert("prev".into(), Value::String(prev));
             let start = buf.len();
+            let line = Chained {
+                fields,
+                seq,
+                prev: &prev,
+            };
             serde_json::to_writer(&mut buf, &line).map_err(AuditError::Serialize)?;
             prev = chain_hash(&buf[start..]);
             buf.push(b'\n');
@@ -321,6 +323,44 @@ impl AuditLog {
         });
         // Dropping `locked` unlocks (and closes the duplicate descriptor).
         Ok(())
+    }
+}
+
+/// An event's line: its fields with `seq` and `prev` set (replacing any
+/// the event had), keys in order — the bytes of the event's map with the
+/// two inserted, without copying the event (a run's start holds the whole
+/// policy).
+struct Chained<'a> {
+    fields: &'a serde_json::Map<String, Value>,
+    seq: u64,
+    prev: &'a str,
+}
+
+impl serde::Serialize for Chained<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let extra = |k: &str| k == "prev" || k == "seq";
+        let len = self.fields.keys().filter(|k| !extra(k)).count() + 2;
+        let mut map = s.serialize_map(Some(len))?;
+        // "prev" < "seq": each goes before the first key greater than it.
+        let mut pending: [Option<(&str, Value)>; 2] = [
+            Some(("prev", Value::from(self.prev))),
+            Some(("seq", Value::from(self.seq))),
+        ];
+        for (k, v) in self.fields.iter().filter(|(k, _)| !extra(k)) {
+            for slot in pending.iter_mut() {
+                if slot.as_ref().is_some_and(|(name, _)| *name < k.as_str()) {
+                    if let Some((name, value)) = slot.take() {
+                        map.serialize_entry(name, &value)?;
+                    }
+                }
+            }
+            map.serialize_entry(k, v)?;
+        }
+        for (name, value) in pending.into_iter().flatten() {
+            map.serialize_entry(name, &value)?;
+        }
+        map.end()
     }
 }
 
@@ -756,6 +796,40 @@ pub fn lines_from(path: &Path, offset: u64) -> Result<(Vec<String>, u64), AuditE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The line is byte for byte the event's map with `seq` and `prev`
+    /// inserted, wherever the two sort among the keys and when the event
+    /// already has them.
+    #[test]
+    fn a_chained_line_is_the_map_with_seq_and_prev_inserted() {
+        let events = [
+            serde_json::json!({}),
+            serde_json::json!({"a": 1}),
+            serde_json::json!({"z": [1, {"b": null}]}),
+            serde_json::json!({"prev": "forged", "seq": 99, "q": "x"}),
+            serde_json::json!({"p": 1, "pz": 2, "prev0": 3, "r": 4, "sa": 5, "seq0": 6, "t": 7}),
+            serde_json::json!({"execution_id": "e", "policy": {"paths": ["/a", "/b"]}, "type": "policy.resolved"}),
+        ];
+        for ev in events {
+            let Value::Object(fields) = &ev else {
+                unreachable!()
+            };
+            let mut old = fields.clone();
+            old.insert("seq".into(), Value::from(7u64));
+            old.insert("prev".into(), Value::String(GENESIS.into()));
+            let want = serde_json::to_vec(&old).unwrap();
+            let got = serde_json::to_vec(&Chained {
+                fields,
+                seq: 7,
+                prev: GENESIS,
+            })
+            .unwrap();
+            assert_eq!(
+                String::from_utf8(got).unwrap(),
+                String::from_utf8(want).unwrap()
+            );
+        }
+    }
 
     #[test]
     fn hex_and_hash() {

@@ -17,14 +17,12 @@ use landlock::{
     Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
     RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
-use seccompiler::{
-    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
-    TargetArch,
-};
 use serde::Serialize;
 
 use crate::plan::{LandlockSpec, SeccompSpec};
 use crate::sys;
+
+mod tree;
 
 /// How much of a layer the kernel enforced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -419,30 +417,25 @@ pub const DENIED_IOCTLS: &[(&str, u64)] = &[
     ("TIOCSETD", libc::TIOCSETD),
 ];
 
-/// The seccomp floor as a seccompiler filter: listed syscalls fail with EPERM.
-pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, ConfineError> {
-    let sc = |e: seccompiler::BackendError| ConfineError::Seccomp(e.to_string());
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+/// The seccomp floor's rules: syscall number → the argument conditions
+/// under which it is refused (none: always). One source for the program
+/// moat loads ([`seccomp_filter`]) and the test's reference chain.
+fn seccomp_rules(spec: &SeccompSpec) -> Result<tree::Rules, ConfineError> {
+    let dword = |v: u64| {
+        u32::try_from(v).map_err(|_| ConfineError::Seccomp(format!("{v:#x} is wider than 32 bits")))
+    };
+    let cond = |arg: u8, eq: bool, value: u32| tree::Cond { arg, eq, value };
+    let mut rules = tree::Rules::new();
     for (_, nr) in &spec.floor {
         rules.insert(*nr, vec![]);
     }
     // clone/unshare with CLONE_NEW* flags are refused by the ABI guard in sys.
-    let ioctl_cmd = |cmd: u64| -> Result<SeccompRule, ConfineError> {
-        SeccompRule::new(vec![SeccompCondition::new(
-            1,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::Eq,
-            cmd,
-        )
-        .map_err(sc)?])
-        .map_err(sc)
-    };
     if !spec.denied_ioctls.is_empty() {
         let ioctls = spec
             .denied_ioctls
             .iter()
-            .map(|(_, cmd)| ioctl_cmd(*cmd))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|(_, cmd)| Ok(vec![cond(1, true, dword(*cmd)?)]))
+            .collect::<Result<Vec<_>, ConfineError>>()?;
         rules.insert(libc::SYS_ioctl, ioctls);
     }
     if spec.socket_families.as_ref().is_some_and(|f| f.is_empty()) {
@@ -453,26 +446,13 @@ pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, Con
         // One rule whose conditions are ANDed: the family is none of the allowed.
         let conditions = families
             .iter()
-            .map(|f| {
-                SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f as u64)
-                    .map_err(sc)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        rules.insert(
-            libc::SYS_socket,
-            vec![SeccompRule::new(conditions).map_err(sc)?],
-        );
+            .map(|f| Ok(cond(0, false, dword(*f as u64)?)))
+            .collect::<Result<Vec<_>, ConfineError>>()?;
+        rules.insert(libc::SYS_socket, vec![conditions]);
     }
     // A tool's net class narrows further: families it may not open at all.
     for f in &spec.denied_families {
-        let rule = SeccompRule::new(vec![SeccompCondition::new(
-            0,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::Eq,
-            *f as u64,
-        )
-        .map_err(sc)?])
-        .map_err(sc)?;
+        let rule = vec![cond(0, true, dword(*f as u64)?)];
         rules.entry(libc::SYS_socket).or_default().push(rule);
     }
     if spec.deny_listen {
@@ -482,18 +462,15 @@ pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, Con
             rules.insert(nr, vec![]);
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    let arch = TargetArch::x86_64;
-    #[cfg(target_arch = "aarch64")]
-    let arch = TargetArch::aarch64;
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .map_err(sc)?;
-    seccompiler::BpfProgram::try_from(filter).map_err(sc)
+    Ok(rules)
+}
+
+/// The seccomp floor as a BPF program: listed syscalls fail with EPERM, a
+/// foreign architecture is killed. A binary search over the syscall number
+/// (`confine/tree.rs`): the kernel loads it ≈ twice as fast as
+/// seccompiler's chain of the same rules, with the same verdicts.
+pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, ConfineError> {
+    tree::compile(&seccomp_rules(spec)?).map_err(ConfineError::Seccomp)
 }
 
 /// Installs the ABI guard and the floor. Must be the last step before exec.

@@ -304,25 +304,41 @@ pub fn host_git_config(path: &Path) -> Option<GitConfigFile> {
     }
 }
 
-/// A config file `name` (relative, one or more components) beneath the
-/// directory `dir`, read as a git dir's `config` is: no symlink on `dir`'s
-/// path nor at or under `name`, a regular file, at most 256 KiB (larger is
-/// reported, unread). For a tool's config in the workspace (`.npmrc`),
-/// which the command could have replaced with a symlink to a key.
-pub fn config_beneath(dir: &Path, name: &Path) -> Option<GitConfigFile> {
-    let path = dir.join(name);
-    match read_config(dir, name)? {
-        Config::Read(text) => Some(GitConfigFile {
-            path,
-            text,
-            too_large: false,
-        }),
-        Config::TooLarge => Some(GitConfigFile {
-            path,
-            text: Vec::new(),
-            too_large: true,
-        }),
+/// The config files `names` (relative, one or more components) beneath
+/// the directory `dir` (opened once), each found one with its name, read
+/// as a git dir's `config` is: no symlink on `dir`'s path nor at or under
+/// a name, a regular file, at most 256 KiB (larger is reported, unread).
+/// For a tool's config in the workspace (`.npmrc`), which the command
+/// could have replaced with a symlink to a key.
+pub fn configs_beneath<'a>(dir: &Path, names: &[&'a str]) -> Vec<(&'a str, GitConfigFile)> {
+    let Ok(dfd) = sys::open_dir_nofollow(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for name in names {
+        let Ok(fd) = sys::openat_beneath(
+            dfd.as_raw_fd(),
+            Path::new(name),
+            libc::O_RDONLY | libc::O_NONBLOCK,
+        ) else {
+            continue;
+        };
+        let (text, too_large) = match read_open(File::from(fd)) {
+            Some(Config::Read(text)) => (text, false),
+            Some(Config::TooLarge) => (Vec::new(), true),
+            None => continue,
+        };
+        let path = dir.join(name);
+        out.push((
+            *name,
+            GitConfigFile {
+                path,
+                text,
+                too_large,
+            },
+        ));
     }
+    out
 }
 
 #[cfg(test)]

@@ -278,7 +278,26 @@ impl Sweeper {
                 self.sanitize_gitdir(r, root, &rel, false, 0);
             }
         }
+        // A name directly in the root (most of them: `.bashrc`, `.vscode`…)
+        // is looked up from the root's own fd, not a duplicate per name;
+        // the root's search bit is granted once (the sweep only ever adds
+        // bits until the end).
+        let mut root_searchable = false;
         for rel in &r.missing {
+            let mut comps = rel.iter();
+            if let (Some(name), None) = (comps.next(), comps.next()) {
+                if !root_searchable {
+                    self.grant_access(root, 0o100);
+                    root_searchable = true;
+                }
+                self.neutralise_if_there(
+                    root,
+                    &r.root.join(rel),
+                    name,
+                    "created by the command at a write-protected path",
+                );
+                continue;
+            }
             if let Some((parent, name)) = self.open_parent(r, root, rel) {
                 self.neutralise_if_present(
                     &parent,
@@ -441,6 +460,11 @@ impl Sweeper {
 
     fn neutralise_if_present(&mut self, parent: &OwnedFd, path: &Path, name: &OsStr, why: &str) {
         self.grant_access(parent, 0o100);
+        self.neutralise_if_there(parent, path, name, why);
+    }
+
+    /// [`Self::neutralise_if_present`] once `parent` is searchable.
+    fn neutralise_if_there(&mut self, parent: &OwnedFd, path: &Path, name: &OsStr, why: &str) {
         match lstat_at(parent, name) {
             Ok(None) => {}
             Ok(Some(_)) => self.neutralise(parent, path, name, why),

@@ -1303,6 +1303,28 @@ pub fn current_cpu() -> Option<usize> {
     usize::try_from(cpu).ok()
 }
 
+/// `getdents64(2)` on the directory `dir` into `buf`: how many bytes of
+/// whole `linux_dirent64` records it wrote (0: the end of the listing).
+pub fn getdents64(dir: &impl AsRawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is writable for its whole length, which bounds the
+    // kernel's writes; the fd is borrowed for the call.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_getdents64,
+            dir.as_raw_fd(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    usize::try_from(n)
+        .ok()
+        .filter(|n| *n <= buf.len())
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))
+}
+
 #[cfg(test)]
 mod shared_vm_tests {
     use super::*;

@@ -530,13 +530,14 @@ impl Policy {
 
     /// `sha256:` of [`Policy::canonical_json`].
     pub fn hash(&self) -> String {
-        let digest = Sha256::digest(self.canonical_json().as_bytes());
-        let mut out = String::with_capacity(7 + 64);
-        out.push_str("sha256:");
-        for b in digest {
-            out.push_str(&format!("{b:02x}"));
-        }
-        out
+        sha256_tag(self.canonical_json().as_bytes())
+    }
+
+    /// [`Policy::hash`] and [`Policy::canonical_value`] from one
+    /// serialisation (the launch path needs both).
+    pub fn digest(&self) -> (String, serde_json::Value) {
+        let value = self.canonical_value();
+        (sha256_tag(value.to_string().as_bytes()), value)
     }
 
     /// The canonical policy as a JSON value (for embedding in results).
@@ -552,6 +553,17 @@ impl Policy {
             .filter(|p| !self.protected_opt_in.contains(p))
             .collect()
     }
+}
+
+/// `sha256:<hex>` of `bytes`.
+fn sha256_tag(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256:");
+    for b in Sha256::digest(bytes) {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
 }
 
 fn network_policy(mode: NetworkMode, req: &PolicyRequest) -> Result<NetworkPolicy, PolicyError> {
@@ -688,9 +700,18 @@ fn check_workspace_not_protected(
     home: &Path,
     opted: &[PathBuf],
 ) -> Result<(), PolicyError> {
+    // `ws` is under `home/rel` exactly when it is under `home` and the rest
+    // starts with `rel` (component-wise): one comparison with the home,
+    // not a joined path per protected name (≈ 200 on every launch).
+    let Ok(rest) = ws.strip_prefix(home) else {
+        return Ok(());
+    };
     for rel in PROTECTED_HOME_PATHS {
+        if !rest.starts_with(rel) {
+            continue;
+        }
         let p = home.join(rel);
-        if ws.starts_with(&p) && !opted.contains(&p) {
+        if !opted.contains(&p) {
             return Err(PolicyError::WorkspaceProtected {
                 workspace: ws.to_path_buf(),
                 protected: p,
@@ -703,6 +724,9 @@ fn check_workspace_not_protected(
 /// Returns the protected paths that are opted in (named exactly), and refuses
 /// grants strictly inside a protected path that is not.
 fn check_protected(paths: &[PathGrant], home: &Path) -> Result<Vec<PathBuf>, PolicyError> {
+    if paths.is_empty() {
+        return Ok(Vec::new());
+    }
     let protected: Vec<PathBuf> = PROTECTED_HOME_PATHS
         .iter()
         .map(|rel| home.join(rel))

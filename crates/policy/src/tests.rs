@@ -336,3 +336,33 @@ fn a_string_path_never_collides_with_an_encoded_one() {
     let bytes = Policy::resolve(r).unwrap();
     assert_ne!(text.hash(), bytes.hash());
 }
+
+#[test]
+fn digest_is_the_hash_and_the_canonical_value() {
+    let mut r = req();
+    r.workspace = non_utf8("/home/u/proj-", 0xff);
+    let p = Policy::resolve(r).unwrap();
+    assert_eq!(p.digest(), (p.hash(), p.canonical_value()));
+    assert_eq!(p.hash().len(), 7 + 64);
+}
+
+/// The workspace check compares components after the home: a name that
+/// only starts like a protected one, or a sibling home, is not inside it.
+#[test]
+fn workspace_protection_compares_components_under_the_home() {
+    let refused = |ws: &str| {
+        let mut r = req();
+        r.workspace = ws.into();
+        matches!(
+            Policy::resolve(r),
+            Err(PolicyError::WorkspaceProtected { .. })
+        )
+    };
+    assert!(refused("/home/u/.config/gh"));
+    assert!(refused("/home/u/.config/gh/sub/dir"));
+    assert!(!refused("/home/u/.sshd"));
+    assert!(!refused("/home/u/.config"));
+    assert!(!refused("/home/u"));
+    assert!(!refused("/home/u2/.ssh"));
+    assert!(!refused("/home/.ssh"));
+}

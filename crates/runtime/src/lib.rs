@@ -182,7 +182,7 @@ fn open_audit_log(path: &std::path::Path) -> Result<Arc<AuditLog>, moat_audit::A
 /// [`keep_across_executions`] was called).
 fn policy_digest(policy: &Policy) -> (String, Value) {
     if !KEEP_ACROSS.load(std::sync::atomic::Ordering::Relaxed) {
-        return (policy.hash(), policy.canonical_value());
+        return policy.digest();
     }
     if let Ok(last) = LAST_DIGEST.lock() {
         if let Some((p, hash, canonical)) = last.as_ref() {
@@ -191,7 +191,7 @@ fn policy_digest(policy: &Policy) -> (String, Value) {
             }
         }
     }
-    let (hash, canonical) = (policy.hash(), policy.canonical_value());
+    let (hash, canonical) = policy.digest();
     if let Ok(mut last) = LAST_DIGEST.lock() {
         *last = Some((policy.clone(), hash.clone(), canonical.clone()));
     }
@@ -496,7 +496,7 @@ pub fn redact_host_git_configs(policy: &Policy, facts: &mut HostFacts) {
 /// and uv configs; the system's pip, npm and uv configs:
 /// `moat_config::WORKSPACE_TOOL_CONFIGS`, `HOME_TOOL_CONFIGS`,
 /// `SYSTEM_TOOL_CONFIGS`), each read
-/// without following a symlink (`gitconfigs::config_beneath`): one whose
+/// without following a symlink (`gitconfigs::configs_beneath`): one whose
 /// redaction removes something (a registry token, a URL's userinfo, npm's
 /// per-registry login) is hidden like a protected file and shown as its
 /// redacted copy, as a git config is; a grant naming the file exactly
@@ -504,23 +504,16 @@ pub fn redact_host_git_configs(policy: &Policy, facts: &mut HostFacts) {
 /// `keyfile`/`certfile`, pip's `client-cert`) are hidden whole.
 pub fn redact_tool_configs(policy: &Policy, facts: &mut HostFacts) {
     let root = std::path::PathBuf::from("/");
-    let places = moat_config::WORKSPACE_TOOL_CONFIGS
+    // Each directory opened once for all its names.
+    let places = [
+        (&policy.workspace, moat_config::WORKSPACE_TOOL_CONFIGS),
+        (&policy.home, moat_config::HOME_TOOL_CONFIGS),
+        (&root, moat_config::SYSTEM_TOOL_CONFIGS),
+    ];
+    let found = places
         .iter()
-        .map(|rel| (&policy.workspace, *rel))
-        .chain(
-            moat_config::HOME_TOOL_CONFIGS
-                .iter()
-                .map(|rel| (&policy.home, *rel)),
-        )
-        .chain(
-            moat_config::SYSTEM_TOOL_CONFIGS
-                .iter()
-                .map(|rel| (&root, *rel)),
-        );
-    for (dir, rel) in places {
-        let Some(f) = moat_linux::gitconfigs::config_beneath(dir, std::path::Path::new(rel)) else {
-            continue;
-        };
+        .flat_map(|(dir, rels)| moat_linux::gitconfigs::configs_beneath(dir, rels));
+    for (rel, f) in found {
         let view = if f.too_large {
             Some(moat_config::workspace_git_config_too_large())
         } else {

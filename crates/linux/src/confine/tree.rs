@@ -1,0 +1,340 @@
+//! The seccomp floor as a classic-BPF decision tree: a binary search over
+//! the syscall numbers that have rules, instead of seccompiler's chain (one
+//! comparison per listed syscall). Same verdict for every syscall, argument
+//! and architecture; the kernel loads the shorter program faster (it runs
+//! the filter once per syscall number to precompute its action cache), and
+//! a syscall meets ≈ 6 comparisons instead of up to ≈ 55. A unit test runs
+//! both programs through an interpreter and compares every verdict.
+
+use std::collections::BTreeMap;
+
+use seccompiler::sock_filter;
+
+/// One argument comparison, on the argument's low 32 bits (seccompiler's
+/// `SeccompCmpArgLen::Dword`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Cond {
+    pub arg: u8,
+    /// `true`: the argument equals `value`; `false`: it differs.
+    pub eq: bool,
+    pub value: u32,
+}
+
+/// Syscall number → its rules. No rule: the syscall is refused outright;
+/// otherwise it is refused when every condition of some rule holds.
+pub(crate) type Rules = BTreeMap<i64, Vec<Vec<Cond>>>;
+
+const LD_W_ABS: u16 = 0x20;
+const JEQ_K: u16 = 0x15;
+const JGE_K: u16 = 0x35;
+const JA: u16 = 0x05;
+const RET_K: u16 = 0x06;
+pub(crate) const RET_ALLOW: u32 = 0x7fff_0000;
+pub(crate) const RET_KILL_PROCESS: u32 = 0x8000_0000;
+pub(crate) const RET_ERRNO_EPERM: u32 = 0x0005_0000 | libc::EPERM as u32;
+#[cfg(target_arch = "x86_64")]
+pub(crate) const AUDIT_ARCH: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+#[cfg(target_arch = "aarch64")]
+pub(crate) const AUDIT_ARCH: u32 = 183 | 0x8000_0000 | 0x4000_0000;
+const OFF_NR: u32 = 0;
+const OFF_ARCH: u32 = 4;
+const OFF_ARGS: u32 = 16;
+
+fn ins(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
+    sock_filter { code, jt, jf, k }
+}
+
+/// The whole program: a foreign architecture kills the process (as
+/// seccompiler's header does), then the tree over the syscall number;
+/// a number with no rules is allowed.
+pub(crate) fn compile(rules: &Rules) -> Result<Vec<sock_filter>, String> {
+    let mut nrs = Vec::with_capacity(rules.len());
+    for (&nr, r) in rules {
+        let nr = u32::try_from(nr).map_err(|_| format!("syscall number {nr} out of range"))?;
+        nrs.push((nr, r.as_slice()));
+    }
+    let mut prog = vec![
+        ins(LD_W_ABS, 0, 0, OFF_ARCH),
+        ins(JEQ_K, 1, 0, AUDIT_ARCH),
+        ins(RET_K, 0, 0, RET_KILL_PROCESS),
+        ins(LD_W_ABS, 0, 0, OFF_NR),
+    ];
+    prog.extend(subtree(&nrs)?);
+    if prog.len() > 4096 {
+        return Err(format!(
+            "{} instructions (BPF_MAXINSNS is 4096)",
+            prog.len()
+        ));
+    }
+    Ok(prog)
+}
+
+/// The search over `nrs` (sorted), with the syscall number in A on entry.
+fn subtree(nrs: &[(u32, &[Vec<Cond>])]) -> Result<Vec<sock_filter>, String> {
+    match nrs {
+        [] => Ok(vec![ins(RET_K, 0, 0, RET_ALLOW)]),
+        [(nr, rules)] => {
+            // A leaf: its syscall's rules, anything else allowed.
+            let mut out = vec![ins(JEQ_K, 1, 0, *nr), ins(RET_K, 0, 0, RET_ALLOW)];
+            out.extend(leaf(rules)?);
+            Ok(out)
+        }
+        _ => {
+            let mid = nrs.len() / 2;
+            let left = subtree(&nrs[..mid])?;
+            let right = subtree(&nrs[mid..])?;
+            // A >= the right half's first number: the right half.
+            let mut out = Vec::with_capacity(left.len() + right.len() + 2);
+            match u8::try_from(left.len()) {
+                Ok(skip) => out.push(ins(JGE_K, skip, 0, nrs[mid].0)),
+                Err(_) => {
+                    // Too far for a conditional jump: below, skip the JA
+                    // into the left half; at or above, take it.
+                    let skip = u32::try_from(left.len()).map_err(|e| e.to_string())?;
+                    out.push(ins(JGE_K, 0, 1, nrs[mid].0));
+                    out.push(ins(JA, 0, 0, skip));
+                }
+            }
+            out.extend(left);
+            out.extend(right);
+            Ok(out)
+        }
+    }
+}
+
+/// A listed syscall's verdict: refused outright without rules, else refused
+/// when all conditions of a rule hold, allowed when no rule does. Each
+/// condition loads its argument's low word (A no longer holds the number,
+/// but nothing after a leaf's entry reads it).
+fn leaf(rules: &[Vec<Cond>]) -> Result<Vec<sock_filter>, String> {
+    if rules.is_empty() {
+        return Ok(vec![ins(RET_K, 0, 0, RET_ERRNO_EPERM)]);
+    }
+    let mut out = Vec::new();
+    for conds in rules {
+        let len = 2 * conds.len() + 1;
+        for (j, c) in conds.iter().enumerate() {
+            // From this comparison to the next rule's first instruction.
+            let to_next = u8::try_from(len - (2 * j + 1) - 1)
+                .map_err(|_| "a rule with too many conditions".to_string())?;
+            if c.arg > 5 {
+                return Err(format!("argument {} out of range", c.arg));
+            }
+            out.push(ins(LD_W_ABS, 0, 0, OFF_ARGS + 8 * u32::from(c.arg)));
+            out.push(if c.eq {
+                ins(JEQ_K, 0, to_next, c.value)
+            } else {
+                ins(JEQ_K, to_next, 0, c.value)
+            });
+        }
+        out.push(ins(RET_K, 0, 0, RET_ERRNO_EPERM));
+    }
+    out.push(ins(RET_K, 0, 0, RET_ALLOW));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::SeccompSpec;
+    use seccompiler::{
+        SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+        SeccompRule, TargetArch,
+    };
+
+    /// The same rules compiled by seccompiler (the chain moat loaded before):
+    /// the reference the tree must agree with.
+    fn chain(rules: &Rules) -> Vec<sock_filter> {
+        let rules = rules
+            .iter()
+            .map(|(nr, rules)| {
+                let rules = rules
+                    .iter()
+                    .map(|conds| {
+                        let conds = conds
+                            .iter()
+                            .map(|c| {
+                                let op = if c.eq {
+                                    SeccompCmpOp::Eq
+                                } else {
+                                    SeccompCmpOp::Ne
+                                };
+                                SeccompCondition::new(
+                                    c.arg,
+                                    SeccompCmpArgLen::Dword,
+                                    op,
+                                    u64::from(c.value),
+                                )
+                                .unwrap()
+                            })
+                            .collect();
+                        SeccompRule::new(conds).unwrap()
+                    })
+                    .collect();
+                (*nr, rules)
+            })
+            .collect();
+        #[cfg(target_arch = "x86_64")]
+        let arch = TargetArch::x86_64;
+        #[cfg(target_arch = "aarch64")]
+        let arch = TargetArch::aarch64;
+        let filter = SeccompFilter::new(
+            rules,
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::EPERM as u32),
+            arch,
+        )
+        .unwrap();
+        seccompiler::BpfProgram::try_from(filter).unwrap()
+    }
+
+    /// A classic-BPF interpreter for what seccomp programs here use, over a
+    /// `seccomp_data` (nr, arch, args; little endian). Panics on anything
+    /// else, on a jump out of the program, or on falling off its end.
+    fn run(prog: &[sock_filter], nr: u32, arch: u32, args: [u64; 6]) -> u32 {
+        let word = |off: u32| -> u32 {
+            match off {
+                0 => nr,
+                4 => arch,
+                o if (16..64).contains(&o) && o % 4 == 0 => {
+                    let a = args[((o - 16) / 8) as usize];
+                    if (o - 16) % 8 == 0 {
+                        a as u32
+                    } else {
+                        (a >> 32) as u32
+                    }
+                }
+                o => panic!("load at {o}"),
+            }
+        };
+        let (mut acc, mut pc) = (0u32, 0usize);
+        loop {
+            let i = prog.get(pc).expect("pc past the end");
+            pc += 1;
+            let cond = |taken: bool| usize::from(if taken { i.jt } else { i.jf });
+            match i.code {
+                0x20 => acc = word(i.k),
+                0x05 => pc += i.k as usize,
+                0x15 => pc += cond(acc == i.k),
+                0x25 => pc += cond(acc > i.k),
+                0x35 => pc += cond(acc >= i.k),
+                0x45 => pc += cond(acc & i.k != 0),
+                0x06 => return i.k,
+                c => panic!("opcode {c:#x}"),
+            }
+        }
+    }
+
+    fn specs() -> Vec<SeccompSpec> {
+        let floor = crate::confine::SECCOMP_FLOOR.to_vec();
+        let ioctls = crate::confine::DENIED_IOCTLS.to_vec();
+        vec![
+            // a sandboxed run with its network off or through the proxy
+            SeccompSpec {
+                floor: floor.clone(),
+                denied_ioctls: ioctls.clone(),
+                socket_families: Some(vec![libc::AF_UNIX]),
+                ..Default::default()
+            },
+            SeccompSpec {
+                floor: floor.clone(),
+                denied_ioctls: ioctls.clone(),
+                socket_families: Some(vec![libc::AF_UNIX, libc::AF_INET, libc::AF_INET6]),
+                ..Default::default()
+            },
+            // the Landlock backend: no socket at all
+            SeccompSpec {
+                floor: floor.clone(),
+                denied_ioctls: ioctls,
+                socket_families: Some(vec![]),
+                ..Default::default()
+            },
+            // the net classes' filters
+            SeccompSpec {
+                denied_families: vec![libc::AF_INET, libc::AF_INET6],
+                ..Default::default()
+            },
+            SeccompSpec {
+                denied_families: vec![libc::AF_PACKET],
+                ..Default::default()
+            },
+            SeccompSpec {
+                deny_listen: true,
+                ..Default::default()
+            },
+            SeccompSpec::default(),
+            // Wide enough that a half is out of a conditional jump's reach.
+            SeccompSpec {
+                floor: (0..400).step_by(3).map(|n| ("x", n)).collect(),
+                denied_ioctls: vec![("TIOCSTI", libc::TIOCSTI)],
+                socket_families: Some(vec![libc::AF_UNIX]),
+                ..Default::default()
+            },
+        ]
+    }
+
+    /// Argument vectors that hit and miss every condition: each denied
+    /// ioctl request and family, neighbours, and high words set (only the
+    /// low word is compared).
+    fn arg_cases() -> Vec<[u64; 6]> {
+        let mut values: Vec<u64> = vec![0, 1, 2, 3, 10, 16, 17, u64::MAX];
+        for (_, cmd) in crate::confine::DENIED_IOCTLS {
+            values.extend([*cmd, cmd + 1, cmd - 1, cmd | 1 << 40]);
+        }
+        for f in [
+            libc::AF_UNIX,
+            libc::AF_INET,
+            libc::AF_INET6,
+            libc::AF_PACKET,
+        ] {
+            values.extend([f as u64, f as u64 | 1 << 33]);
+        }
+        let mut cases = Vec::new();
+        for v in &values {
+            cases.push([*v, 0, 0, 0, 0, 0]);
+            cases.push([0, *v, 0, 0, 0, 0]);
+            cases.push([*v, *v, *v, *v, *v, *v]);
+        }
+        cases
+    }
+
+    #[test]
+    fn the_tree_gives_seccompilers_verdict_for_every_syscall() {
+        let args = arg_cases();
+        for spec in specs() {
+            let rules = crate::confine::seccomp_rules(&spec).unwrap();
+            let (tree, reference) = (compile(&rules).unwrap(), chain(&rules));
+            assert_eq!(
+                crate::confine::seccomp_filter(&spec).unwrap(),
+                tree,
+                "moat loads the tree"
+            );
+            let mut refused = 0;
+            for nr in (0..=600u32).chain([0x4000_0000, 0x4000_0001, u32::MAX]) {
+                for arch in [AUDIT_ARCH, 0x4000_0003, AUDIT_ARCH & !0x4000_0000] {
+                    for a in &args {
+                        let want = run(&reference, nr, arch, *a);
+                        let got = run(&tree, nr, arch, *a);
+                        assert_eq!(got, want, "nr {nr} arch {arch:#x} args {a:x?} {spec:?}");
+                        refused += usize::from(got == RET_ERRNO_EPERM);
+                    }
+                }
+            }
+            // The comparison saw refusals, not only allows.
+            assert_eq!(refused > 0, !rules.is_empty(), "{spec:?}");
+            if spec.floor.len() > 100 {
+                assert!(
+                    tree.iter().any(|i| i.code == JA),
+                    "the wide case takes the JA"
+                );
+            } else if rules.len() > 1 {
+                assert!(
+                    tree.len() < reference.len(),
+                    "{} vs {}",
+                    tree.len(),
+                    reference.len()
+                );
+            }
+        }
+    }
+}
