@@ -48,9 +48,10 @@ pub struct InitArgs<'a> {
     /// The device and inode the view's cwd must have ([`RunOptions`]'s
     /// `cwd_identity`).
     pub cwd_identity: Option<(u64, u64)>,
-    /// Cloned early (`init::early_main`): the environment is wiped and the
-    /// id maps and hostname are written already.
-    pub early: bool,
+    /// Cloned early (`init::early_main`): the environment is wiped, the id
+    /// maps and hostname are written and the root is staged already (this
+    /// holds it: `mounts::stage_root`).
+    pub early: Option<mounts::Staged<std::os::fd::OwnedFd>>,
 }
 
 /// Reports a failed step before exec, then leaves with moat's own exit code.
@@ -80,9 +81,10 @@ impl From<String> for SetupFailure {
 }
 
 /// Entry point of the cloned child. Never returns.
-pub fn main(args: InitArgs<'_>) -> ! {
+pub fn main(mut args: InitArgs<'_>) -> ! {
     let fd = args.report_fd;
-    match setup(&args) {
+    let early = args.early.take();
+    match setup(&args, early) {
         Ok(slave) => command_and_reap(&args, slave),
         Err(f) => fail(fd, SetupStage::Sandbox, f.errno, &f.detail),
     }
@@ -91,7 +93,8 @@ pub fn main(args: InitArgs<'_>) -> ! {
 /// Entry point of the early init (`run::EarlyInit::start`), cloned with
 /// new user and pid namespaces only. Makes the rest of its namespaces
 /// (`set`), writes its id maps (`uid`, `gid`: read before the clone) and
-/// hostname, says so on `sock` (0: done, else it leaves), and waits for
+/// hostname, stages the root (`mounts::stage_root`: the part no plan
+/// decides), says so on `sock` (0: done, else it leaves), and waits for
 /// the plan there; at the end of the socket (moat refused the run, or
 /// is gone) it leaves. With the plan, it takes back `mask` (moat's cpus),
 /// makes its cgroup namespace and runs [`main`]. Never returns.
@@ -103,7 +106,7 @@ pub(crate) fn early_main(
     mask: &nix::sched::CpuSet,
 ) -> ! {
     use std::os::fd::{AsFd, AsRawFd};
-    let first_half = (|| -> Result<(), String> {
+    let first_half = (|| -> Result<mounts::Staged<std::os::fd::OwnedFd>, String> {
         // The namespaces die if the supervisor dies (and so does everything in them).
         nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
             .map_err(|e| format!("set parent-death signal: {e}"))?;
@@ -113,13 +116,18 @@ pub(crate) fn early_main(
         unsafe { sys::wipe_environ_and_argv_blocks() }
             .map_err(|e| format!("clear the init's environment and command line: {e}"))?;
         sys::unshare(set.unshare_flags()).map_err(|e| format!("unshare: {e}"))?;
-        mounts::set_identity_ids(&Kernel, uid, gid)
+        mounts::set_identity_ids(&Kernel, uid, gid)?;
+        crate::timing::mark("early init: namespaces, id maps, hostname");
+        // In this process's own mount namespace: nothing of it reaches the
+        // host. (A failure here is the serial clone's to report again.)
+        mounts::stage_root(&Kernel).map_err(|e| format!("stage the sandbox's root: {e}"))
     })();
-    crate::timing::mark("early init: namespaces, id maps, hostname");
+    crate::timing::mark("early init: root staged");
     let word = [u8::from(first_half.is_err())];
-    if first_half.is_err() || nix::unistd::write(&sock, &word) != Ok(1) {
-        sys::exit_now(125);
-    }
+    let staged = match first_half {
+        Ok(s) if nix::unistd::write(&sock, &word) == Ok(1) => s,
+        _ => sys::exit_now(125),
+    };
     let Ok((msg, fds)) = crate::template::recv_frame::<init_msg::PlanMessage>(sock.as_fd()) else {
         sys::exit_now(125);
     };
@@ -215,7 +223,7 @@ pub(crate) fn early_main(
             stderr,
         }),
         cwd_identity: msg.cwd_identity,
-        early: true,
+        early: Some(staged),
     };
     std::mem::forget((report, stdout, stderr, handoff));
     main(args)
@@ -344,9 +352,23 @@ impl<'a> CommandPrep<'a> {
 
 /// Namespace, mount and identity setup; runs with the host still reachable.
 /// Returns the slave of the command's pty, when it gets one.
-fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailure> {
+/// `early`: the root the early init staged (None: staged here).
+fn setup(
+    args: &InitArgs<'_>,
+    early: Option<mounts::Staged<std::os::fd::OwnedFd>>,
+) -> Result<Option<std::os::fd::OwnedFd>, SetupFailure> {
+    use std::os::fd::AsRawFd;
     let plan = args.plan;
     let fd = args.report_fd;
+    if early.is_some() && !plan.namespaces() {
+        // The early init takes only a plan with its namespace set
+        // (`EarlyInit::fits`); never run a command in a half-built root.
+        return Err(
+            "internal error: a staged sandbox root for a plan without namespaces"
+                .to_string()
+                .into(),
+        );
+    }
     if plan.namespaces() {
         // The namespace dies if the supervisor dies (and so does everything in it).
         nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
@@ -366,9 +388,12 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailu
         unsafe { sys::dup2(e, 2) }.map_err(|e| format!("redirect stderr: {e}"))?;
     }
     // Inherited descriptors are a way around every path rule: close them all,
-    // keeping only stdio and the report pipe (close-on-exec).
+    // keeping only stdio and the report pipe (close-on-exec), and the
+    // staged scratch tmpfs (moat's own, detached; closed once the view is
+    // built).
+    let scratch_fd = early.as_ref().map(|s| s.scratch().as_raw_fd());
     close_all_but(
-        &[Some(fd), args.handoff_fd]
+        &[Some(fd), args.handoff_fd, scratch_fd]
             .into_iter()
             .flatten()
             .collect::<Vec<_>>(),
@@ -385,7 +410,7 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailu
         }
         return Ok(slave);
     }
-    if !args.early {
+    if early.is_none() {
         // SAFETY: the init has one thread, and nothing in it reads its
         // environment or arguments (the command's are prepared before the clone).
         unsafe { sys::wipe_environ_and_argv_blocks() }
@@ -397,14 +422,16 @@ fn setup(args: &InitArgs<'_>) -> Result<Option<std::os::fd::OwnedFd>, SetupFailu
         crate::netns::create_and_send_listeners(hfd)?;
     }
     crate::timing::mark("init: fds, id maps, hostname");
-    let broker =
-        mounts::build_root(&Kernel, &plan.mounts, plan.broker).map_err(|e| SetupFailure {
-            errno: e.source.raw_os_error().unwrap_or(0),
-            detail: format!("build the sandbox view: {e}"),
-        })?;
+    let built = match early {
+        Some(staged) => mounts::build_staged_root(&Kernel, staged, &plan.mounts, plan.broker),
+        None => mounts::build_root(&Kernel, &plan.mounts, plan.broker),
+    };
+    let broker = built.map_err(|e| SetupFailure {
+        errno: e.source.raw_os_error().unwrap_or(0),
+        detail: format!("build the sandbox view: {e}"),
+    })?;
     crate::timing::mark("init: mounts (the view)");
     if let (Some(hfd), Some(listener)) = (args.handoff_fd, broker) {
-        use std::os::fd::AsRawFd;
         crate::netns::send_fds(hfd, b'B', &[listener.as_raw_fd()])
             .map_err(|e| format!("hand the broker socket to moat: {e}"))?;
     }

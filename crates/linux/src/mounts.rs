@@ -97,12 +97,30 @@ fn redacted_name(target: &Path) -> PathBuf {
     PathBuf::from(format!("r{:016x}", h.finish()))
 }
 
-/// What every sandbox root starts with, one-shot or template: mounts made
-/// private, a fresh tmpfs pivoted to as `/` (the host's root under
-/// `OLD_ROOT`), and the detached, read-only scratch tmpfs holding the empty
-/// directory and file that stand-ins are bound from, and the contents of
-/// `ops`' redacted copies.
-fn enter_staging_root<S: Syscall>(sys: &S, ops: &[MountOp]) -> Result<S::Handle, MountError> {
+/// The part of every sandbox root that no plan decides, laid by
+/// [`stage_root`]: the process is in a fresh tmpfs as `/` (the host's root
+/// under `OLD_ROOT`) and holds the detached scratch tmpfs, still writable,
+/// with the empty directory and file stand-ins are bound from. The early
+/// init lays it while moat probes (ARCHITECTURE.md, "Launch performance");
+/// every other root lays it right before the rest, so both launches make
+/// the same calls in the same order.
+pub(crate) struct Staged<H> {
+    scratch: H,
+}
+
+impl<H> Staged<H> {
+    /// The scratch tmpfs's handle (the init keeps its fd open across its
+    /// fd cleanup).
+    pub(crate) fn scratch(&self) -> &H {
+        &self.scratch
+    }
+}
+
+/// Lays the plan-independent start of every sandbox root (see [`Staged`]):
+/// mounts made private, a fresh tmpfs pivoted to as `/`, and the scratch
+/// tmpfs with its empty directory and file. It takes no plan, so what it
+/// lays is the same for every plan by construction.
+pub(crate) fn stage_root<S: Syscall>(sys: &S) -> Result<Staged<S::Handle>, MountError> {
     // Our mount events must never propagate to the host (and host events
     // should not trickle into the sandbox mid-run).
     sys.mount(
@@ -134,6 +152,19 @@ fn enter_staging_root<S: Syscall>(sys: &S, ops: &[MountOp]) -> Result<S::Handle,
     sys.mkdir_at(&scratch, Path::new(SCRATCH_DIR), 0o555)
         .and_then(|()| sys.create_at(&scratch, Path::new(SCRATCH_FILE), 0o444, b""))
         .map_err(err("fill scratch tmpfs", Path::new("(detached)")))?;
+    Ok(Staged { scratch })
+}
+
+/// What every sandbox root starts with, one-shot or template, from a
+/// [`stage_root`]: the scratch tmpfs gets the contents of `ops`' redacted
+/// copies, then becomes read-only with the stand-ins' mount flags.
+/// Returns the scratch tmpfs.
+fn finish_staging<S: Syscall>(
+    sys: &S,
+    staged: Staged<S::Handle>,
+    ops: &[MountOp],
+) -> Result<S::Handle, MountError> {
+    let scratch = staged.scratch;
     for op in ops {
         if let MountOp::Redacted { target, contents } = op {
             sys.create_at(&scratch, &redacted_name(target), 0o444, contents.as_bytes())
@@ -161,7 +192,18 @@ pub(crate) fn build_root<S: Syscall>(
     ops: &[MountOp],
     broker: bool,
 ) -> Result<Option<S::Listener>, MountError> {
-    let scratch = enter_staging_root(sys, ops)?;
+    build_staged_root(sys, stage_root(sys)?, ops, broker)
+}
+
+/// [`build_root`] on a root already staged by [`stage_root`] (the early
+/// init's, laid before its plan came).
+pub(crate) fn build_staged_root<S: Syscall>(
+    sys: &S,
+    staged: Staged<S::Handle>,
+    ops: &[MountOp],
+    broker: bool,
+) -> Result<Option<S::Listener>, MountError> {
+    let scratch = finish_staging(sys, staged, ops)?;
     let (empty_dir, empty_file) = (Path::new(SCRATCH_DIR), Path::new(SCRATCH_FILE));
 
     for op in ops {
@@ -321,7 +363,7 @@ fn apply_op<S: Syscall>(
                 _ => return Ok(()),
             };
             // Read-only, nosuid, nodev, noexec: carried from the scratch
-            // tmpfs's own mount (see `enter_staging_root`).
+            // tmpfs's own mount (see `finish_staging`).
             let tree = sys
                 .clone_tree_at(Some(scratch), src, false)
                 .map_err(err("clone stand-in", target))?;
@@ -454,7 +496,7 @@ pub(crate) fn build_template_root<S: Syscall>(
     ops: &[MountOp],
     per_exec: &[bool],
 ) -> Result<S::Handle, MountError> {
-    let scratch = enter_staging_root(sys, ops)?;
+    let scratch = finish_staging(sys, stage_root(sys)?, ops)?;
     for (op, own) in ops.iter().zip(per_exec) {
         if !own {
             apply_op(

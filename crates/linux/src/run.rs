@@ -763,7 +763,7 @@ fn launch(
             rlimits: &enforcer.rlimits,
             pty,
             cwd_identity: opts.cwd_identity,
-            early: false,
+            early: None,
         }),
         Ok(Forked::Parent(pid)) => {
             crate::timing::mark("clone the init (new namespaces)");

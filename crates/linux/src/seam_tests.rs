@@ -178,6 +178,37 @@ fn apply_nested_run_view_golden() {
 }
 
 #[test]
+fn the_early_init_makes_the_serial_inits_calls_in_the_same_order() {
+    // The early init writes its id maps and stages the root before its
+    // plan comes, then builds the rest on that staging: one code path, so
+    // for every plan the kernel sees exactly what the serial init asks.
+    let outer = policy(Level::WorkspaceWrite, |_| {});
+    let plans = [
+        plan(&policy(Level::ReadOnly, |_| {}), &host()),
+        plan(&outer, &host()),
+        plan(
+            &policy(Level::WorkspaceContained, |r| {
+                r.ro = vec!["/opt/tools".into()];
+            }),
+            &host(),
+        ),
+    ];
+    let mut staged_logs = Vec::new();
+    for p in &plans {
+        let fake = Recorder::default();
+        mounts::set_identity_ids(&fake, p.uid, p.gid).expect("identity");
+        let staged = mounts::stage_root(&fake).expect("stage");
+        staged_logs.push(fake.log());
+        mounts::build_staged_root(&fake, staged, &p.mounts, p.broker).expect("view");
+        assert_eq!(fake.log(), replay(p), "the early init's calls differ");
+    }
+    // What is staged is the same for every plan (it takes none) and lays
+    // the root before any of the view's mounts.
+    assert!(staged_logs.windows(2).all(|w| w[0] == w[1]));
+    assert!(staged_logs[0].contains("pivot_root") && !staged_logs[0].contains("move_mount"));
+}
+
+#[test]
 fn a_failing_call_stops_the_replay_with_its_step_and_path() {
     // The seam also carries errors: the first refused call ends the build
     // with the step and path the user sees.
