@@ -97,15 +97,17 @@ fn redacted_name(target: &Path) -> PathBuf {
     PathBuf::from(format!("r{:016x}", h.finish()))
 }
 
-/// The part of every sandbox root that no plan decides, laid by
-/// [`stage_root`]: the process is in a fresh tmpfs as `/` (the host's root
-/// under `OLD_ROOT`) and holds the detached scratch tmpfs, still writable,
-/// with the empty directory and file stand-ins are bound from. The early
-/// init lays it while moat probes (ARCHITECTURE.md, "Launch performance");
-/// every other root lays it right before the rest, so both launches make
-/// the same calls in the same order.
+/// The start of a sandbox root, laid by [`stage_root`] before the rest:
+/// the process is in a fresh tmpfs as `/` (the host's root under
+/// `OLD_ROOT`), holds the detached scratch tmpfs, still writable, with the
+/// empty directory and file stand-ins are bound from, and the first ops of
+/// the view are laid (`laid`: the plan's `ViewStart`, which only the policy
+/// decides). The early init lays it while moat probes (ARCHITECTURE.md,
+/// "Launch performance"); the serial init right before the rest, so both
+/// launches make the same calls in the same order.
 pub(crate) struct Staged<H> {
     scratch: H,
+    laid: Vec<MountOp>,
 }
 
 impl<H> Staged<H> {
@@ -116,11 +118,15 @@ impl<H> Staged<H> {
     }
 }
 
-/// Lays the plan-independent start of every sandbox root (see [`Staged`]):
-/// mounts made private, a fresh tmpfs pivoted to as `/`, and the scratch
-/// tmpfs with its empty directory and file. It takes no plan, so what it
-/// lays is the same for every plan by construction.
-pub(crate) fn stage_root<S: Syscall>(sys: &S) -> Result<Staged<S::Handle>, MountError> {
+/// Lays the start of a sandbox root (see [`Staged`]): mounts made private,
+/// a fresh tmpfs pivoted to as `/`, the scratch tmpfs with its empty
+/// directory and file, then `start`, the first ops of the plan (none may be
+/// a stand-in: the scratch is not sealed yet). [`build_staged_root`]
+/// refuses a plan whose ops do not begin with `start`.
+pub(crate) fn stage_root<S: Syscall>(
+    sys: &S,
+    start: &[MountOp],
+) -> Result<Staged<S::Handle>, MountError> {
     // Our mount events must never propagate to the host (and host events
     // should not trickle into the sandbox mid-run).
     sys.mount(
@@ -152,7 +158,26 @@ pub(crate) fn stage_root<S: Syscall>(sys: &S) -> Result<Staged<S::Handle>, Mount
     sys.mkdir_at(&scratch, Path::new(SCRATCH_DIR), 0o555)
         .and_then(|()| sys.create_at(&scratch, Path::new(SCRATCH_FILE), 0o444, b""))
         .map_err(err("fill scratch tmpfs", Path::new("(detached)")))?;
-    Ok(Staged { scratch })
+    for op in start {
+        if matches!(op, MountOp::StandIn { .. } | MountOp::Redacted { .. }) {
+            return Err(MountError {
+                step: "stage a stand-in before the scratch tmpfs is sealed (internal error)",
+                path: op.target().to_path_buf(),
+                source: io::Error::from_raw_os_error(libc::EINVAL),
+            });
+        }
+        apply_op(
+            sys,
+            op,
+            &scratch,
+            Path::new(SCRATCH_DIR),
+            Path::new(SCRATCH_FILE),
+        )?;
+    }
+    Ok(Staged {
+        scratch,
+        laid: start.to_vec(),
+    })
 }
 
 /// What every sandbox root starts with, one-shot or template, from a
@@ -164,7 +189,7 @@ fn finish_staging<S: Syscall>(
     staged: Staged<S::Handle>,
     ops: &[MountOp],
 ) -> Result<S::Handle, MountError> {
-    let scratch = staged.scratch;
+    let Staged { scratch, .. } = staged;
     for op in ops {
         if let MountOp::Redacted { target, contents } = op {
             sys.create_at(&scratch, &redacted_name(target), 0o444, contents.as_bytes())
@@ -187,26 +212,40 @@ fn finish_staging<S: Syscall>(
 /// Builds the whole view and leaves the process inside it, at `/`. With
 /// `broker`, also binds the nested-run socket at [`crate::netns::BROKER_SOCKET`]
 /// (before the root becomes read-only) and returns its listener.
+/// `ops[..start_len]` are staged first ([`stage_root`]; the plan's
+/// `view_start_len`).
 pub(crate) fn build_root<S: Syscall>(
     sys: &S,
     ops: &[MountOp],
+    start_len: usize,
     broker: bool,
 ) -> Result<Option<S::Listener>, MountError> {
-    build_staged_root(sys, stage_root(sys)?, ops, broker)
+    let start = ops.get(..start_len).unwrap_or_default();
+    build_staged_root(sys, stage_root(sys, start)?, ops, broker)
 }
 
 /// [`build_root`] on a root already staged by [`stage_root`] (the early
-/// init's, laid before its plan came).
+/// init's, laid before its plan came). Refuses `ops` that do not begin
+/// with what was staged: the view would not be the plan's.
 pub(crate) fn build_staged_root<S: Syscall>(
     sys: &S,
     staged: Staged<S::Handle>,
     ops: &[MountOp],
     broker: bool,
 ) -> Result<Option<S::Listener>, MountError> {
+    if !ops.starts_with(&staged.laid) {
+        return Err(MountError {
+            step:
+                "check the plan against the view staged before it came (they differ; nothing ran)",
+            path: PathBuf::from("/"),
+            source: io::Error::from_raw_os_error(libc::EINVAL),
+        });
+    }
+    let rest = &ops[staged.laid.len()..];
     let scratch = finish_staging(sys, staged, ops)?;
     let (empty_dir, empty_file) = (Path::new(SCRATCH_DIR), Path::new(SCRATCH_FILE));
 
-    for op in ops {
+    for op in rest {
         apply_op(sys, op, &scratch, empty_dir, empty_file)?;
     }
 
@@ -496,7 +535,7 @@ pub(crate) fn build_template_root<S: Syscall>(
     ops: &[MountOp],
     per_exec: &[bool],
 ) -> Result<S::Handle, MountError> {
-    let scratch = finish_staging(sys, stage_root(sys)?, ops)?;
+    let scratch = finish_staging(sys, stage_root(sys, &[])?, ops)?;
     for (op, own) in ops.iter().zip(per_exec) {
         if !own {
             apply_op(

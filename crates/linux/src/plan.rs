@@ -132,6 +132,100 @@ pub const SANDBOX_SHIM_TABLE: &str = "/moat/shims.json";
 pub struct NamespaceSet {
     /// A network namespace of its own (every managed network mode).
     pub new_netns: bool,
+    /// The start of the view, which the early init lays before its plan.
+    pub view_start: ViewStart,
+}
+
+/// The start of a namespaces plan's mounts: the fresh filesystems only the
+/// policy decides (`/tmp`, `/run` when the host is shown, `/dev` with its
+/// device nodes, devpts and shm, `/proc`), laid before any host path.
+/// The one source of those ops ([`build`] puts them first), so the early
+/// init can lay them while moat probes (`mounts::stage_root`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ViewStart {
+    /// Not workspace-contained: the host's top level is shown, `/run` is
+    /// moat's tmpfs.
+    whole_host: bool,
+    /// `--limit tmp_size` for `/tmp` and `/dev/shm`.
+    tmp_size: Option<u64>,
+}
+
+impl ViewStart {
+    fn for_policy(policy: &Policy) -> ViewStart {
+        ViewStart {
+            whole_host: policy.level != Level::WorkspaceContained,
+            tmp_size: policy.limits.tmp_size,
+        }
+    }
+
+    fn of_plan(plan: &Plan) -> ViewStart {
+        ViewStart {
+            whole_host: plan.level != Level::WorkspaceContained,
+            tmp_size: plan.limits.tmp_size,
+        }
+    }
+
+    /// The ops, in plan order. None covers a host path, and none is a
+    /// stand-in (the scratch tmpfs is not sealed yet when they are laid).
+    pub fn ops(&self) -> Vec<MountOp> {
+        let mut ops = vec![MountOp::Tmpfs {
+            target: "/tmp".into(),
+            mode: 0o1777,
+            size: self.tmp_size,
+        }];
+        if self.whole_host {
+            // An empty /run hides every host socket under it; at
+            // workspace-contained /run is simply absent.
+            ops.push(MountOp::Tmpfs {
+                target: "/run".into(),
+                mode: 0o755,
+                size: None,
+            });
+        }
+        ops.push(MountOp::Tmpfs {
+            target: "/dev".into(),
+            mode: 0o755,
+            size: None,
+        });
+        for n in DEV_NODES {
+            let p = Path::new("/dev").join(n);
+            ops.push(MountOp::Bind {
+                source: p.clone(),
+                target: p,
+                kind: Kind::File,
+                recursive: false,
+                readonly: false,
+                device: true,
+            });
+        }
+        ops.push(MountOp::Devpts {
+            target: "/dev/pts".into(),
+        });
+        ops.push(MountOp::Symlink {
+            target: "/dev/ptmx".into(),
+            points_to: "pts/ptmx".into(),
+        });
+        ops.push(MountOp::Tmpfs {
+            target: "/dev/shm".into(),
+            mode: 0o1777,
+            size: self.tmp_size,
+        });
+        for (name, to) in [
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ] {
+            ops.push(MountOp::Symlink {
+                target: Path::new("/dev").join(name),
+                points_to: to.into(),
+            });
+        }
+        ops.push(MountOp::Proc {
+            target: "/proc".into(),
+        });
+        ops
+    }
 }
 
 impl NamespaceSet {
@@ -141,6 +235,7 @@ impl NamespaceSet {
         (policy.level.is_sandboxed() && policy.backend == moat_policy::Backend::Namespaces).then(
             || NamespaceSet {
                 new_netns: Self::wants_netns(policy),
+                view_start: ViewStart::for_policy(policy),
             },
         )
     }
@@ -171,6 +266,7 @@ impl NamespaceSet {
     pub fn of_plan(plan: &Plan) -> Option<NamespaceSet> {
         plan.namespaces().then_some(NamespaceSet {
             new_netns: plan.new_netns,
+            view_start: ViewStart::of_plan(plan),
         })
     }
 }
@@ -213,6 +309,22 @@ impl Plan {
     /// The run gets its own namespaces (the namespaces backend of a sandboxed level).
     pub fn namespaces(&self) -> bool {
         self.sandboxed && self.backend == moat_policy::Backend::Namespaces
+    }
+
+    /// How many of `mounts` are its [`ViewStart`] (0 outside the namespaces
+    /// backend): the part the early init lays before the plan comes.
+    pub fn view_start_len(&self) -> usize {
+        match NamespaceSet::of_plan(self) {
+            Some(set) => {
+                let start = set.view_start.ops();
+                if self.mounts.starts_with(&start) {
+                    start.len()
+                } else {
+                    0
+                }
+            }
+            None => 0,
+        }
     }
 
     /// The run is confined by the Landlock backend alone.
@@ -375,9 +487,10 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     }
 
     let whole_host = policy.level != Level::WorkspaceContained;
-    let mut base = Vec::new();
-
-    // 1. The skeleton: host top-level entries, and what moat builds itself.
+    // 1. The skeleton: first what the policy alone decides (the early init
+    // lays it before the plan exists), then the host's top-level entries
+    // and the rest of what moat builds itself.
+    let mut base = ViewStart::for_policy(policy).ops();
     for e in &host.root_entries {
         if BUILT_BY_MOAT.contains(&e.name.as_str()) {
             continue;
@@ -405,20 +518,6 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             device: false,
         });
     }
-    base.push(MountOp::Tmpfs {
-        target: "/tmp".into(),
-        mode: 0o1777,
-        size: tmp_size,
-    });
-    if whole_host {
-        // An empty /run hides every host socket under it; at
-        // workspace-contained /run is simply absent.
-        base.push(MountOp::Tmpfs {
-            target: "/run".into(),
-            mode: 0o755,
-            size: None,
-        });
-    }
     // HOME is a tmpfs, or the run's private host directory when the tool
     // replaces a state file by rename (its synced copy lives there).
     base.push(match &policy.private_home {
@@ -435,48 +534,6 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             mode: 0o700,
             size: tmp_size,
         },
-    });
-    base.push(MountOp::Tmpfs {
-        target: "/dev".into(),
-        mode: 0o755,
-        size: None,
-    });
-    for n in DEV_NODES {
-        let p = Path::new("/dev").join(n);
-        base.push(MountOp::Bind {
-            source: p.clone(),
-            target: p,
-            kind: Kind::File,
-            recursive: false,
-            readonly: false,
-            device: true,
-        });
-    }
-    base.push(MountOp::Devpts {
-        target: "/dev/pts".into(),
-    });
-    base.push(MountOp::Symlink {
-        target: "/dev/ptmx".into(),
-        points_to: "pts/ptmx".into(),
-    });
-    base.push(MountOp::Tmpfs {
-        target: "/dev/shm".into(),
-        mode: 0o1777,
-        size: tmp_size,
-    });
-    for (name, to) in [
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-    ] {
-        base.push(MountOp::Symlink {
-            target: Path::new("/dev").join(name),
-            points_to: to.into(),
-        });
-    }
-    base.push(MountOp::Proc {
-        target: "/proc".into(),
     });
     for n in &host.proc_entries {
         let target = Path::new("/proc").join(n);

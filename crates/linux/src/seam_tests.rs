@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use moat_policy::{Level, NetworkMode, Policy, PolicyRequest};
 
 use crate::mounts;
-use crate::plan::{MountOp, Plan};
+use crate::plan::{MountOp, NamespaceSet, Plan};
 use crate::probe::{HostFacts, Kind, RootEntry};
 use crate::syscall::Recorder;
 
@@ -74,7 +74,7 @@ fn plan(p: &Policy, facts: &HostFacts) -> Plan {
 fn replay(plan: &Plan) -> String {
     let fake = Recorder::default();
     mounts::set_identity(&fake, plan).expect("identity");
-    mounts::build_root(&fake, &plan.mounts, plan.broker).expect("view");
+    mounts::build_root(&fake, &plan.mounts, plan.view_start_len(), plan.broker).expect("view");
     fake.log()
 }
 
@@ -179,33 +179,52 @@ fn apply_nested_run_view_golden() {
 
 #[test]
 fn the_early_init_makes_the_serial_inits_calls_in_the_same_order() {
-    // The early init writes its id maps and stages the root before its
-    // plan comes, then builds the rest on that staging: one code path, so
-    // for every plan the kernel sees exactly what the serial init asks.
-    let outer = policy(Level::WorkspaceWrite, |_| {});
-    let plans = [
-        plan(&policy(Level::ReadOnly, |_| {}), &host()),
-        plan(&outer, &host()),
-        plan(
-            &policy(Level::WorkspaceContained, |r| {
-                r.ro = vec!["/opt/tools".into()];
-            }),
-            &host(),
-        ),
+    // The early init writes its id maps and stages the root and the view's
+    // start (from the policy alone) before its plan comes, then builds the
+    // rest on that staging: one code path, so for every plan the kernel
+    // sees exactly what the serial init asks.
+    let policies = [
+        policy(Level::ReadOnly, |_| {}),
+        policy(Level::WorkspaceWrite, |_| {}),
+        policy(Level::WorkspaceContained, |r| {
+            r.ro = vec!["/opt/tools".into()];
+        }),
     ];
-    let mut staged_logs = Vec::new();
-    for p in &plans {
+    for pol in &policies {
+        let p = plan(pol, &host());
+        let set = NamespaceSet::for_policy(pol).expect("namespaces");
+        assert_eq!(NamespaceSet::of_plan(&p), Some(set));
+        let start = set.view_start.ops();
+        assert!(p.view_start_len() == start.len() && start.len() > 1);
         let fake = Recorder::default();
         mounts::set_identity_ids(&fake, p.uid, p.gid).expect("identity");
-        let staged = mounts::stage_root(&fake).expect("stage");
-        staged_logs.push(fake.log());
+        let staged = mounts::stage_root(&fake, &start).expect("stage");
+        let staged_log = fake.log();
+        assert!(staged_log.contains("pivot_root") && staged_log.contains("mount proc /proc"));
+        assert!(!staged_log.contains("/.moat-oldroot/usr"), "{staged_log}");
         mounts::build_staged_root(&fake, staged, &p.mounts, p.broker).expect("view");
-        assert_eq!(fake.log(), replay(p), "the early init's calls differ");
+        assert_eq!(fake.log(), replay(&p), "the early init's calls differ");
     }
-    // What is staged is the same for every plan (it takes none) and lays
-    // the root before any of the view's mounts.
-    assert!(staged_logs.windows(2).all(|w| w[0] == w[1]));
-    assert!(staged_logs[0].contains("pivot_root") && !staged_logs[0].contains("move_mount"));
+}
+
+#[test]
+fn a_plan_that_does_not_begin_with_the_staged_view_is_refused() {
+    // Staged for a policy with a /tmp size limit, handed a plan without
+    // one: the init must not build on the wrong start.
+    let limited = policy(Level::WorkspaceContained, |r| {
+        r.limits.tmp_size = Some(1 << 20);
+    });
+    let start = NamespaceSet::for_policy(&limited)
+        .expect("namespaces")
+        .view_start
+        .ops();
+    let p = plan(&policy(Level::WorkspaceContained, |_| {}), &host());
+    let fake = Recorder::default();
+    let staged = mounts::stage_root(&fake, &start).expect("stage");
+    let before = fake.log();
+    let e = mounts::build_staged_root(&fake, staged, &p.mounts, p.broker).expect_err("refused");
+    assert!(e.step.contains("differ"), "{e}");
+    assert_eq!(fake.log(), before, "nothing is laid after the refusal");
 }
 
 #[test]
@@ -214,7 +233,8 @@ fn a_failing_call_stops_the_replay_with_its_step_and_path() {
     // with the step and path the user sees.
     let p = plan(&policy(Level::ReadOnly, |_| {}), &host());
     let fake = Recorder::failing_at("pivot_root");
-    let e = mounts::build_root(&fake, &p.mounts, p.broker).expect_err("must fail");
+    let e =
+        mounts::build_root(&fake, &p.mounts, p.view_start_len(), p.broker).expect_err("must fail");
     assert_eq!(e.step, "pivot_root");
     assert_eq!(e.path, Path::new("/tmp"));
     assert!(
