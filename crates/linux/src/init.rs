@@ -94,8 +94,8 @@ pub fn main(mut args: InitArgs<'_>) -> ! {
 /// new user and pid namespaces only. Makes the rest of its namespaces
 /// (`set`), writes its id maps (`uid`, `gid`: read before the clone) and
 /// hostname, stages the root (`mounts::stage_root`: the part only the
-/// policy decides, `set.view_start`), says so on `sock` (0: done, else it leaves), and waits for
-/// the plan there; at the end of the socket (moat refused the run, or
+/// policy decides, `set.view_start`), says so on `sock` (0: done, else
+/// it leaves), and waits for the plan there; at the end of the socket (moat refused the run, or
 /// is gone) it leaves. With the plan, it takes back `mask` (moat's cpus),
 /// makes its cgroup namespace and runs [`main`]. Never returns.
 pub(crate) fn early_main(
