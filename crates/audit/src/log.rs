@@ -76,6 +76,9 @@ pub struct VerifyReport {
 #[derive(Debug)]
 pub struct AuditLog {
     path: PathBuf,
+    /// `path` with every symbolic link on the way resolved, as
+    /// [`AuditLog::open`] resolved and checked it: the file it opened.
+    resolved: PathBuf,
     file: File,
     /// `flock` excludes other open file descriptions, not threads sharing
     /// this one, so threads of one process also queue here. It holds the
@@ -207,6 +210,7 @@ impl AuditLog {
         }
         Ok(AuditLog {
             path: path.to_path_buf(),
+            resolved: parent.join(name),
             file,
             in_process: Mutex::new(None),
         })
@@ -214,6 +218,14 @@ impl AuditLog {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The path of the file opened, symbolic links resolved (the open
+    /// walked and checked each directory on the way, and the file itself
+    /// is never a link): what `realpath` would give, without walking it
+    /// again.
+    pub fn resolved_path(&self) -> &Path {
+        &self.resolved
     }
 
     /// Whether this log's path still names the file it opened, and that
@@ -839,6 +851,26 @@ mod tests {
             "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         );
         assert_eq!(GENESIS.len(), chain_hash(b"x").len());
+    }
+
+    /// The path the open resolved is the file's canonical path (the probe
+    /// hides the log from the command by it), through a symlinked
+    /// directory and a `..`.
+    #[test]
+    fn the_resolved_path_is_the_canonical_one() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let real = tmp.path().join("real");
+        std::fs::create_dir_all(real.join("sub")).expect("mkdir");
+        std::os::unix::fs::symlink(&real, tmp.path().join("via")).expect("symlink");
+        let named = tmp.path().join("via/sub/../a.jsonl");
+        let log = AuditLog::open(&named).expect("open");
+        assert_eq!(log.path(), named);
+        let canonical = std::fs::canonicalize(&named).expect("canonicalize");
+        assert_eq!(
+            canonical,
+            std::fs::canonicalize(real.join("a.jsonl")).unwrap()
+        );
+        assert_eq!(log.resolved_path(), canonical);
     }
 
     #[test]

@@ -129,7 +129,7 @@ pub(crate) fn early_main(
         Ok(s) if nix::unistd::write(&sock, &word) == Ok(1) => s,
         _ => sys::exit_now(125),
     };
-    let Ok((msg, fds)) = crate::template::recv_frame::<init_msg::PlanMessage>(sock.as_fd()) else {
+    let Some((msg, fds)) = init_msg::recv_plan(sock.as_fd()) else {
         sys::exit_now(125);
     };
     drop(sock);

@@ -303,14 +303,20 @@ pub(crate) fn send(fd: std::os::fd::RawFd, msg: &InitMessage<'_>) {
 /// holds, as one frame (`template::send_frame`: JSON with the run's fds as
 /// `SCM_RIGHTS`). The fds come in this order: the report pipe, then the
 /// stdout and stderr capture ends and the handoff socket, each when its
-/// flag says so.
+/// flag says so. `P` is the plan: the supervisor sends a borrowed one
+/// (`&Plan`: no copy), the init reads a `Plan` back. Byte strings travel
+/// as hex ([`hex_bytes`]): a JSON array of numbers is about twice as long
+/// and its numbers are parsed one by one.
 #[derive(serde::Serialize, serde::Deserialize)]
-pub(crate) struct PlanMessage {
-    pub plan: crate::plan::Plan,
+pub(crate) struct PlanMessage<P = crate::plan::Plan> {
+    pub plan: P,
+    #[serde(with = "hex_bytes::list")]
     pub argv: Vec<Vec<u8>>,
+    #[serde(with = "hex_bytes::list")]
     pub envp: Vec<Vec<u8>>,
     /// The compiled seccomp program, each `sock_filter` as its 8 bytes
     /// (code, jt, jf, k; native order); None: not sandboxed.
+    #[serde(with = "hex_bytes::option")]
     pub seccomp: Option<Vec<u8>>,
     /// (resource, soft, hard), the resource as [`rlimit_code`] gives it.
     pub rlimits: Vec<(u8, u64, u64)>,
@@ -320,6 +326,110 @@ pub(crate) struct PlanMessage {
     pub stdout: bool,
     pub stderr: bool,
     pub handoff: bool,
+}
+
+/// The init's end of the hand-off: the plan message and its fds, the wait
+/// and the decoding timed apart. A frame that does not decode runs
+/// nothing: when it brought the report pipe (its first fd), the init says
+/// so there (the supervisor reports it, exit 125), and it exits 125.
+pub(crate) fn recv_plan(
+    sock: std::os::fd::BorrowedFd<'_>,
+) -> Option<(PlanMessage, Vec<std::os::fd::OwnedFd>)> {
+    use std::os::fd::AsRawFd;
+    let (body, fds) = crate::template::recv_frame_bytes(sock).ok()?;
+    crate::timing::mark("early init: the plan's bytes received");
+    match serde_json::from_slice::<PlanMessage>(&body) {
+        Ok(msg) => {
+            crate::timing::mark("early init: the plan decoded");
+            Some((msg, fds))
+        }
+        Err(e) => {
+            if let Some(report) = fds.first() {
+                send(
+                    report.as_raw_fd(),
+                    &InitMessage::SetupFailed {
+                        stage: SetupStage::Sandbox,
+                        errno: 0,
+                        detail: &format!(
+                            "the plan sent to the sandbox's init does not decode: {e}"
+                        ),
+                    },
+                );
+            }
+            None
+        }
+    }
+}
+
+/// Byte strings as lowercase hex in JSON: two characters a byte, decoded
+/// without a parse per number. Anything else than an even run of hex
+/// digits is an error (the message then runs nothing).
+pub(crate) mod hex_bytes {
+    use serde::de::Error;
+
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+    pub fn encode(bytes: &[u8]) -> String {
+        let mut s = String::with_capacity(bytes.len() * 2);
+        for b in bytes {
+            s.push(DIGITS[(b >> 4) as usize] as char);
+            s.push(DIGITS[(b & 15) as usize] as char);
+        }
+        s
+    }
+
+    pub fn decode(s: &str) -> Option<Vec<u8>> {
+        fn digit(c: u8) -> Option<u8> {
+            match c {
+                b'0'..=b'9' => Some(c - b'0'),
+                b'a'..=b'f' => Some(c - b'a' + 10),
+                _ => None,
+            }
+        }
+        let s = s.as_bytes();
+        if s.len() % 2 != 0 {
+            return None;
+        }
+        s.chunks_exact(2)
+            .map(|p| Some((digit(p[0])? << 4) | digit(p[1])?))
+            .collect()
+    }
+
+    fn decoded<E: Error>(s: &str) -> Result<Vec<u8>, E> {
+        decode(s).ok_or_else(|| E::custom("a byte string that is not hex"))
+    }
+
+    /// `Vec<Vec<u8>>` as a list of hex strings.
+    pub mod list {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(v: &[Vec<u8>], s: S) -> Result<S::Ok, S::Error> {
+            s.collect_seq(v.iter().map(|b| super::encode(b)))
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<u8>>, D::Error> {
+            let v = Vec::<String>::deserialize(d)?;
+            v.iter().map(|s| super::decoded(s)).collect()
+        }
+    }
+
+    /// `Option<Vec<u8>>` as null or a hex string.
+    pub mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+            match v {
+                Some(b) => s.serialize_some(&super::encode(b)),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+            Option::<String>::deserialize(d)?
+                .map(|s| super::decoded(&s))
+                .transpose()
+        }
+    }
 }
 
 /// The rlimits a plan message can carry (every one `limits` sets).
@@ -580,5 +690,75 @@ mod tests {
             rlimit_code(nix::sys::resource::Resource::RLIMIT_STACK),
             None
         );
+    }
+
+    #[test]
+    fn byte_strings_cross_as_hex_and_anything_else_is_refused() {
+        let all: Vec<u8> = (0..=255).collect();
+        let hex = hex_bytes::encode(&all);
+        assert_eq!(hex.len(), 512);
+        assert_eq!(hex_bytes::decode(&hex), Some(all));
+        assert_eq!(hex_bytes::decode(""), Some(vec![]));
+        for bad in ["0", "0g", "AB", " 00", "00 ", "\u{e9}0"] {
+            assert_eq!(hex_bytes::decode(bad), None, "{bad:?}");
+        }
+    }
+
+    /// The supervisor's borrowed message reads back whole; a frame that
+    /// does not decode, or whose bytes are not hex, runs nothing.
+    #[test]
+    fn the_plan_message_reads_back_and_a_bad_one_is_refused() {
+        let msg = PlanMessage {
+            plan: &7u32,
+            argv: vec![b"true".to_vec(), vec![0xff, b'\n']],
+            envp: vec![b"PATH=/usr/bin".to_vec()],
+            seccomp: Some(vec![0x20, 0, 0, 0, 4, 0, 0, 0]),
+            rlimits: vec![(2, 1, 2)],
+            pty: Some((true, false, true)),
+            cwd_identity: Some((3, 4)),
+            stdout: true,
+            stderr: false,
+            handoff: true,
+        };
+        let body = serde_json::to_vec(&msg).unwrap();
+        let back: PlanMessage<u32> = serde_json::from_slice(&body).unwrap();
+        assert_eq!(back.plan, 7);
+        assert_eq!(back.argv, msg.argv);
+        assert_eq!(back.envp, msg.envp);
+        assert_eq!(back.seccomp, msg.seccomp);
+        assert_eq!(back.rlimits, msg.rlimits);
+        assert_eq!(back.pty, msg.pty);
+        assert_eq!(back.cwd_identity, msg.cwd_identity);
+        assert_eq!(
+            (back.stdout, back.stderr, back.handoff),
+            (true, false, true)
+        );
+        let text = String::from_utf8(body).unwrap();
+        let odd = text.replace("\"74727565\"", "\"7472756\"");
+        assert_ne!(odd, text);
+        assert!(serde_json::from_str::<PlanMessage<u32>>(&odd).is_err());
+        let numbers = text.replace("\"74727565\"", "[116,114,117,101]");
+        assert!(serde_json::from_str::<PlanMessage<u32>>(&numbers).is_err());
+    }
+
+    /// An undecodable plan frame: `recv_plan` gives nothing to run, and
+    /// the report pipe it came with says why.
+    #[test]
+    fn an_undecodable_plan_is_reported_on_the_pipe_it_brought() {
+        use std::os::fd::{AsFd, AsRawFd};
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (report_r, report_w) = nix::unistd::pipe().unwrap();
+        crate::template::send_frame(ours.as_fd(), b"{\"plan\":", &[report_w.as_raw_fd()]).unwrap();
+        drop(report_w);
+        assert!(recv_plan(theirs.as_fd()).is_none());
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut std::fs::File::from(report_r), &mut got).unwrap();
+        match decode_all(&got, true).unwrap().as_slice() {
+            [InitMessage::SetupFailed { stage, detail, .. }] => {
+                assert_eq!(*stage, SetupStage::Sandbox);
+                assert!(detail.contains("does not decode"), "{detail}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

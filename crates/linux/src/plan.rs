@@ -282,8 +282,8 @@ pub struct Plan {
     pub gid: u32,
     pub mounts: Vec<MountOp>,
     pub landlock: LandlockSpec,
-    /// Not read back: a sandbox template receives the compiled filter.
-    #[serde(skip_deserializing)]
+    /// Not sent (an init or a template receives the compiled filter).
+    #[serde(skip)]
     pub seccomp: SeccompSpec,
     pub proxy: Option<ProxyPlan>,
     /// Offer the nested-run socket inside the view.
@@ -292,8 +292,9 @@ pub struct Plan {
     pub cwd: PathBuf,
     /// What the post-run sweep checks under each writable root
     /// (write-protected paths that did not exist before the run, new
-    /// `.moat*` names, git dirs' executable parts).
-    #[serde(skip_deserializing)]
+    /// `.moat*` names, git dirs' executable parts). Not sent: the
+    /// supervisor sweeps.
+    #[serde(skip)]
     pub sweep: Vec<crate::sweep::SweepRoot>,
     /// What the sandbox sees; the mounts and Landlock rules translate it.
     pub view: View,

@@ -444,11 +444,11 @@ fn secrets_consulted(
 impl HostFacts {
     /// Hides the audit log `file` from the command wherever the view would
     /// show it (a custom `--audit-log` may live anywhere).
-    pub fn add_hidden_file(&mut self, file: &Path) {
-        if let Ok(c) = fs::canonicalize(file) {
-            if !self.moat_hidden.keys().any(|h| c.starts_with(h)) {
-                self.moat_hidden.insert(c, Kind::File);
-            }
+    /// `file` is canonical (`AuditLog::resolved_path`: the log's open
+    /// resolved it; walking it again cost a `readlink` per component).
+    pub fn add_hidden_canonical_file(&mut self, file: &Path) {
+        if !self.moat_hidden.keys().any(|h| file.starts_with(h)) {
+            self.moat_hidden.insert(file.to_path_buf(), Kind::File);
         }
     }
 

@@ -1660,7 +1660,7 @@ impl EarlyInit {
         fds: [Option<std::os::fd::BorrowedFd<'_>>; 4],
     ) -> Result<Pid, String> {
         let msg = init_msg::PlanMessage {
-            plan: plan.clone(),
+            plan,
             argv: argv.iter().map(|a| a.as_bytes().to_vec()).collect(),
             envp: envp.iter().map(|a| a.as_bytes().to_vec()).collect(),
             seccomp: seccomp.map(init_msg::program_bytes),
@@ -1675,6 +1675,7 @@ impl EarlyInit {
             handoff: fds[3].is_some(),
         };
         let body = serde_json::to_vec(&msg).map_err(|e| format!("encode the plan: {e}"))?;
+        crate::timing::mark("the plan encoded");
         let raw: Vec<i32> = fds.iter().flatten().map(|f| f.as_raw_fd()).collect();
         crate::template::send_frame(self.sock.as_fd(), &body, &raw)
             .map_err(|e| format!("hand the plan to the sandbox's init: {e}"))?;

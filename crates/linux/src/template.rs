@@ -651,23 +651,39 @@ pub(crate) fn send_frame(sock: BorrowedFd<'_>, body: &[u8], fds: &[RawFd]) -> st
 pub(crate) fn recv_frame<T: serde::de::DeserializeOwned>(
     sock: BorrowedFd<'_>,
 ) -> std::io::Result<(T, Vec<OwnedFd>)> {
+    let (body, fds) = recv_frame_bytes(sock)?;
+    let value = serde_json::from_slice(&body).map_err(std::io::Error::other)?;
+    Ok((value, fds))
+}
+
+/// One frame's body, not decoded, and its descriptors.
+pub(crate) fn recv_frame_bytes(sock: BorrowedFd<'_>) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut len = [0u8; 4];
     let (got, fds) = sys::recv_with_fds::<4>(sock, &mut len)?;
     if got == 0 {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
-    let mut stream = std::fs::File::from(sock.try_clone_to_owned()?);
-    if got < 4 {
-        stream.read_exact(&mut len[got..])?;
-    }
+    read_exact_from(sock, &mut len[got..])?;
     let n = u32::from_le_bytes(len) as usize;
     if n > MAX_FRAME {
         return Err(std::io::Error::other("control message too large"));
     }
     let mut body = vec![0u8; n];
-    stream.read_exact(&mut body)?;
-    let value = serde_json::from_slice(&body).map_err(std::io::Error::other)?;
-    Ok((value, fds))
+    read_exact_from(sock, &mut body)?;
+    Ok((body, fds))
+}
+
+/// Fills `buf` from `sock` (no duplicate of the fd, as a `File` would need).
+fn read_exact_from(sock: BorrowedFd<'_>, mut buf: &mut [u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match nix::unistd::read(sock, buf) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------

@@ -592,7 +592,8 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
     }
     mark("redacted copies of the user's tool config");
     if let Some(log) = &audit {
-        facts.add_hidden_file(log.path());
+        // Resolved already by the open: no second walk of its path.
+        facts.add_hidden_canonical_file(log.resolved_path());
     }
     if let Some(h) = &req.nested {
         nested::apply_handoff(h, &mut facts);
