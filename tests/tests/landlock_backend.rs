@@ -270,6 +270,39 @@ fn the_network_is_refused_outright() {
     }
 }
 
+/// A tool's network class narrows the backend's refusal, never reopens it:
+/// `moat run python3` (its profile has the network disabled, so the
+/// `net-denied` class: inet, inet6 and packet refused) on the Landlock
+/// backend once refused only those three families, and a unix socket on
+/// the host (docker.sock, a session bus) was reachable.
+#[test]
+fn a_tools_network_class_does_not_reopen_sockets() {
+    let fx = Fixture::new();
+    let (tcp, port) = Listener::tcp();
+    let sock = fx.root.join("host.sock");
+    let unix = Listener::unix(&sock);
+    let code = "import socket, sys\nprint('PROBE-RAN', flush=True)\nfor fam, addr in ((socket.AF_INET, ('127.0.0.1', int(sys.argv[1]))), (socket.AF_UNIX, sys.argv[2]), (socket.AF_NETLINK, None)):\n    try:\n        s = socket.socket(fam, socket.SOCK_STREAM if fam != socket.AF_NETLINK else socket.SOCK_RAW)\n        if addr is not None:\n            s.connect(addr)\n        print('CONNECTED', fam)\n    except OSError as e:\n        print('REFUSED', fam, e.errno)\n";
+    let args: Vec<OsString> = vec![
+        "run".into(),
+        "--backend".into(),
+        "landlock".into(),
+        "python3".into(),
+        "-c".into(),
+        code.into(),
+        port.to_string().into(),
+        sock.clone().into(),
+    ];
+    let out = run(without_userns(&fx, fx.moat(args)));
+    out.expect_stdout_has("PROBE-RAN")
+        .expect_absent("CONNECTED", "a socket opened or connected");
+    assert_eq!(out.tagged("REFUSED").len(), 3, "{}", out.dump());
+    for line in out.tagged("REFUSED") {
+        assert!(line.ends_with(" 1"), "not EPERM: {line}\n{}", out.dump());
+    }
+    assert_eq!(tcp.finish().0, 0, "the TCP listener saw a connection");
+    assert_eq!(unix.finish().0, 0, "the host unix socket saw a connection");
+}
+
 #[test]
 fn host_processes_cannot_be_signalled() {
     let fx = Fixture::new();

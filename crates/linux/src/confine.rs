@@ -417,9 +417,31 @@ pub const DENIED_IOCTLS: &[(&str, u64)] = &[
     ("TIOCSETD", libc::TIOCSETD),
 ];
 
+/// Refuses `nr` always, whatever conditions it had.
+fn refuse_always(rules: &mut tree::Rules, nr: i64) {
+    rules.insert(nr, Vec::new());
+}
+
+/// Refuses `nr` also when `conds` all hold. An empty list means "always
+/// refused": adding a rule to it would narrow the refusal to that rule
+/// (a net class's families once opened every other family on the
+/// Landlock backend, where `socket` is refused outright), so a syscall
+/// refused always stays so.
+fn refuse_when(rules: &mut tree::Rules, nr: i64, conds: Vec<tree::Cond>) {
+    match rules.entry(nr) {
+        std::collections::btree_map::Entry::Occupied(e) if e.get().is_empty() => {}
+        std::collections::btree_map::Entry::Occupied(mut e) => e.get_mut().push(conds),
+        std::collections::btree_map::Entry::Vacant(e) => {
+            e.insert(vec![conds]);
+        }
+    }
+}
+
 /// The seccomp floor's rules: syscall number → the argument conditions
 /// under which it is refused (none: always). One source for the program
-/// moat loads ([`seccomp_filter`]) and the test's reference chain.
+/// moat loads ([`seccomp_filter`]) and the test's reference chain. Every
+/// rule is added through [`refuse_always`] or [`refuse_when`], so a later
+/// rule only ever widens what an earlier one refuses.
 fn seccomp_rules(spec: &SeccompSpec) -> Result<tree::Rules, ConfineError> {
     let dword = |v: u64| {
         u32::try_from(v).map_err(|_| ConfineError::Seccomp(format!("{v:#x} is wider than 32 bits")))
@@ -427,39 +449,41 @@ fn seccomp_rules(spec: &SeccompSpec) -> Result<tree::Rules, ConfineError> {
     let cond = |arg: u8, eq: bool, value: u32| tree::Cond { arg, eq, value };
     let mut rules = tree::Rules::new();
     for (_, nr) in &spec.floor {
-        rules.insert(*nr, vec![]);
+        refuse_always(&mut rules, *nr);
     }
     // clone/unshare with CLONE_NEW* flags are refused by the ABI guard in sys.
-    if !spec.denied_ioctls.is_empty() {
-        let ioctls = spec
-            .denied_ioctls
-            .iter()
-            .map(|(_, cmd)| Ok(vec![cond(1, true, dword(*cmd)?)]))
-            .collect::<Result<Vec<_>, ConfineError>>()?;
-        rules.insert(libc::SYS_ioctl, ioctls);
+    for (_, cmd) in &spec.denied_ioctls {
+        refuse_when(
+            &mut rules,
+            libc::SYS_ioctl,
+            vec![cond(1, true, dword(*cmd)?)],
+        );
     }
     if spec.socket_families.as_ref().is_some_and(|f| f.is_empty()) {
         // No family at all (the Landlock backend): socket() is refused
         // unconditionally; socketpair() stays (its ends reach nothing else).
-        rules.insert(libc::SYS_socket, Vec::new());
+        refuse_always(&mut rules, libc::SYS_socket);
     } else if let Some(families) = &spec.socket_families {
         // One rule whose conditions are ANDed: the family is none of the allowed.
         let conditions = families
             .iter()
             .map(|f| Ok(cond(0, false, dword(*f as u64)?)))
             .collect::<Result<Vec<_>, ConfineError>>()?;
-        rules.insert(libc::SYS_socket, vec![conditions]);
+        refuse_when(&mut rules, libc::SYS_socket, conditions);
     }
     // A tool's net class narrows further: families it may not open at all.
     for f in &spec.denied_families {
-        let rule = vec![cond(0, true, dword(*f as u64)?)];
-        rules.entry(libc::SYS_socket).or_default().push(rule);
+        refuse_when(
+            &mut rules,
+            libc::SYS_socket,
+            vec![cond(0, true, dword(*f as u64)?)],
+        );
     }
     if spec.deny_listen {
         // listen() on an unbound TCP socket binds implicitly, past Landlock's
         // bind rule, so net-connect refuses listen/accept outright.
         for nr in [libc::SYS_listen, libc::SYS_accept, libc::SYS_accept4] {
-            rules.insert(nr, vec![]);
+            refuse_always(&mut rules, nr);
         }
     }
     Ok(rules)

@@ -245,9 +245,17 @@ mod tests {
             // the Landlock backend: no socket at all
             SeccompSpec {
                 floor: floor.clone(),
-                denied_ioctls: ioctls,
+                denied_ioctls: ioctls.clone(),
                 socket_families: Some(vec![]),
                 ..Default::default()
+            },
+            // the Landlock backend under a tool's net class (`moat run`)
+            SeccompSpec {
+                floor: floor.clone(),
+                denied_ioctls: ioctls.clone(),
+                socket_families: Some(vec![]),
+                denied_families: vec![libc::AF_INET, libc::AF_INET6, libc::AF_PACKET],
+                deny_listen: true,
             },
             // the net classes' filters
             SeccompSpec {
@@ -335,6 +343,72 @@ mod tests {
                     reference.len()
                 );
             }
+        }
+    }
+
+    /// A net class narrows what a backend allows; it never reopens what the
+    /// backend refuses outright. On the Landlock backend `socket` is
+    /// refused for every family; a tool's class (`net-denied`: inet, inet6,
+    /// packet) once turned that into "refused for those three", so a
+    /// `moat run` there could open unix and netlink sockets (docker.sock).
+    #[test]
+    fn a_net_class_never_reopens_a_family_the_backend_refuses() {
+        let landlock = |denied_families: Vec<i32>| SeccompSpec {
+            socket_families: Some(vec![]),
+            denied_families,
+            ..Default::default()
+        };
+        let unix_only = |denied_families: Vec<i32>| SeccompSpec {
+            socket_families: Some(vec![libc::AF_UNIX]),
+            denied_families,
+            ..Default::default()
+        };
+        let socket = |spec: &SeccompSpec, family: i32| {
+            let prog = crate::confine::seccomp_filter(spec).unwrap();
+            run(
+                &prog,
+                libc::SYS_socket as u32,
+                AUDIT_ARCH,
+                [family as u64, 1, 0, 0, 0, 0],
+            )
+        };
+        let classes = [
+            vec![],
+            vec![libc::AF_INET, libc::AF_INET6, libc::AF_PACKET],
+            vec![libc::AF_UNIX],
+        ];
+        for class in classes {
+            for family in [
+                libc::AF_UNIX,
+                libc::AF_INET,
+                libc::AF_INET6,
+                libc::AF_NETLINK,
+                libc::AF_PACKET,
+            ] {
+                assert_eq!(
+                    socket(&landlock(class.clone()), family),
+                    RET_ERRNO_EPERM,
+                    "Landlock backend, class {class:?}, family {family}"
+                );
+                if family != libc::AF_UNIX {
+                    assert_eq!(
+                        socket(&unix_only(class.clone()), family),
+                        RET_ERRNO_EPERM,
+                        "unix only, class {class:?}, family {family}"
+                    );
+                }
+            }
+            // What the backend allows, the class may still refuse.
+            let want = if class.contains(&libc::AF_UNIX) {
+                RET_ERRNO_EPERM
+            } else {
+                RET_ALLOW
+            };
+            assert_eq!(
+                socket(&unix_only(class.clone()), libc::AF_UNIX),
+                want,
+                "{class:?}"
+            );
         }
     }
 }

@@ -31,8 +31,9 @@ fn names(dir: &Path, each: &mut impl FnMut(&[u8])) -> Option<()> {
         let mut at = 0;
         while at + 19 < bytes.len() {
             // struct linux_dirent64: ino u64, off i64, reclen u16, type u8, name.
+            // The smallest record is its 19-byte header and a NUL name end.
             let reclen = usize::from(u16::from_ne_bytes([bytes[at + 16], bytes[at + 17]]));
-            if reclen == 0 || at + reclen > bytes.len() {
+            if reclen < 20 || at + reclen > bytes.len() {
                 return None;
             }
             let name = CStr::from_bytes_until_nul(&bytes[at + 19..at + reclen]).ok()?;
