@@ -227,27 +227,30 @@ fn writes_follow_the_level() {
     }
 }
 
-#[test]
-fn the_network_is_refused_outright() {
-    let fx = Fixture::new();
+/// Runs `moat LEAD… -c CODE PORT SOCK` without user namespaces, where PORT
+/// is a host TCP listener's and SOCK a host unix socket's path; the
+/// output, then how many connections each listener saw.
+fn socket_probe(fx: &Fixture, lead: &[&str], code: &str) -> (Out, usize, usize) {
     let (tcp, port) = Listener::tcp();
     let sock = fx.root.join("host.sock");
     let unix = Listener::unix(&sock);
-    let code = "import socket, sys\nprint('PROBE-RAN', flush=True)\nfor fam, addr in ((socket.AF_INET, ('127.0.0.1', int(sys.argv[1]))), (socket.AF_UNIX, sys.argv[2])):\n    try:\n        s = socket.socket(fam, socket.SOCK_STREAM)\n        s.connect(addr)\n        print('CONNECTED', fam)\n    except OSError as e:\n        print('REFUSED', fam, e.errno)\n";
-    let mut args = vec![
-        OsString::from("exec"),
-        "--backend".into(),
-        "landlock".into(),
-    ];
+    let mut args: Vec<OsString> = lead.iter().map(OsString::from).collect();
     args.extend([
-        "--".into(),
-        PY.into(),
         "-c".into(),
         code.into(),
         port.to_string().into(),
-        sock.clone().into(),
+        sock.into(),
     ]);
-    let out = run(without_userns(&fx, fx.moat(args)));
+    let out = run(without_userns(fx, fx.moat(args)));
+    (out, tcp.finish().0, unix.finish().0)
+}
+
+#[test]
+fn the_network_is_refused_outright() {
+    let fx = Fixture::new();
+    let code = "import socket, sys\nprint('PROBE-RAN', flush=True)\nfor fam, addr in ((socket.AF_INET, ('127.0.0.1', int(sys.argv[1]))), (socket.AF_UNIX, sys.argv[2])):\n    try:\n        s = socket.socket(fam, socket.SOCK_STREAM)\n        s.connect(addr)\n        print('CONNECTED', fam)\n    except OSError as e:\n        print('REFUSED', fam, e.errno)\n";
+    let lead = ["exec", "--backend", "landlock", "--", PY];
+    let (out, tcp_seen, unix_seen) = socket_probe(&fx, &lead, code);
     out.expect_stdout_has("PROBE-RAN")
         .expect_absent("CONNECTED", "a connection");
     assert_eq!(out.tagged("REFUSED").len(), 2, "{}", out.dump());
@@ -256,8 +259,8 @@ fn the_network_is_refused_outright() {
         "EPERM\n{}",
         out.dump()
     );
-    assert_eq!(tcp.finish().0, 0, "the TCP listener saw a connection");
-    assert_eq!(unix.finish().0, 0, "the host unix socket saw a connection");
+    assert_eq!(tcp_seen, 0, "the TCP listener saw a connection");
+    assert_eq!(unix_seen, 0, "the host unix socket saw a connection");
     // What cannot be made sound without a network namespace is refused.
     for extra in [
         &["--network", "proxy", "--allow-domain", "example.com"][..],
@@ -278,29 +281,17 @@ fn the_network_is_refused_outright() {
 #[test]
 fn a_tools_network_class_does_not_reopen_sockets() {
     let fx = Fixture::new();
-    let (tcp, port) = Listener::tcp();
-    let sock = fx.root.join("host.sock");
-    let unix = Listener::unix(&sock);
     let code = "import socket, sys\nprint('PROBE-RAN', flush=True)\nfor fam, addr in ((socket.AF_INET, ('127.0.0.1', int(sys.argv[1]))), (socket.AF_UNIX, sys.argv[2]), (socket.AF_NETLINK, None)):\n    try:\n        s = socket.socket(fam, socket.SOCK_STREAM if fam != socket.AF_NETLINK else socket.SOCK_RAW)\n        if addr is not None:\n            s.connect(addr)\n        print('CONNECTED', fam)\n    except OSError as e:\n        print('REFUSED', fam, e.errno)\n";
-    let args: Vec<OsString> = vec![
-        "run".into(),
-        "--backend".into(),
-        "landlock".into(),
-        "python3".into(),
-        "-c".into(),
-        code.into(),
-        port.to_string().into(),
-        sock.clone().into(),
-    ];
-    let out = run(without_userns(&fx, fx.moat(args)));
+    let lead = ["run", "--backend", "landlock", "python3"];
+    let (out, tcp_seen, unix_seen) = socket_probe(&fx, &lead, code);
     out.expect_stdout_has("PROBE-RAN")
         .expect_absent("CONNECTED", "a socket opened or connected");
     assert_eq!(out.tagged("REFUSED").len(), 3, "{}", out.dump());
     for line in out.tagged("REFUSED") {
         assert!(line.ends_with(" 1"), "not EPERM: {line}\n{}", out.dump());
     }
-    assert_eq!(tcp.finish().0, 0, "the TCP listener saw a connection");
-    assert_eq!(unix.finish().0, 0, "the host unix socket saw a connection");
+    assert_eq!(tcp_seen, 0, "the TCP listener saw a connection");
+    assert_eq!(unix_seen, 0, "the host unix socket saw a connection");
 }
 
 #[test]

@@ -684,7 +684,7 @@ fn launch(
         }
     }
     crate::timing::mark("seccomp filter, pipes, signal mask");
-    if let Some(e) = early {
+    let child = if let Some(e) = early {
         let sent = e.send_plan(
             plan,
             &argv,
@@ -708,73 +708,55 @@ fn launch(
             }
         };
         crate::timing::mark("the plan sent to the early init");
-        drop(report_w);
-        drop(stdout_end);
-        drop(stderr_end);
-        drop(handoff_tx);
-        out.layers.namespaces = Enforcement::Full;
-        let result = supervise(
-            InitHandle::Child(child),
-            plan,
-            opts,
-            out,
-            captures,
-            report_r,
-            handoff_rx,
-            start,
-            observer,
-            enforcer,
-            control,
-        );
-        sys::restore_sigmask(&old_mask);
-        return result;
-    }
-    if let Err(e) = check_single_threaded() {
-        sys::restore_sigmask(&old_mask);
-        if let Some(cg) = &enforcer.cgroup {
-            let _ = cg.leave();
-        }
-        return Err(e);
-    }
-    // SAFETY: every caller runs this from a single-threaded process, so the
-    // init may run ordinary code: `moat exec`'s supervisor (the proxy's
-    // threads start after the clone, when the init hands its listeners
-    // over), the service's per-execution supervisor processes, and
-    // `capabilities::report`, which runs each level in a forked child for
-    // the sake of `moat serve`/`moat mcp`. A caller with threads must do
-    // the same (see `sys::clone_process`).
-    let cloned = unsafe { sys::clone_process(ns_flags) };
-    if let (Some(cg), Ok(Forked::Parent(_))) = (&enforcer.cgroup, &cloned) {
-        if let Err(e) = cg.leave() {
-            // The supervisor would stay in the run's limits: better to stop.
-            eprintln!("moat: {e}");
-        }
-    }
-    let child = match cloned {
-        Ok(Forked::Child) => init::main(InitArgs {
-            plan,
-            report_fd: report_w.as_raw_fd(),
-            stdout_fd: stdout_end.as_ref().map(|f| f.as_raw_fd()),
-            stderr_fd: stderr_end.as_ref().map(|f| f.as_raw_fd()),
-            handoff_fd: handoff_tx.as_ref().map(|s| s.as_raw_fd()),
-            argv,
-            envp,
-            seccomp,
-            rlimits: &enforcer.rlimits,
-            pty,
-            cwd_identity: opts.cwd_identity,
-            early: None,
-        }),
-        Ok(Forked::Parent(pid)) => {
-            crate::timing::mark("clone the init (new namespaces)");
-            Pid::from_raw(pid)
-        }
-        Err(e) => {
+        child
+    } else {
+        if let Err(e) = check_single_threaded() {
             sys::restore_sigmask(&old_mask);
             if let Some(cg) = &enforcer.cgroup {
                 let _ = cg.leave();
             }
-            return Err(clone_error(e, plan));
+            return Err(e);
+        }
+        // SAFETY: every caller runs this from a single-threaded process, so the
+        // init may run ordinary code: `moat exec`'s supervisor (the proxy's
+        // threads start after the clone, when the init hands its listeners
+        // over), the service's per-execution supervisor processes, and
+        // `capabilities::report`, which runs each level in a forked child for
+        // the sake of `moat serve`/`moat mcp`. A caller with threads must do
+        // the same (see `sys::clone_process`).
+        let cloned = unsafe { sys::clone_process(ns_flags) };
+        if let (Some(cg), Ok(Forked::Parent(_))) = (&enforcer.cgroup, &cloned) {
+            if let Err(e) = cg.leave() {
+                // The supervisor would stay in the run's limits: better to stop.
+                eprintln!("moat: {e}");
+            }
+        }
+        match cloned {
+            Ok(Forked::Child) => init::main(InitArgs {
+                plan,
+                report_fd: report_w.as_raw_fd(),
+                stdout_fd: stdout_end.as_ref().map(|f| f.as_raw_fd()),
+                stderr_fd: stderr_end.as_ref().map(|f| f.as_raw_fd()),
+                handoff_fd: handoff_tx.as_ref().map(|s| s.as_raw_fd()),
+                argv,
+                envp,
+                seccomp,
+                rlimits: &enforcer.rlimits,
+                pty,
+                cwd_identity: opts.cwd_identity,
+                early: None,
+            }),
+            Ok(Forked::Parent(pid)) => {
+                crate::timing::mark("clone the init (new namespaces)");
+                Pid::from_raw(pid)
+            }
+            Err(e) => {
+                sys::restore_sigmask(&old_mask);
+                if let Some(cg) = &enforcer.cgroup {
+                    let _ = cg.leave();
+                }
+                return Err(clone_error(e, plan));
+            }
         }
     };
     drop(report_w);
