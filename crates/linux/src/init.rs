@@ -94,7 +94,7 @@ pub fn main(mut args: InitArgs<'_>) -> ! {
 /// new user and pid namespaces only. Makes the rest of its namespaces
 /// (`set`), writes its id maps (`uid`, `gid`: read before the clone) and
 /// hostname, stages the root (`mounts::stage_root`: the part only the
-/// policy decides, `set.view_start`), says so on `sock` (0: done, else
+/// policy and the host's `/` decide, `ViewStart::staged_ops`), says so on `sock` (0: done, else
 /// it leaves), and waits for the plan there; at the end of the socket (moat refused the run, or
 /// is gone) it leaves. With the plan, it takes back `mask` (moat's cpus),
 /// makes its cgroup namespace and runs [`main`]. Never returns.
@@ -120,8 +120,13 @@ pub(crate) fn early_main(
         crate::timing::mark("early init: namespaces, id maps, hostname");
         // In this process's own mount namespace: nothing of it reaches the
         // host. (A failure here is the serial clone's to report again.)
-        mounts::stage_root(&Kernel, &set.view_start.ops())
-            .map_err(|e| format!("stage the sandbox's root: {e}"))
+        // The host's top level is listed here, in this namespace's copy of
+        // the host's mounts (the binds come from that copy either way), and
+        // laid too: the plan must begin with exactly these ops, or the init
+        // refuses it (`mounts::build_staged_root`), so a `/` that changed
+        // between this listing and moat's probe fails the run closed.
+        let start = set.view_start.staged_ops(&crate::probe::list_root());
+        mounts::stage_root(&Kernel, &start).map_err(|e| format!("stage the sandbox's root: {e}"))
     })();
     crate::timing::mark("early init: root staged");
     let word = [u8::from(first_half.is_err())];
@@ -425,7 +430,7 @@ fn setup(
     crate::timing::mark("init: fds, id maps, hostname");
     let built = match early {
         Some(staged) => mounts::build_staged_root(&Kernel, staged, &plan.mounts, plan.broker),
-        None => mounts::build_root(&Kernel, &plan.mounts, plan.view_start_len(), plan.broker),
+        None => mounts::build_root(&Kernel, &plan.mounts, plan.staged_len(), plan.broker),
     };
     let broker = built.map_err(|e| SetupFailure {
         errno: e.source.raw_os_error().unwrap_or(0),

@@ -101,8 +101,8 @@ fn redacted_name(target: &Path) -> PathBuf {
 /// the process is in a fresh tmpfs as `/` (the host's root under
 /// `OLD_ROOT`), holds the detached scratch tmpfs, still writable, with the
 /// empty directory and file stand-ins are bound from, and the first ops of
-/// the view are laid (`laid`: the plan's `ViewStart`, which only the policy
-/// decides). The early init lays it while moat probes (ARCHITECTURE.md,
+/// the view are laid (`laid`: `ViewStart::staged_ops`, which only the
+/// policy and the host's top-level entries decide). The early init lays it while moat probes (ARCHITECTURE.md,
 /// "Launch performance"); the serial init right before the rest, so both
 /// launches make the same calls in the same order.
 pub(crate) struct Staged<H> {
@@ -213,7 +213,7 @@ fn finish_staging<S: Syscall>(
 /// `broker`, also binds the nested-run socket at [`crate::netns::BROKER_SOCKET`]
 /// (before the root becomes read-only) and returns its listener.
 /// `ops[..start_len]` are staged first ([`stage_root`]; the plan's
-/// `view_start_len`).
+/// `staged_len`).
 pub(crate) fn build_root<S: Syscall>(
     sys: &S,
     ops: &[MountOp],

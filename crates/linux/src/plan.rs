@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use moat_policy::{is_secret_env_name, Level, NetworkMode, Policy, SAFE_BASE_ENV};
 use serde::{Deserialize, Serialize};
 
-use crate::probe::{HostFacts, Kind, PROC_MASKED, PROC_READ_ONLY};
+use crate::probe::{HostFacts, Kind, RootEntry, PROC_MASKED, PROC_READ_ONLY};
 use crate::view::{Mode, View, Why, BUILT_BY_MOAT, SYSTEM_RUNTIME};
 pub use crate::view::{SANDBOX_HOME, SANDBOX_MOAT_BIN};
 
@@ -226,6 +226,47 @@ impl ViewStart {
         });
         ops
     }
+
+    /// [`ViewStart::ops`], then the host's top-level entries (`root`, the
+    /// probe's listing of `/`: at workspace-contained only the system
+    /// runtime; a symlink as the same symlink, anything else bound
+    /// read-only) and, when the whole host is shown, `/sys`: every op a
+    /// namespaces plan begins with that only the policy and that listing
+    /// decide. The one source of those ops: [`build`] starts every
+    /// namespaces plan with them, and the early init lays them from its own
+    /// listing before the plan comes (`init::early_main`), which the plan
+    /// must then begin with exactly (`mounts::build_staged_root`).
+    pub fn staged_ops(&self, root: &[RootEntry]) -> Vec<MountOp> {
+        let mut ops = self.ops();
+        for e in root {
+            if BUILT_BY_MOAT.contains(&e.name.as_str()) {
+                continue;
+            }
+            if !self.whole_host && !SYSTEM_RUNTIME.contains(&e.name.as_str()) {
+                continue;
+            }
+            let target = Path::new("/").join(&e.name);
+            match (&e.kind, &e.link) {
+                (Kind::Symlink, Some(link)) => ops.push(MountOp::Symlink {
+                    target,
+                    points_to: link.clone(),
+                }),
+                (Kind::Symlink, None) => {}
+                (kind, _) => ops.push(host_bind(&target, *kind, true, true)),
+            }
+        }
+        if self.whole_host {
+            ops.push(MountOp::Bind {
+                source: "/sys".into(),
+                target: "/sys".into(),
+                kind: Kind::Dir,
+                recursive: true,
+                readonly: true,
+                device: false,
+            });
+        }
+        ops
+    }
 }
 
 impl NamespaceSet {
@@ -313,7 +354,7 @@ impl Plan {
     }
 
     /// How many of `mounts` are its [`ViewStart`] (0 outside the namespaces
-    /// backend): the part the early init lays before the plan comes.
+    /// backend): the part the policy alone decides.
     pub fn view_start_len(&self) -> usize {
         match NamespaceSet::of_plan(self) {
             Some(set) => {
@@ -326,6 +367,28 @@ impl Plan {
             }
             None => 0,
         }
+    }
+
+    /// How many of `mounts` an init lays before it seals its scratch tmpfs
+    /// ([`ViewStart::staged_ops`]): the view's start and the run of ops
+    /// right after it that lay an entry directly under `/` (the host's
+    /// top level, `/sys`; HOME, always next, is deeper). The early init
+    /// lays these before its plan comes, from its own listing of `/`; the
+    /// serial init stages the same count, so both make the same calls in
+    /// the same order.
+    pub fn staged_len(&self) -> usize {
+        let start = self.view_start_len();
+        if start == 0 {
+            return 0;
+        }
+        let top_level = self.mounts[start..]
+            .iter()
+            .take_while(|op| {
+                matches!(op, MountOp::Bind { .. } | MountOp::Symlink { .. })
+                    && op.target().parent() == Some(Path::new("/"))
+            })
+            .count();
+        start + top_level
     }
 
     /// The run is confined by the Landlock backend alone.
@@ -491,34 +554,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     // 1. The skeleton: first what the policy alone decides (the early init
     // lays it before the plan exists), then the host's top-level entries
     // and the rest of what moat builds itself.
-    let mut base = ViewStart::for_policy(policy).ops();
-    for e in &host.root_entries {
-        if BUILT_BY_MOAT.contains(&e.name.as_str()) {
-            continue;
-        }
-        if !whole_host && !SYSTEM_RUNTIME.contains(&e.name.as_str()) {
-            continue;
-        }
-        let target = Path::new("/").join(&e.name);
-        match (&e.kind, &e.link) {
-            (Kind::Symlink, Some(link)) => base.push(MountOp::Symlink {
-                target,
-                points_to: link.clone(),
-            }),
-            (Kind::Symlink, None) => {}
-            (kind, _) => base.push(host_bind(&target, *kind, true, true)),
-        }
-    }
-    if whole_host {
-        base.push(MountOp::Bind {
-            source: "/sys".into(),
-            target: "/sys".into(),
-            kind: Kind::Dir,
-            recursive: true,
-            readonly: true,
-            device: false,
-        });
-    }
+    let mut base = ViewStart::for_policy(policy).staged_ops(&host.root_entries);
     // HOME is a tmpfs, or the run's private host directory when the tool
     // replaces a state file by rename (its synced copy lives there).
     base.push(match &policy.private_home {

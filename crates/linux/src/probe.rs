@@ -147,6 +147,33 @@ fn lstat_kind(p: &Path) -> Option<Kind> {
     })
 }
 
+/// The entries of `/`, sorted by name (an entry that cannot be read is
+/// left out). The probe's listing, and the early init's own, taken in its
+/// copy of the host's mounts before its plan comes (`init::early_main`):
+/// one function, so both list alike.
+pub(crate) fn list_root() -> Vec<RootEntry> {
+    let mut entries = Vec::new();
+    if let Ok(rd) = fs::read_dir("/") {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            // readdir's d_type: no lstat per entry (std falls back to
+            // one where the filesystem gives no type).
+            let Ok(ft) = e.file_type() else {
+                continue;
+            };
+            let kind = dirent_kind(&ft);
+            let link = if kind == Kind::Symlink {
+                fs::read_link(e.path()).ok()
+            } else {
+                None
+            };
+            entries.push(RootEntry { name, kind, link });
+        }
+    }
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    entries
+}
+
 pub(crate) fn dirent_kind(ft: &fs::FileType) -> Kind {
     if ft.is_symlink() {
         Kind::Symlink
@@ -569,26 +596,9 @@ impl HostFacts {
         }
     }
 
-    /// Lists `/` (an entry that cannot be read is left out).
+    /// Lists `/` ([`list_root`]).
     fn probe_root(&mut self) {
-        if let Ok(rd) = fs::read_dir("/") {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                // readdir's d_type: no lstat per entry (std falls back to
-                // one where the filesystem gives no type).
-                let Ok(ft) = e.file_type() else {
-                    continue;
-                };
-                let kind = dirent_kind(&ft);
-                let link = if kind == Kind::Symlink {
-                    fs::read_link(e.path()).ok()
-                } else {
-                    None
-                };
-                self.root_entries.push(RootEntry { name, kind, link });
-            }
-        }
-        self.root_entries.sort_by(|a, b| a.name.cmp(&b.name));
+        self.root_entries = list_root();
         self.var_run_is_dir = lstat_kind(Path::new("/var/run")) == Some(Kind::Dir);
     }
 

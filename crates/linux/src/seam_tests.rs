@@ -74,7 +74,7 @@ fn plan(p: &Policy, facts: &HostFacts) -> Plan {
 fn replay(plan: &Plan) -> String {
     let fake = Recorder::default();
     mounts::set_identity(&fake, plan).expect("identity");
-    mounts::build_root(&fake, &plan.mounts, plan.view_start_len(), plan.broker).expect("view");
+    mounts::build_root(&fake, &plan.mounts, plan.staged_len(), plan.broker).expect("view");
     fake.log()
 }
 
@@ -194,14 +194,21 @@ fn the_early_init_makes_the_serial_inits_calls_in_the_same_order() {
         let p = plan(pol, &host());
         let set = NamespaceSet::for_policy(pol).expect("namespaces");
         assert_eq!(NamespaceSet::of_plan(&p), Some(set));
-        let start = set.view_start.ops();
-        assert!(p.view_start_len() == start.len() && start.len() > 1);
+        let start = set.view_start.staged_ops(&host().root_entries);
+        assert!(p.view_start_len() == set.view_start.ops().len() && p.view_start_len() > 1);
+        assert!(p.staged_len() == start.len() && start.len() > p.view_start_len());
         let fake = Recorder::default();
         mounts::set_identity_ids(&fake, p.uid, p.gid).expect("identity");
         let staged = mounts::stage_root(&fake, &start).expect("stage");
         let staged_log = fake.log();
         assert!(staged_log.contains("pivot_root") && staged_log.contains("mount proc /proc"));
-        assert!(!staged_log.contains("/.moat-oldroot/usr"), "{staged_log}");
+        // The host's top level is laid before the plan; nothing deeper.
+        assert!(staged_log.contains("/.moat-oldroot/usr"), "{staged_log}");
+        assert!(!staged_log.contains("/moat/home"), "{staged_log}");
+        assert!(
+            !staged_log.contains("make_superblock_readonly"),
+            "{staged_log}"
+        );
         mounts::build_staged_root(&fake, staged, &p.mounts, p.broker).expect("view");
         assert_eq!(fake.log(), replay(&p), "the early init's calls differ");
     }
@@ -217,7 +224,7 @@ fn a_plan_that_does_not_begin_with_the_staged_view_is_refused() {
     let start = NamespaceSet::for_policy(&limited)
         .expect("namespaces")
         .view_start
-        .ops();
+        .staged_ops(&host().root_entries);
     let p = plan(&policy(Level::WorkspaceContained, |_| {}), &host());
     let fake = Recorder::default();
     let staged = mounts::stage_root(&fake, &start).expect("stage");
@@ -228,13 +235,74 @@ fn a_plan_that_does_not_begin_with_the_staged_view_is_refused() {
 }
 
 #[test]
+fn a_plan_from_another_listing_of_the_root_than_the_staged_one_is_refused() {
+    // The early init lays the host's top level from its own listing of `/`
+    // before moat's probe lists it for the plan. If `/` changed between the
+    // two (an entry added, removed, or turned into a symlink), the staged
+    // view is not the plan's: the init must refuse to build on it.
+    let at = |level: Level| policy(level, |_| {});
+    let root = |name: &str, kind: Kind, link: Option<&str>| RootEntry {
+        name: name.into(),
+        kind,
+        link: link.map(PathBuf::from),
+    };
+    let listing = |edit: &dyn Fn(&mut Vec<RootEntry>)| {
+        let mut v = host().root_entries;
+        edit(&mut v);
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    };
+    let same = listing(&|_| {});
+    let changes = [
+        // Staged: a directory the plan's listing does not have (read-only
+        // level: the whole top level is bound).
+        (
+            Level::ReadOnly,
+            listing(&|v| v.push(root("srv", Kind::Dir, None))),
+            same.clone(),
+        ),
+        // Staged: a system directory the plan's listing does not have.
+        (
+            Level::WorkspaceContained,
+            same.clone(),
+            listing(&|v| v.retain(|e| e.name != "etc")),
+        ),
+        // Staged: a top-level symlink that points elsewhere in the plan's.
+        (
+            Level::WorkspaceContained,
+            listing(&|v| {
+                v.retain(|e| e.name != "bin");
+                v.push(root("bin", Kind::Symlink, Some("/opt/evil")));
+            }),
+            same.clone(),
+        ),
+    ];
+    for (level, staged_root, planned_root) in changes {
+        let mut facts = host();
+        facts.root_entries = planned_root;
+        let pol = at(level);
+        let start = NamespaceSet::for_policy(&pol)
+            .expect("namespaces")
+            .view_start
+            .staged_ops(&staged_root);
+        let p = plan(&pol, &facts);
+        assert_ne!(p.mounts.get(..start.len()), Some(&start[..]));
+        let fake = Recorder::default();
+        let staged = mounts::stage_root(&fake, &start).expect("stage");
+        let before = fake.log();
+        let e = mounts::build_staged_root(&fake, staged, &p.mounts, p.broker).expect_err("refused");
+        assert!(e.step.contains("differ"), "{level:?}: {e}");
+        assert_eq!(fake.log(), before, "nothing is laid after the refusal");
+    }
+}
+
+#[test]
 fn a_failing_call_stops_the_replay_with_its_step_and_path() {
     // The seam also carries errors: the first refused call ends the build
     // with the step and path the user sees.
     let p = plan(&policy(Level::ReadOnly, |_| {}), &host());
     let fake = Recorder::failing_at("pivot_root");
-    let e =
-        mounts::build_root(&fake, &p.mounts, p.view_start_len(), p.broker).expect_err("must fail");
+    let e = mounts::build_root(&fake, &p.mounts, p.staged_len(), p.broker).expect_err("must fail");
     assert_eq!(e.step, "pivot_root");
     assert_eq!(e.path, Path::new("/tmp"));
     assert!(
