@@ -120,12 +120,14 @@ pub(crate) fn early_main(
         crate::timing::mark("early init: namespaces, id maps, hostname");
         // In this process's own mount namespace: nothing of it reaches the
         // host. (A failure here is the serial clone's to report again.)
-        // The host's top level is listed here, in this namespace's copy of
-        // the host's mounts (the binds come from that copy either way), and
-        // laid too: the plan must begin with exactly these ops, or the init
+        // The host's top level and `/proc` are listed here, in this
+        // namespace's copy of the host's mounts (the binds come from that
+        // copy either way), and laid too: the plan must begin with exactly these ops, or the init
         // refuses it (`mounts::build_staged_root`), so a `/` that changed
         // between this listing and moat's probe fails the run closed.
-        let start = set.view_start.staged_ops(&crate::probe::list_root());
+        let start = set
+            .view_start
+            .staged_ops(&crate::probe::list_root(), &crate::probe::list_proc());
         mounts::stage_root(&Kernel, &start).map_err(|e| format!("stage the sandbox's root: {e}"))
     })();
     crate::timing::mark("early init: root staged");

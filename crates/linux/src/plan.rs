@@ -146,8 +146,10 @@ pub struct ViewStart {
     /// Not workspace-contained: the host's top level is shown, `/run` is
     /// moat's tmpfs.
     whole_host: bool,
-    /// `--limit tmp_size` for `/tmp` and `/dev/shm`.
+    /// `--limit tmp_size` for `/tmp`, `/dev/shm` and HOME.
     tmp_size: Option<u64>,
+    /// HOME is moat's tmpfs (not the run's private host directory).
+    tmpfs_home: bool,
 }
 
 impl ViewStart {
@@ -155,6 +157,7 @@ impl ViewStart {
         ViewStart {
             whole_host: policy.level != Level::WorkspaceContained,
             tmp_size: policy.limits.tmp_size,
+            tmpfs_home: policy.private_home.is_none(),
         }
     }
 
@@ -162,6 +165,9 @@ impl ViewStart {
         ViewStart {
             whole_host: plan.level != Level::WorkspaceContained,
             tmp_size: plan.limits.tmp_size,
+            tmpfs_home: plan.mounts.iter().any(
+                |op| matches!(op, MountOp::Tmpfs { target, .. } if target == Path::new(SANDBOX_HOME)),
+            ),
         }
     }
 
@@ -230,13 +236,14 @@ impl ViewStart {
     /// [`ViewStart::ops`], then the host's top-level entries (`root`, the
     /// probe's listing of `/`: at workspace-contained only the system
     /// runtime; a symlink as the same symlink, anything else bound
-    /// read-only) and, when the whole host is shown, `/sys`: every op a
-    /// namespaces plan begins with that only the policy and that listing
-    /// decide. The one source of those ops: [`build`] starts every
+    /// read-only), `/sys` when the whole host is shown, and, when HOME is
+    /// moat's tmpfs, that tmpfs and `/proc`'s read-only parts (`proc`: the
+    /// probe's `/proc` entries): every op a namespaces plan begins with
+    /// that only the policy and those listings decide. The one source of those ops: [`build`] starts every
     /// namespaces plan with them, and the early init lays them from its own
     /// listing before the plan comes (`init::early_main`), which the plan
     /// must then begin with exactly (`mounts::build_staged_root`).
-    pub fn staged_ops(&self, root: &[RootEntry]) -> Vec<MountOp> {
+    pub fn staged_ops(&self, root: &[RootEntry], proc: &[String]) -> Vec<MountOp> {
         let mut ops = self.ops();
         for e in root {
             if BUILT_BY_MOAT.contains(&e.name.as_str()) {
@@ -264,6 +271,14 @@ impl ViewStart {
                 readonly: true,
                 device: false,
             });
+        }
+        if self.tmpfs_home {
+            ops.push(MountOp::Tmpfs {
+                target: SANDBOX_HOME.into(),
+                mode: 0o700,
+                size: self.tmp_size,
+            });
+            ops.extend(proc_read_only_ops(proc));
         }
         ops
     }
@@ -372,7 +387,8 @@ impl Plan {
     /// How many of `mounts` an init lays before it seals its scratch tmpfs
     /// ([`ViewStart::staged_ops`]): the view's start and the run of ops
     /// right after it that lay an entry directly under `/` (the host's
-    /// top level, `/sys`; HOME, always next, is deeper). The early init
+    /// top level, `/sys`), HOME's tmpfs and `/proc`'s read-only parts (a
+    /// private HOME's bind, never staged, ends the run). The early init
     /// lays these before its plan comes, from its own listing of `/`; the
     /// serial init stages the same count, so both make the same calls in
     /// the same order.
@@ -383,9 +399,13 @@ impl Plan {
         }
         let top_level = self.mounts[start..]
             .iter()
-            .take_while(|op| {
-                matches!(op, MountOp::Bind { .. } | MountOp::Symlink { .. })
-                    && op.target().parent() == Some(Path::new("/"))
+            .take_while(|op| match op {
+                MountOp::Bind { target, .. } | MountOp::Symlink { target, .. } => {
+                    target.parent() == Some(Path::new("/"))
+                }
+                MountOp::Tmpfs { target, .. } => target == Path::new(SANDBOX_HOME),
+                MountOp::ReadOnlyAgain { target } => target.parent() == Some(Path::new("/proc")),
+                _ => false,
             })
             .count();
         start + top_level
@@ -505,7 +525,6 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
             b => b,
         },
     };
-    let tmp_size = policy.limits.tmp_size;
     if !sandboxed {
         plan.view = view;
         return Ok(plan);
@@ -554,31 +573,27 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
     // 1. The skeleton: first what the policy alone decides (the early init
     // lays it before the plan exists), then the host's top-level entries
     // and the rest of what moat builds itself.
-    let mut base = ViewStart::for_policy(policy).staged_ops(&host.root_entries);
-    // HOME is a tmpfs, or the run's private host directory when the tool
-    // replaces a state file by rename (its synced copy lives there).
-    base.push(match &policy.private_home {
-        Some(dir) => MountOp::Bind {
+    let mut base = ViewStart::for_policy(policy).staged_ops(&host.root_entries, &host.proc_entries);
+    // HOME is a tmpfs (staged above), or the run's private host directory
+    // when the tool replaces a state file by rename (its synced copy lives
+    // there); `/proc`'s read-only parts follow it.
+    if let Some(dir) = &policy.private_home {
+        base.push(MountOp::Bind {
             source: dir.clone(),
             target: SANDBOX_HOME.into(),
             kind: Kind::Dir,
             recursive: false,
             readonly: false,
             device: false,
-        },
-        None => MountOp::Tmpfs {
-            target: SANDBOX_HOME.into(),
-            mode: 0o700,
-            size: tmp_size,
-        },
-    });
+        });
+        base.extend(proc_read_only_ops(&host.proc_entries));
+    }
+    // `/proc`'s masked files: stand-ins, so never staged (they come from
+    // the scratch tmpfs, sealed only once the plan's redacted copies are in).
     for n in &host.proc_entries {
-        let target = Path::new("/proc").join(n);
-        if PROC_READ_ONLY.contains(&n.as_str()) {
-            base.push(MountOp::ReadOnlyAgain { target });
-        } else if PROC_MASKED.contains(&n.as_str()) {
+        if PROC_MASKED.contains(&n.as_str()) {
             base.push(MountOp::StandIn {
-                target,
+                target: Path::new("/proc").join(n),
                 kind: Kind::File,
             });
         }
@@ -838,6 +853,16 @@ fn pins_for(ops: &[MountOp]) -> Vec<MountOp> {
             device: false,
         })
         .collect()
+}
+
+/// `/proc`'s read-only parts among `proc` (the probe's `/proc` entries),
+/// each bound over itself read-only, in `proc`'s order.
+fn proc_read_only_ops(proc: &[String]) -> impl Iterator<Item = MountOp> + '_ {
+    proc.iter()
+        .filter(|n| PROC_READ_ONLY.contains(&n.as_str()))
+        .map(|n| MountOp::ReadOnlyAgain {
+            target: Path::new("/proc").join(n),
+        })
 }
 
 fn host_bind(path: &Path, kind: Kind, recursive: bool, readonly: bool) -> MountOp {

@@ -174,6 +174,18 @@ pub(crate) fn list_root() -> Vec<RootEntry> {
     entries
 }
 
+/// Which of `/proc`'s read-only and masked entries exist, read-only ones
+/// first. The probe's, and the early init's before its plan comes (as
+/// [`list_root`]).
+pub(crate) fn list_proc() -> Vec<String> {
+    PROC_READ_ONLY
+        .iter()
+        .chain(PROC_MASKED)
+        .filter(|n| Path::new("/proc").join(n).exists())
+        .map(|n| n.to_string())
+        .collect()
+}
+
 pub(crate) fn dirent_kind(ft: &fs::FileType) -> Kind {
     if ft.is_symlink() {
         Kind::Symlink
@@ -552,12 +564,7 @@ impl HostFacts {
                 f.resolv_conf_in_run = Some(target);
             }
         }
-        f.proc_entries = PROC_READ_ONLY
-            .iter()
-            .chain(PROC_MASKED)
-            .filter(|n| Path::new("/proc").join(n).exists())
-            .map(|n| n.to_string())
-            .collect();
+        f.proc_entries = list_proc();
         f
     }
 

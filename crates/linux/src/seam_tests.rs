@@ -194,7 +194,9 @@ fn the_early_init_makes_the_serial_inits_calls_in_the_same_order() {
         let p = plan(pol, &host());
         let set = NamespaceSet::for_policy(pol).expect("namespaces");
         assert_eq!(NamespaceSet::of_plan(&p), Some(set));
-        let start = set.view_start.staged_ops(&host().root_entries);
+        let start = set
+            .view_start
+            .staged_ops(&host().root_entries, &host().proc_entries);
         assert!(p.view_start_len() == set.view_start.ops().len() && p.view_start_len() > 1);
         assert!(p.staged_len() == start.len() && start.len() > p.view_start_len());
         let fake = Recorder::default();
@@ -202,9 +204,17 @@ fn the_early_init_makes_the_serial_inits_calls_in_the_same_order() {
         let staged = mounts::stage_root(&fake, &start).expect("stage");
         let staged_log = fake.log();
         assert!(staged_log.contains("pivot_root") && staged_log.contains("mount proc /proc"));
-        // The host's top level is laid before the plan; nothing deeper.
+        // The host's top level, HOME and /proc's read-only parts are laid
+        // before the plan; no stand-in (the scratch is not sealed yet).
         assert!(staged_log.contains("/.moat-oldroot/usr"), "{staged_log}");
-        assert!(!staged_log.contains("/moat/home"), "{staged_log}");
+        assert!(staged_log.contains("/moat/home"), "{staged_log}");
+        assert!(
+            staged_log
+                .lines()
+                .any(|l| l.starts_with("move_mount ") && l.ends_with(" /proc/sys")),
+            "{staged_log}"
+        );
+        assert!(!staged_log.contains("/proc/kcore"), "{staged_log}");
         assert!(
             !staged_log.contains("make_superblock_readonly"),
             "{staged_log}"
@@ -224,7 +234,7 @@ fn a_plan_that_does_not_begin_with_the_staged_view_is_refused() {
     let start = NamespaceSet::for_policy(&limited)
         .expect("namespaces")
         .view_start
-        .staged_ops(&host().root_entries);
+        .staged_ops(&host().root_entries, &host().proc_entries);
     let p = plan(&policy(Level::WorkspaceContained, |_| {}), &host());
     let fake = Recorder::default();
     let staged = mounts::stage_root(&fake, &start).expect("stage");
@@ -237,9 +247,10 @@ fn a_plan_that_does_not_begin_with_the_staged_view_is_refused() {
 #[test]
 fn a_plan_from_another_listing_of_the_root_than_the_staged_one_is_refused() {
     // The early init lays the host's top level from its own listing of `/`
-    // before moat's probe lists it for the plan. If `/` changed between the
-    // two (an entry added, removed, or turned into a symlink), the staged
-    // view is not the plan's: the init must refuse to build on it.
+    // (and `/proc`'s read-only parts from its own listing of `/proc`) before
+    // moat's probe lists them for the plan. If they changed between the two
+    // (an entry added, removed, or turned into a symlink), the staged view
+    // is not the plan's: the init must refuse to build on it.
     let at = |level: Level| policy(level, |_| {});
     let root = |name: &str, kind: Kind, link: Option<&str>| RootEntry {
         name: name.into(),
@@ -253,6 +264,7 @@ fn a_plan_from_another_listing_of_the_root_than_the_staged_one_is_refused() {
         v
     };
     let same = listing(&|_| {});
+    let proc = host().proc_entries;
     let changes = [
         // Staged: a directory the plan's listing does not have (read-only
         // level: the whole top level is bound).
@@ -260,12 +272,14 @@ fn a_plan_from_another_listing_of_the_root_than_the_staged_one_is_refused() {
             Level::ReadOnly,
             listing(&|v| v.push(root("srv", Kind::Dir, None))),
             same.clone(),
+            proc.clone(),
         ),
         // Staged: a system directory the plan's listing does not have.
         (
             Level::WorkspaceContained,
             same.clone(),
             listing(&|v| v.retain(|e| e.name != "etc")),
+            proc.clone(),
         ),
         // Staged: a top-level symlink that points elsewhere in the plan's.
         (
@@ -275,16 +289,24 @@ fn a_plan_from_another_listing_of_the_root_than_the_staged_one_is_refused() {
                 v.push(root("bin", Kind::Symlink, Some("/opt/evil")));
             }),
             same.clone(),
+            proc.clone(),
+        ),
+        // Staged: a read-only part of /proc the plan's listing does not have.
+        (
+            Level::WorkspaceContained,
+            same.clone(),
+            same.clone(),
+            vec!["sys".into(), "irq".into(), "kcore".into()],
         ),
     ];
-    for (level, staged_root, planned_root) in changes {
+    for (level, staged_root, planned_root, staged_proc) in changes {
         let mut facts = host();
         facts.root_entries = planned_root;
         let pol = at(level);
         let start = NamespaceSet::for_policy(&pol)
             .expect("namespaces")
             .view_start
-            .staged_ops(&staged_root);
+            .staged_ops(&staged_root, &staged_proc);
         let p = plan(&pol, &facts);
         assert_ne!(p.mounts.get(..start.len()), Some(&start[..]));
         let fake = Recorder::default();
