@@ -1,4 +1,4 @@
-//! The hand-written seccomp ABI guard (`install_syscall_abi_guard` in
+//! The hand-written seccomp ABI guard (`SYSCALL_ABI_GUARD` in
 //! crates/linux/src/sys.rs) and the seccomp floor (`SECCOMP_FLOOR`,
 //! `DENIED_IOCTLS` in crates/linux/src/confine.rs), probed from inside the
 //! sandbox at every sandboxed level: x32 syscalls refused with EPERM, a

@@ -494,17 +494,27 @@ fn seccomp_rules(spec: &SeccompSpec) -> Result<tree::Rules, ConfineError> {
 /// (`confine/tree.rs`): the kernel loads it ≈ twice as fast as
 /// seccompiler's chain of the same rules, with the same verdicts.
 pub fn seccomp_filter(spec: &SeccompSpec) -> Result<seccompiler::BpfProgram, ConfineError> {
-    tree::compile(&seccomp_rules(spec)?).map_err(ConfineError::Seccomp)
+    let floor = tree::compile(&seccomp_rules(spec)?).map_err(ConfineError::Seccomp)?;
+    // One program, not two stacked filters: the kernel's cost of loading a
+    // filter (checking, JIT, the action cache it precomputes) is paid per
+    // filter, on the command's way to exec. The guard's refusals return
+    // first; what it lets through falls into the floor. The verdict equals
+    // the two filters stacked (the most restrictive action, the floor's
+    // errno on a tie), which a unit test checks for every syscall.
+    let mut prog = Vec::with_capacity(sys::SYSCALL_ABI_GUARD.len() + floor.len());
+    prog.extend_from_slice(&sys::SYSCALL_ABI_GUARD);
+    prog.extend(floor);
+    Ok(prog)
 }
 
-/// Installs the ABI guard and the floor. Must be the last step before exec.
+/// Installs the session's filter (the ABI guard and the floor, one program:
+/// [`seccomp_filter`]). Must be the last step before exec.
 pub fn apply_seccomp(program: &seccompiler::BpfProgram) -> Result<Enforcement, ConfineError> {
     enter_seccomp(program).map_err(ConfineError::from)
 }
 
 /// [`apply_seccomp`] without allocating (the command's process).
 pub fn enter_seccomp(program: &seccompiler::BpfProgram) -> Result<Enforcement, StepFailed> {
-    sys::install_syscall_abi_guard().map_err(|e| StepFailed::io("seccomp: the ABI guard", &e))?;
     sys::install_seccomp_filter(program).map_err(|e| StepFailed::io("seccomp: the floor", &e))?;
     Ok(Enforcement::Full)
 }
@@ -534,14 +544,16 @@ pub fn apply_net_class(class: moat_policy::NetClass) -> Result<(), ConfineError>
     };
     sys::set_no_new_privs().map_err(ConfineError::NoNewPrivs)?;
     for f in filters {
-        let prog = seccomp_filter(&f)?;
+        // The floor's tree alone: the session's filter has the guard.
+        let prog = tree::compile(&seccomp_rules(&f)?).map_err(ConfineError::Seccomp)?;
         seccompiler::apply_filter(&prog).map_err(|e| ConfineError::Seccomp(e.to_string()))?;
     }
     Ok(())
 }
 
-/// Filters every sandboxed command runs under (the ABI guard and the floor).
-pub const SESSION_FILTERS: u32 = 2;
+/// Filters every sandboxed command runs under: one, the ABI guard and the
+/// floor in one program ([`seccomp_filter`]).
+pub const SESSION_FILTERS: u32 = 1;
 
 /// The net class a process inside a sandbox runs under, read from the number
 /// of seccomp filters stacked on the session's (see [`apply_net_class`]).

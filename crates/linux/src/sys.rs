@@ -735,21 +735,22 @@ pub const NEW_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWCGROUP
     | 0x80) as u32;
 
-/// A small hand-written seccomp program installed beside the seccompiler
-/// filter, for what seccompiler's rule model cannot say compactly: it
+/// A small hand-written seccomp program, the head of every session's
+/// filter (`confine::seccomp_filter` puts it before the floor's decision
+/// tree), for what seccompiler's rule model cannot say compactly: it
 /// refuses foreign and x32 syscall ABIs (whose numbers the main filter would
 /// not match), makes clone3 fail with ENOSYS so libc falls back to clone(2)
 /// (whose flags a filter can inspect, unlike clone3's struct), and refuses
 /// clone/unshare that ask for a new namespace (one JSET test instead of a
-/// rule per flag).
-pub fn install_syscall_abi_guard() -> io::Result<()> {
+/// rule per flag). Every path it does not refuse falls off its end, which
+/// is where the floor begins.
+pub const SYSCALL_ABI_GUARD: [seccompiler::sock_filter; 13] = {
     use seccompiler::sock_filter;
     const BPF_LD_W_ABS: u16 = 0x20;
     const BPF_JEQ_K: u16 = 0x15;
     const BPF_JGE_K: u16 = 0x35;
     const BPF_RET_K: u16 = 0x06;
     const BPF_JSET_K: u16 = 0x45;
-    const RET_ALLOW: u32 = 0x7fff_0000;
     const RET_KILL_PROCESS: u32 = 0x8000_0000;
     const RET_ERRNO: u32 = 0x0005_0000;
     #[cfg(target_arch = "x86_64")]
@@ -757,8 +758,10 @@ pub fn install_syscall_abi_guard() -> io::Result<()> {
     #[cfg(target_arch = "aarch64")]
     const ARCH: u32 = 183 | 0x8000_0000 | 0x4000_0000;
     const X32_BIT: u32 = 0x4000_0000;
-    let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
-    let prog = [
+    const fn ins(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
+        sock_filter { code, jt, jf, k }
+    }
+    [
         ins(BPF_LD_W_ABS, 0, 0, 4),             // arch
         ins(BPF_JEQ_K, 1, 0, ARCH),             // native arch?
         ins(BPF_RET_K, 0, 0, RET_KILL_PROCESS), // foreign ABI: kill
@@ -774,10 +777,9 @@ pub fn install_syscall_abi_guard() -> io::Result<()> {
         ins(BPF_LD_W_ABS, 0, 0, 16), // args[0], low 32 bits (little endian)
         ins(BPF_JSET_K, 0, 1, NEW_NAMESPACE_FLAGS),
         ins(BPF_RET_K, 0, 0, RET_ERRNO | libc::EPERM as u32),
-        ins(BPF_RET_K, 0, 0, RET_ALLOW),
-    ];
-    install_seccomp_filter(&prog)
-}
+        // (falls through: the floor, or the allow below)
+    ]
+};
 
 /// Sets no_new_privs and installs `prog` for the calling task (seccompiler's
 /// `apply_filter`), with its failure as the errno behind it: nothing is

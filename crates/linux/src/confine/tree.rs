@@ -135,6 +135,7 @@ fn leaf(rules: &[Vec<Cond>]) -> Result<Vec<sock_filter>, String> {
 
 #[cfg(test)]
 mod tests {
+    const GUARD: [sock_filter; 13] = crate::sys::SYSCALL_ABI_GUARD;
     use super::*;
     use crate::plan::SeccompSpec;
     use seccompiler::{
@@ -313,9 +314,9 @@ mod tests {
             let rules = crate::confine::seccomp_rules(&spec).unwrap();
             let (tree, reference) = (compile(&rules).unwrap(), chain(&rules));
             assert_eq!(
-                crate::confine::seccomp_filter(&spec).unwrap(),
-                tree,
-                "moat loads the tree"
+                crate::confine::seccomp_filter(&spec).unwrap()[GUARD.len()..],
+                tree[..],
+                "moat loads the tree after the guard"
             );
             let mut refused = 0;
             for nr in (0..=600u32).chain([0x4000_0000, 0x4000_0001, u32::MAX]) {
@@ -344,6 +345,69 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The ABI guard as it was installed alone, a filter of its own: its
+    /// instructions, then an allow.
+    fn guard_alone() -> Vec<sock_filter> {
+        let mut g = GUARD.to_vec();
+        g.push(ins(RET_K, 0, 0, RET_ALLOW));
+        g
+    }
+
+    /// What the kernel answers under two stacked filters: the most
+    /// restrictive action; on a tie, the data (errno) of the filter
+    /// installed last (the floor, installed after the guard).
+    fn stacked(guard: u32, floor: u32) -> u32 {
+        let rank = |v: u32| match v & 0xffff_0000 {
+            0x8000_0000 => 0, // kill process
+            0x0000_0000 => 1, // kill thread
+            0x0003_0000 => 2, // trap
+            0x0005_0000 => 3, // errno
+            0x7fff_0000 => 9, // allow
+            other => panic!("action {other:#x}"),
+        };
+        if rank(guard) < rank(floor) {
+            guard
+        } else {
+            floor
+        }
+    }
+
+    #[test]
+    fn the_one_session_filter_answers_as_the_guard_and_the_floor_stacked() {
+        // The guard and the floor were two filters; they are one program
+        // now (the guard's refusals first, then the tree). For every
+        // syscall, architecture and argument vector, the one program's
+        // verdict is the kernel's verdict for the two stacked.
+        let mut args = arg_cases();
+        for flag in [
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWNS,
+            libc::CLONE_NEWNET,
+            0x80,
+        ] {
+            args.push([flag as u64, 0, 0, 0, 0, 0]);
+            args.push([(flag | libc::SIGCHLD) as u64, 0, 0, 0, 0, 0]);
+        }
+        let (guard, mut refused_by_guard) = (guard_alone(), 0);
+        for spec in specs() {
+            let one = crate::confine::seccomp_filter(&spec).unwrap();
+            let floor = compile(&crate::confine::seccomp_rules(&spec).unwrap()).unwrap();
+            for nr in (0..=600u32).chain([0x4000_0000, 0x4000_0001, 0x4000_0000 | 272, u32::MAX]) {
+                for arch in [AUDIT_ARCH, 0x4000_0003, AUDIT_ARCH & !0x4000_0000] {
+                    for a in &args {
+                        let g = run(&guard, nr, arch, *a);
+                        let want = stacked(g, run(&floor, nr, arch, *a));
+                        let got = run(&one, nr, arch, *a);
+                        assert_eq!(got, want, "nr {nr} arch {arch:#x} args {a:x?} {spec:?}");
+                        refused_by_guard += usize::from(g != RET_ALLOW);
+                    }
+                }
+            }
+        }
+        // The comparison saw the guard refuse, not only allow.
+        assert!(refused_by_guard > 0);
     }
 
     /// A net class narrows what a backend allows; it never reopens what the
