@@ -225,6 +225,32 @@ fn the_early_init_makes_the_serial_inits_calls_in_the_same_order() {
 }
 
 #[test]
+fn a_private_home_ends_the_staged_ops_on_both_launches() {
+    // A private HOME is a bind of a per-run host directory, which only the
+    // plan names: neither it nor the /proc binds after it are staged, and
+    // the serial init stages exactly as many ops as the early one.
+    let mut pol = policy(Level::WorkspaceWrite, |_| {});
+    pol.private_home = Some("/home/u/.local/state/moat/sync/run-1".into());
+    let p = plan(&pol, &host());
+    let set = NamespaceSet::for_policy(&pol).expect("namespaces");
+    assert_eq!(NamespaceSet::of_plan(&p), Some(set));
+    let start = set
+        .view_start
+        .staged_ops(&host().root_entries, &host().proc_entries);
+    assert_eq!(p.staged_len(), start.len());
+    assert!(
+        !start.iter().any(|op| op.target().starts_with("/moat")
+            || op.target().parent() == Some(Path::new("/proc"))),
+        "{start:?}"
+    );
+    let fake = Recorder::default();
+    mounts::set_identity_ids(&fake, p.uid, p.gid).expect("identity");
+    let staged = mounts::stage_root(&fake, &start).expect("stage");
+    mounts::build_staged_root(&fake, staged, &p.mounts, p.broker).expect("view");
+    assert_eq!(fake.log(), replay(&p), "the early init's calls differ");
+}
+
+#[test]
 fn a_plan_that_does_not_begin_with_the_staged_view_is_refused() {
     // Staged for a policy with a /tmp size limit, handed a plan without
     // one: the init must not build on the wrong start.
