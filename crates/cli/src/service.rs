@@ -328,6 +328,10 @@ impl Source {
     }
 }
 
+/// An execution's first event (`policy.resolved`) as it came and read
+/// (read once: it carries the whole canonical policy).
+type FirstEvent = (Value, Envelope, Event);
+
 /// A timed wait for an execution's next event that found none.
 struct NothingYet;
 
@@ -643,7 +647,7 @@ impl Service {
         self: &Arc<Self>,
         req: ProtocolRequest,
         owner: u64,
-    ) -> Result<(Value, Source, Value), RpcError> {
+    ) -> Result<(Value, Source, FirstEvent), RpcError> {
         if req.command.is_empty() {
             return Err(RpcError::invalid_params(
                 "INVALID_REQUEST",
@@ -706,8 +710,8 @@ impl Service {
                 .map_err(|e| RpcError::internal(format!("cannot start moat: {e}")))?,
             ),
         };
-        let (first, envelope) = match sup.next_event() {
-            Some((wire, envelope, Event::PolicyResolved { .. })) => (wire, envelope),
+        let (first, envelope, typed) = match sup.next_event() {
+            Some((wire, envelope, typed @ Event::PolicyResolved { .. })) => (wire, envelope, typed),
             other => {
                 // Not a run that started: make sure its supervisor is gone.
                 let status = sup.abort();
@@ -752,7 +756,7 @@ impl Service {
             r.push(record);
             forget_past_bounds(&mut r);
         }
-        Ok((execution, sup, first))
+        Ok((execution, sup, (first, envelope, typed)))
     }
 
     /// Reads the execution's events to its end, updating the record and
@@ -768,7 +772,14 @@ impl Service {
     /// waits longer than that for the client: the record is updated at
     /// once (`getExecution` answers from it), and a run's timeout and
     /// cancel never wait on the sink.
-    fn follow(&self, mut sup: Source, first: Value, sink: Option<EventSink>, flush: Option<Flush>) {
+    fn follow(
+        &self,
+        mut sup: Source,
+        first: FirstEvent,
+        sink: Option<EventSink>,
+        flush: Option<Flush>,
+    ) {
+        let (first, envelope, typed) = first;
         let id = str_of(&first, "execution_id");
         let write = || {
             if let Some(f) = &flush {
@@ -776,7 +787,6 @@ impl Service {
             }
         };
         let hold = sup.holds_events() && flush.is_some();
-        let (envelope, typed) = Event::read(&first);
         let mut finished = self.apply_event(&id, first, envelope, typed, sink.as_ref());
         let mut held_since = None;
         if hold && !finished {
