@@ -309,6 +309,7 @@ fn exec_tool(service: &Arc<Service>, args: &Value, abandon: &Abandon) -> Value {
                 }
             },
             None,
+            None,
         );
     }
     // `execute` follows the run to its end on this thread.

@@ -34,6 +34,10 @@ pub(crate) struct ServeArgs {
     pub(crate) socket: Option<PathBuf>,
 }
 
+/// Bytes of an execution's event lines held for one write at most: past
+/// this they are written without waiting for the service's flush.
+const HELD_BYTES: usize = 64 << 10;
+
 /// A line-oriented output shared by the reply and the event threads.
 pub(crate) type Out = Arc<Mutex<Box<dyn Write + Send>>>;
 
@@ -402,14 +406,32 @@ fn session(service: &Arc<Service>, mut input: impl BufRead, out: Out, owner: u64
                 // (`policy.resolved`, which `execute` forwards right after
                 // it): one write, one wake of the client, instead of two.
                 let answer: Arc<Mutex<Option<Value>>> = Arc::default();
-                let (held, events_out) = (answer.clone(), out2.clone());
+                // The lines given and not yet written: the service says
+                // when to write them (`flush`), so that events close
+                // together go out in one write (see `Service::follow`).
+                let pending: Arc<Mutex<String>> = Arc::default();
+                let (held, events_out, queue) = (answer.clone(), out2.clone(), pending.clone());
                 let sink: EventSink = Arc::new(move |ev: &Value| {
-                    let mut lines = match held.lock().ok().and_then(|mut a| a.take()) {
-                        Some(answer) => answer.to_string() + "\n",
-                        None => String::new(),
-                    };
+                    let Ok(mut lines) = queue.lock() else { return };
+                    if let Some(answer) = held.lock().ok().and_then(|mut a| a.take()) {
+                        lines.push_str(&answer.to_string());
+                        lines.push('\n');
+                    }
                     push_event_line(&mut lines, ev);
-                    send_text(&events_out, &lines);
+                    // Large output goes out without waiting for the flush.
+                    if lines.len() >= HELD_BYTES {
+                        send_text(&events_out, &lines);
+                        lines.clear();
+                    }
+                });
+                let (flushed, flush_out) = (pending.clone(), out2.clone());
+                let flush: crate::service::Flush = Arc::new(move || {
+                    if let Ok(mut lines) = flushed.lock() {
+                        if !lines.is_empty() {
+                            send_text(&flush_out, &lines);
+                            lines.clear();
+                        }
+                    }
                 });
                 service.execute(
                     req,
@@ -425,6 +447,7 @@ fn session(service: &Arc<Service>, mut input: impl BufRead, out: Out, owner: u64
                         Err(e) => reply(&out2, &id2, Err(e)),
                     },
                     Some(sink),
+                    Some(flush),
                 );
                 // Never lost: an answer no event took goes out alone.
                 if let Some(msg) = answer.lock().ok().and_then(|mut a| a.take()) {

@@ -231,6 +231,34 @@ impl Source {
         }
     }
 
+    /// The next event if one comes within `wait` (None: the events
+    /// ended); only for a source whose events may be held
+    /// ([`Source::holds_events`]).
+    fn next_event_within(
+        &mut self,
+        wait: Duration,
+    ) -> Result<Option<(Value, Envelope, Event)>, NothingYet> {
+        match self {
+            Source::Child(s) => Ok(s.next_event()),
+            Source::InProcess { events, queued, .. } => match events.recv_timeout(wait) {
+                Ok(v) => {
+                    queued.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                    let (env, ev) = Event::read(&v);
+                    Ok(Some((v, env, ev)))
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(NothingYet),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Ok(None),
+            },
+        }
+    }
+
+    /// Whether its events may be held for [`HOLD_EVENTS`] to go out together
+    /// (an in-process run's come on a channel that can be waited on with a
+    /// timeout; a child's stream is read as it comes).
+    fn holds_events(&self) -> bool {
+        matches!(self, Source::InProcess { .. })
+    }
+
     fn stderr_text(&self) -> String {
         match self {
             Source::Child(s) => s.stderr_text(),
@@ -299,6 +327,22 @@ impl Source {
         }
     }
 }
+
+/// An execution's first event (`policy.resolved`) as it came and read
+/// (read once: it carries the whole canonical policy).
+type FirstEvent = (Value, Envelope, Event);
+
+/// A timed wait for an execution's next event that found none.
+struct NothingYet;
+
+/// How long an in-process execution's events (all but its last) may wait
+/// for the ones after them, to reach the client in one write (see
+/// [`Service::follow`]): about twice what a short command takes from its
+/// policy resolved to its end here, and too short for anyone to notice.
+const HOLD_EVENTS: Duration = Duration::from_millis(3);
+
+/// Writes what the sink was given and not yet written (see [`Service::follow`]).
+pub(crate) type Flush = Arc<dyn Fn() + Send + Sync>;
 
 impl Record {
     /// Keeps `ev` for getAuditEvents/tailAudit, up to [`MAX_KEPT_EVENTS`]
@@ -443,6 +487,7 @@ impl Service {
         owner: u64,
         reply: impl FnOnce(Result<Value, RpcError>),
         sink: Option<EventSink>,
+        flush: Option<Flush>,
     ) {
         let Some(_slot) = self.take_slot(owner) else {
             let mut e = RpcError::domain(
@@ -460,7 +505,7 @@ impl Service {
             Err(e) => reply(Err(e)),
             Ok((execution, sup, first)) => {
                 reply(Ok(execution));
-                self.follow(sup, first, sink);
+                self.follow(sup, first, sink, flush);
             }
         }
     }
@@ -602,7 +647,7 @@ impl Service {
         self: &Arc<Self>,
         req: ProtocolRequest,
         owner: u64,
-    ) -> Result<(Value, Source, Value), RpcError> {
+    ) -> Result<(Value, Source, FirstEvent), RpcError> {
         if req.command.is_empty() {
             return Err(RpcError::invalid_params(
                 "INVALID_REQUEST",
@@ -665,8 +710,8 @@ impl Service {
                 .map_err(|e| RpcError::internal(format!("cannot start moat: {e}")))?,
             ),
         };
-        let (first, envelope) = match sup.next_event() {
-            Some((wire, envelope, Event::PolicyResolved { .. })) => (wire, envelope),
+        let (first, envelope, typed) = match sup.next_event() {
+            Some((wire, envelope, typed @ Event::PolicyResolved { .. })) => (wire, envelope, typed),
             other => {
                 // Not a run that started: make sure its supervisor is gone.
                 let status = sup.abort();
@@ -711,32 +756,89 @@ impl Service {
             r.push(record);
             forget_past_bounds(&mut r);
         }
-        Ok((execution, sup, first))
+        Ok((execution, sup, (first, envelope, typed)))
     }
 
-    /// Reads the child's events to its end, updating the record and
-    /// forwarding each event.
-    fn follow(&self, mut sup: Source, first: Value, sink: Option<EventSink>) {
+    /// Reads the execution's events to its end, updating the record and
+    /// forwarding each event to `sink`; `flush` (when the sink holds what
+    /// it is given) writes what it holds. The last event (finished or
+    /// failed) is written at once; an in-process execution's events before
+    /// it (the first with the answer to `execute`) wait up to
+    /// [`HOLD_EVENTS`] for the next one, so that a short command's answer,
+    /// `policy.resolved` (≈ 6 KB of JSON for the client to parse),
+    /// `execution.started` and `execution.finished` reach the client in one
+    /// write: one wake of the client instead of three, none of them while
+    /// the command starts and runs on the machine's other core. Nothing
+    /// waits longer than that for the client: the record is updated at
+    /// once (`getExecution` answers from it), and a run's timeout and
+    /// cancel never wait on the sink.
+    fn follow(
+        &self,
+        mut sup: Source,
+        first: FirstEvent,
+        sink: Option<EventSink>,
+        flush: Option<Flush>,
+    ) {
+        let (first, envelope, typed) = first;
         let id = str_of(&first, "execution_id");
-        let (envelope, typed) = Event::read(&first);
-        let events = std::iter::once((first, envelope, typed))
-            .chain(std::iter::from_fn(|| sup.next_event()));
-        let finished = self.apply_events(&id, events, sink.as_ref());
+        let write = || {
+            if let Some(f) = &flush {
+                f()
+            }
+        };
+        let hold = sup.holds_events() && flush.is_some();
+        let mut finished = self.apply_event(&id, first, envelope, typed, sink.as_ref());
+        let mut held_since = None;
+        if hold && !finished {
+            held_since = Some(std::time::Instant::now());
+        } else {
+            write();
+        }
+        while !finished {
+            let next = match held_since {
+                None => sup.next_event(),
+                Some(t) => match sup.next_event_within(HOLD_EVENTS.saturating_sub(t.elapsed())) {
+                    Ok(next) => next,
+                    Err(NothingYet) => {
+                        write();
+                        held_since = None;
+                        continue;
+                    }
+                },
+            };
+            let Some((ev, envelope, typed)) = next else {
+                break;
+            };
+            finished = self.apply_event(&id, ev, envelope, typed, sink.as_ref());
+            if finished || !hold {
+                write();
+                held_since = None;
+            } else if held_since.is_none() {
+                held_since = Some(std::time::Instant::now());
+            }
+        }
+        // Anything after the last event (there should be none) goes too.
+        while let Some((ev, envelope, typed)) = sup.next_event() {
+            self.apply_event(&id, ev, envelope, typed, sink.as_ref());
+        }
+        write();
         let status = sup.wait();
         self.end(&id, finished, status.and_then(|s| s.code()));
     }
 
-    /// Folds an execution's events into its record, forwarding each to
-    /// `sink`; true when its last event (finished or failed) came. The
-    /// events may come from any launcher: a supervisor's stream today.
-    fn apply_events(
+    /// Folds one of an execution's events into its record and forwards it
+    /// to `sink`; true when it is its last event (finished or failed). The
+    /// events may come from any launcher.
+    fn apply_event(
         &self,
         id: &str,
-        events: impl Iterator<Item = (Value, Envelope, Event)>,
+        ev: Value,
+        envelope: Envelope,
+        typed: Event,
         sink: Option<&EventSink>,
     ) -> bool {
         let mut finished = false;
-        for (ev, envelope, typed) in events {
+        {
             // An output chunk is forwarded with its encoding and offset;
             // every other event as it came (not copied: `policy.resolved`
             // carries the whole canonical policy).

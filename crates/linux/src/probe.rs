@@ -38,7 +38,7 @@ pub struct RootEntry {
 }
 
 /// Everything the planner needs to know about this host.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HostFacts {
     pub uid: u32,
     pub gid: u32,

@@ -105,40 +105,86 @@ struct KeyView<'a> {
     new_netns: bool,
     sandboxed: bool,
     backend: moat_policy::Backend,
-    /// Each bind source's (device, inode) now: a host directory replaced
-    /// under the same path (the workspace moved away and made again) is a
-    /// new template, not the old tree served at that path.
-    sources: Vec<(u64, u64)>,
+}
+
+impl KeyView<'_> {
+    fn of(plan: &Plan) -> KeyView<'_> {
+        KeyView {
+            mounts: &plan.mounts,
+            landlock: &plan.landlock,
+            seccomp: &plan.seccomp,
+            landlock_abi: plan.landlock_abi,
+            uid: plan.uid,
+            gid: plan.gid,
+            cwd: &plan.cwd,
+            new_netns: plan.new_netns,
+            sandboxed: plan.sandboxed,
+            backend: plan.backend,
+        }
+    }
+
+    /// Every field equal to `plan`'s.
+    fn same_as(&self, plan: &Plan) -> bool {
+        self.mounts == plan.mounts.as_slice()
+            && *self.landlock == plan.landlock
+            && *self.seccomp == plan.seccomp
+            && self.landlock_abi == plan.landlock_abi
+            && self.uid == plan.uid
+            && self.gid == plan.gid
+            && self.cwd == plan.cwd
+            && self.new_netns == plan.new_netns
+            && self.sandboxed == plan.sandboxed
+            && self.backend == plan.backend
+    }
+}
+
+/// The last plan's [`KeyView`] serialized (without its sources): a
+/// service keys every execution, mostly of one plan, and serializing the
+/// mounts and Landlock rules costs more than comparing them.
+static LAST_KEY_VIEW: Mutex<Option<(Plan, String)>> = Mutex::new(None);
+
+/// `plan`'s [`KeyView`] serialized: the last one again when its fields are
+/// equal (a pure function of them, so nothing to validate beyond that).
+fn key_view_json(plan: &Plan) -> String {
+    if let Ok(last) = LAST_KEY_VIEW.lock() {
+        if let Some((p, json)) = last.as_ref() {
+            if KeyView::of(p).same_as(plan) {
+                return json.clone();
+            }
+        }
+    }
+    let json = serde_json::to_string(&KeyView::of(plan)).unwrap_or_default();
+    if let Ok(mut last) = LAST_KEY_VIEW.lock() {
+        *last = Some((plan.clone(), json.clone()));
+    }
+    json
 }
 
 /// The template key of `plan`: its view's mounts, Landlock and seccomp
-/// specs, identity and cwd, serialized.
+/// specs, identity and cwd, serialized, and each bind source's (device,
+/// inode) now, looked up on every call: a host directory replaced under
+/// the same path (the workspace moved away and made again) is a new
+/// template, not the old tree served at that path.
 pub fn key(plan: &Plan) -> String {
-    serde_json::to_string(&KeyView {
-        mounts: &plan.mounts,
-        landlock: &plan.landlock,
-        seccomp: &plan.seccomp,
-        landlock_abi: plan.landlock_abi,
-        uid: plan.uid,
-        gid: plan.gid,
-        cwd: &plan.cwd,
-        new_netns: plan.new_netns,
-        sandboxed: plan.sandboxed,
-        backend: plan.backend,
-        sources: plan
-            .mounts
-            .iter()
-            .filter_map(|op| match op {
-                MountOp::Bind { source, .. } => Some(
-                    std::fs::symlink_metadata(source)
-                        .map(|m| (m.dev(), m.ino()))
-                        .unwrap_or((0, 0)),
-                ),
-                _ => None,
-            })
-            .collect(),
-    })
-    .unwrap_or_default()
+    let sources: Vec<(u64, u64)> = plan
+        .mounts
+        .iter()
+        .filter_map(|op| match op {
+            MountOp::Bind { source, .. } => Some(
+                std::fs::symlink_metadata(source)
+                    .map(|m| (m.dev(), m.ino()))
+                    .unwrap_or((0, 0)),
+            ),
+            _ => None,
+        })
+        .collect();
+    let view = key_view_json(plan);
+    let sources = serde_json::to_string(&sources).unwrap_or_default();
+    // The view's object with the sources as its last field.
+    match view.strip_suffix('}') {
+        Some(open) => format!("{open},\"sources\":{sources}}}"),
+        None => String::new(),
+    }
 }
 
 /// Why a template did not start an execution (nothing of it ran).

@@ -335,8 +335,11 @@ impl Event {
     /// Reads one wire event: its envelope and the typed event. A denial
     /// keeps its own fields only.
     pub fn read(v: &Value) -> (Envelope, Event) {
-        let envelope = serde_json::from_value(v.clone()).unwrap_or_default();
-        let mut event = serde_json::from_value(v.clone()).unwrap_or_else(|_| {
+        // Read from the borrowed value, not a copy of it: a service reads
+        // every event of every execution, and `policy.resolved` carries the
+        // whole canonical policy (≈ 5 KB of JSON, copied twice here before).
+        let envelope = Envelope::deserialize(v).unwrap_or_default();
+        let mut event = Event::deserialize(v).unwrap_or_else(|_| {
             // A denial of a shape this build does not know (a field of
             // another type): reported as moat wrote it, never dropped.
             if v["type"] == "sandbox.denied" {
