@@ -115,6 +115,33 @@ def test_events_stream_before_the_result_contract(ws):
         s.close()
 
 
+def test_held_events_reach_the_client_while_the_command_still_runs(ws):
+    # The service holds an execution's answer and events briefly to write
+    # them together (docs/protocol.md); the hold must be bounded: the
+    # answer, `execution.started` and the first output arrive while the
+    # command still waits for a file only this client makes after seeing
+    # that output. Events held to the command's end would never show it
+    # (the wait below times out), with no clock in the assertion.
+    s = serve(ws)
+    try:
+        rid = s.request("execute", {"command": [
+            "sh", "-c", "echo first; until [ -e go ]; do sleep 0.01; done; echo second"]})
+        eid = s.response(rid)["result"]["execution_id"]
+        s.event(eid, "execution.started")
+        first = s.event(eid, "execution.stdout")["params"]
+        assert base64.b64decode(first["data"]) == b"first\n", first
+        assert not any(
+            m.get("method") == "event" and m["params"].get("execution_id") == eid
+            and m["params"].get("type") in ("execution.finished", "execution.failed")
+            for m in list(s.log)), "the execution ended before the client let it"
+        with open(os.path.join(ws, "go"), "w"):
+            pass
+        end = s.finished(eid)["params"]
+        assert end["type"] == "execution.finished" and end["exit_code"] == 0, end
+    finally:
+        s.close()
+
+
 def test_four_executions_run_at_once(ws):
     # Each marks itself started and waits for the other three: only
     # executions that overlap can all finish (serialized, the first would

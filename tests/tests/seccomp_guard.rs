@@ -533,3 +533,37 @@ fn the_floor_probe_names_every_floor_entry_contract() {
         );
     }
 }
+
+/// `Seccomp_filters` of the calling process, from /proc/self/status.
+const FILTER_COUNT_PROBE: &str = r#"
+for line in open("/proc/self/status"):
+    if line.startswith("Seccomp_filters:"):
+        print("PROBE filters OK %d" % int(line.split()[1]), flush=True)
+"#;
+
+/// The sandbox adds exactly one seccomp filter (the ABI guard and the floor
+/// in one program) to what the caller already runs under. The nested-run
+/// broker reads a caller's network class from this count
+/// (`confine::net_class_of_filters`, `SESSION_FILTERS`): a session that
+/// stacked another filter would read a net-connect tool as unclassed
+/// (wider). Fails against a moat that installs no filter (the count stays
+/// the caller's).
+#[test]
+fn the_session_adds_exactly_one_seccomp_filter() {
+    let ctl = probe_results(&unsandboxed(FILTER_COUNT_PROBE, &[]));
+    let Some(own) = result(&ctl, "filters").and_then(|r| r.strip_prefix("OK ")) else {
+        panic!("control: no Seccomp_filters line in /proc/self/status: {ctl:?}");
+    };
+    let own: u32 = own.parse().expect("a count");
+    let fx = Fixture::new();
+    for level in SANDBOXED {
+        let out = run(fx.py(level, &[], FILTER_COUNT_PROBE, &[]));
+        let res = probe_results(&out);
+        assert_eq!(
+            result(&res, "filters"),
+            Some(format!("OK {}", own + 1).as_str()),
+            "at {level} the command runs under {own} + 1 filters expected (SESSION_FILTERS)\n{}",
+            out.dump()
+        );
+    }
+}

@@ -235,8 +235,11 @@ pub(crate) fn build_staged_root<S: Syscall>(
 ) -> Result<Option<S::Listener>, MountError> {
     if !ops.starts_with(&staged.laid) {
         return Err(MountError {
-            step:
-                "check the plan against the view staged before it came (they differ; nothing ran)",
+            // The early init's listing of `/` and `/proc` and the probe's
+            // are taken a moment apart: a top-level entry made or removed
+            // in between is the usual cause, and a second run succeeds.
+            step: "check the plan against the view staged before it came (they differ: \
+                   the host's / or /proc changed while moat started; nothing ran, run it again)",
             path: PathBuf::from("/"),
             source: io::Error::from_raw_os_error(libc::EINVAL),
         });
