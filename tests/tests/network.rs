@@ -350,8 +350,11 @@ fn host_unix_sockets_reachable_under_danger_positive_control() {
 #[test]
 fn host_abstract_socket_unreachable_with_network_disabled() {
     let fx = Fixture::new();
-    let name = unique("abstract");
     for level in SANDBOXED {
+        // A name per level: a child another test thread forked while the
+        // previous level's listener was open holds its (close-on-exec) fd
+        // until it execs, so the same name could still be bound here.
+        let name = unique("abstract");
         let l = Listener::unix_abstract(&name);
         let at = format!("@{name}");
         let out = run(fx.py(level, &[], UNIX_PROBE, &[&at]));
@@ -369,6 +372,7 @@ fn host_abstract_socket_unreachable_with_network_disabled() {
         );
     }
     // Positive control: reachable without a sandbox.
+    let name = unique("abstract");
     let l = Listener::unix_abstract(&name);
     let mut c = std::process::Command::new(PY);
     c.args(["-c", UNIX_PROBE, &format!("@{name}")]);
