@@ -101,6 +101,27 @@ fn many_tunnels_and_one_silent_peer(tunnels: usize) {
         w.join().unwrap();
     }
 
+    // A client sees its tunnel's end (the FIN the proxy forwards) a moment
+    // before the proxy's task drops the tunnel and emits its record: wait
+    // for every busy tunnel's record, so the silent one's is known to come
+    // from the shutdown (it raced them in CI under load). A hang guard, not
+    // a speed claim.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while p.handle.records().len() < busy {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {busy} busy tunnels were recorded after their clients finished",
+            p.handle.records().len()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let before = p.handle.records();
+    assert_eq!(
+        before.len(),
+        busy,
+        "the silent tunnel was recorded (closed) before the shutdown"
+    );
+
     // The silent tunnel is still open; shutdown closes it (does not wait
     // for it to speak).
     let recs = finish_or_hang(p);
