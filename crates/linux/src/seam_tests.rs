@@ -262,12 +262,22 @@ fn a_plan_that_does_not_begin_with_the_staged_view_is_refused() {
         .view_start
         .staged_ops(&host().root_entries, &host().proc_entries);
     let p = plan(&policy(Level::WorkspaceContained, |_| {}), &host());
+    assert_refused_with_nothing_laid(&start, &p, "tmp size");
+}
+
+/// Stages `start` on a recording fake, hands the init `p`, and checks the
+/// init refuses to build on that start ("differ") and lays nothing after.
+fn assert_refused_with_nothing_laid(start: &[MountOp], p: &Plan, case: &str) {
     let fake = Recorder::default();
-    let staged = mounts::stage_root(&fake, &start).expect("stage");
+    let staged = mounts::stage_root(&fake, start).expect("stage");
     let before = fake.log();
     let e = mounts::build_staged_root(&fake, staged, &p.mounts, p.broker).expect_err("refused");
-    assert!(e.step.contains("differ"), "{e}");
-    assert_eq!(fake.log(), before, "nothing is laid after the refusal");
+    assert!(e.step.contains("differ"), "{case}: {e}");
+    assert_eq!(
+        fake.log(),
+        before,
+        "{case}: nothing is laid after the refusal"
+    );
 }
 
 #[test]
@@ -335,12 +345,7 @@ fn a_plan_from_another_listing_of_the_root_than_the_staged_one_is_refused() {
             .staged_ops(&staged_root, &staged_proc);
         let p = plan(&pol, &facts);
         assert_ne!(p.mounts.get(..start.len()), Some(&start[..]));
-        let fake = Recorder::default();
-        let staged = mounts::stage_root(&fake, &start).expect("stage");
-        let before = fake.log();
-        let e = mounts::build_staged_root(&fake, staged, &p.mounts, p.broker).expect_err("refused");
-        assert!(e.step.contains("differ"), "{level:?}: {e}");
-        assert_eq!(fake.log(), before, "nothing is laid after the refusal");
+        assert_refused_with_nothing_laid(&start, &p, &format!("{level:?}"));
     }
 }
 
