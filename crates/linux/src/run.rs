@@ -446,6 +446,31 @@ pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
         .map_err(|e| io::Error::from_raw_os_error(e as i32))
 }
 
+/// The channel the init and the command's process report on (read end,
+/// write end): a unix stream socket whose read end has `SO_PASSCRED`, so
+/// every read carries its writer's pid as the kernel fixed it at the write,
+/// in moat's pid namespace. The command's process reports `Confined` just
+/// before its exec; its host pid is known from that report even when the
+/// command has exited and been reaped before the supervisor reads it (a
+/// look at the init's children at that moment finds none: `/bin/true`
+/// under load).
+pub(crate) fn report_channel() -> io::Result<(OwnedFd, OwnedFd)> {
+    use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType};
+    let errno = |e: nix::errno::Errno| io::Error::from_raw_os_error(e as i32);
+    let (r, w) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(errno)?;
+    setsockopt(&r, sockopt::PassCred, &true).map_err(errno)?;
+    // The supervisor only reads, the init and the command only write.
+    nix::sys::socket::shutdown(r.as_raw_fd(), nix::sys::socket::Shutdown::Write).map_err(errno)?;
+    nix::sys::socket::shutdown(w.as_raw_fd(), nix::sys::socket::Shutdown::Read).map_err(errno)?;
+    Ok((r, w))
+}
+
 pub(crate) fn clone_error(e: io::Error, plan: &Plan) -> String {
     let code = e.raw_os_error().unwrap_or(0);
     if !plan.sandboxed {
@@ -635,7 +660,8 @@ fn launch(
     } else {
         None
     };
-    let (report_r, report_w) = pipe().map_err(|e| format!("create a pipe: {e}"))?;
+    let (report_r, report_w) =
+        report_channel().map_err(|e| format!("create the init's report channel: {e}"))?;
     let mut captures = Vec::new();
     let (mut stdout_end, mut stderr_end) = (None, None);
     let stderr_is_tty = nix::unistd::isatty(std::io::stderr()).unwrap_or(false);
@@ -931,7 +957,7 @@ pub(crate) fn supervise(
     let stdin_is_tty = nix::unistd::isatty(std::io::stdin()).unwrap_or(false);
     let mut tail = Vec::new();
     let mut started_seen = false;
-    let mut report_buf = Vec::new();
+    let mut report = Report::new(child);
     let mut report_open = true;
     let mut deadline = opts.timeout.map(|t| start + t);
     // Escalation after a timeout or a stop request: SIGTERM sent, then
@@ -1055,14 +1081,14 @@ pub(crate) fn supervise(
             }
         }
         if report_ready {
-            report_open = read_report(&report_r, &mut report_buf);
+            report_open = report.read(&report_r);
             if !started_seen
-                && init_msg::decode_all(&report_buf, false)
+                && init_msg::decode_all(&report.buf, false)
                     .is_ok_and(|m| m.iter().any(|m| matches!(m, InitMessage::Confined { .. })))
             {
                 started_seen = true;
                 crate::timing::mark("supervisor: the command is confined, about to exec");
-                observer.started(command_host_pid(child));
+                observer.started(report.command_pid);
                 crate::timing::mark("supervisor: execution.started recorded");
             }
         }
@@ -1168,11 +1194,11 @@ pub(crate) fn supervise(
         // The init reports the final status and closes the pipe before it
         // tears its namespaces down; everything the command started is dead
         // by then, so there is no need to wait for the teardown.
-        if pid_ready || (!report_open && has_final_status(&report_buf)) {
+        if pid_ready || (!report_open && has_final_status(&report.buf)) {
             exited = true;
         }
     }
-    let init_status = init.wait(has_final_status(&report_buf))?;
+    let init_status = init.wait(has_final_status(&report.buf))?;
     // What the command wrote last, then the host terminal's own settings back.
     if let Some(mut r) = relay.take() {
         budget.exceeded |= r.drain_master(&mut budget.left);
@@ -1180,7 +1206,7 @@ pub(crate) fn supervise(
     // Everything that could hold the pipes is gone now; drain what is left.
     set_nonblocking(&report_r);
     if report_open {
-        read_report(&report_r, &mut report_buf);
+        report.drain(&report_r);
     }
     // A stopped run (timeout, stop request, limit) does not wait on a
     // reader that stopped reading: its last output is best effort.
@@ -1237,7 +1263,7 @@ pub(crate) fn supervise(
         }
     }
     let program = opts.argv.first().cloned().unwrap_or_default();
-    let r = interpret(&report_buf, init_status, plan, opts, &program, out);
+    let r = interpret(&report.buf, init_status, plan, opts, &program, out);
     out.termination_reason = termination_reason(out, reached, &enforcer.rlimits);
     r
 }
@@ -1297,14 +1323,6 @@ fn set_nonblocking(fd: &OwnedFd) {
     }
 }
 
-/// The command's host pid: the init's only child at the moment it reports
-/// the command is about to exec.
-fn command_host_pid(init: Pid) -> Option<i32> {
-    let p = init.as_raw();
-    let text = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).ok()?;
-    text.split_whitespace().next().and_then(|s| s.parse().ok())
-}
-
 /// Whether the init has reported the command's exit (a malformed report
 /// is not one: the run then ends when the init does, and fails).
 fn has_final_status(report: &[u8]) -> bool {
@@ -1312,21 +1330,77 @@ fn has_final_status(report: &[u8]) -> bool {
         .is_ok_and(|m| m.iter().any(|m| matches!(m, InitMessage::Exited { .. })))
 }
 
-/// Reads what is available from the report pipe; false at EOF.
-fn read_report(fd: &OwnedFd, buf: &mut Vec<u8>) -> bool {
-    let mut chunk = [0u8; 4096];
-    loop {
-        match nix::unistd::read(fd, &mut chunk) {
-            Ok(0) => return false,
-            Ok(n) => {
-                buf.extend_from_slice(&chunk[..n]);
-                if n < chunk.len() {
-                    return true;
-                }
+/// What the init and the command's process reported so far.
+struct Report {
+    /// The frames, in the order they came.
+    buf: Vec<u8>,
+    /// The init's pid: every other writer is the command's process.
+    init: Pid,
+    /// The command's host pid, from the first read it wrote.
+    command_pid: Option<i32>,
+}
+
+impl Report {
+    fn new(init: Pid) -> Report {
+        Report {
+            buf: Vec::new(),
+            init,
+            command_pid: None,
+        }
+    }
+
+    /// Reads what is available from the report channel ([`report_channel`]);
+    /// false at its end. A read ends where the writer changes, so a short
+    /// read is not the end of what is queued: [`Report::drain`] reads on.
+    fn read(&mut self, fd: &OwnedFd) -> bool {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+        let mut chunk = [0u8; 4096];
+        loop {
+            let mut space = nix::cmsg_space!(libc::ucred);
+            let mut iov = [std::io::IoSliceMut::new(&mut chunk)];
+            let (n, writer) = match recvmsg::<()>(
+                fd.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            ) {
+                Ok(m) => (
+                    m.bytes,
+                    m.cmsgs().ok().and_then(|mut c| {
+                        c.find_map(|c| match c {
+                            ControlMessageOwned::ScmCredentials(u) => Some(u.pid()),
+                            _ => None,
+                        })
+                    }),
+                ),
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(nix::errno::Errno::EAGAIN) => return true,
+                Err(_) => return false,
+            };
+            if n == 0 {
+                return false;
             }
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(nix::errno::Errno::EAGAIN) => return true,
-            Err(_) => return false,
+            if let Some(pid) = writer.filter(|&p| p > 0 && p != self.init.as_raw()) {
+                self.command_pid.get_or_insert(pid);
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+            if n < chunk.len() {
+                return true;
+            }
+        }
+    }
+
+    /// Reads everything still queued (the channel is non-blocking by then);
+    /// false at its end.
+    fn drain(&mut self, fd: &OwnedFd) -> bool {
+        loop {
+            let before = self.buf.len();
+            if !self.read(fd) {
+                return false;
+            }
+            if self.buf.len() == before {
+                return true;
+            }
         }
     }
 }
@@ -1687,5 +1761,57 @@ fn move_to_another_cpu(pid: Pid, mask: &nix::sched::CpuSet) {
         if one.set(c).is_ok() {
             let _ = nix::sched::sched_setaffinity(pid, &one);
         }
+    }
+}
+
+#[cfg(test)]
+mod report_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::io::Write;
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+
+    use nix::unistd::Pid;
+
+    use super::{report_channel, set_nonblocking, Report};
+
+    /// Runs `sh -c script` with `w` as its fd 3 and reaps it: its pid.
+    fn write_and_reap(w: &OwnedFd, script: &str) -> u32 {
+        let fd = w.as_raw_fd();
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.args(["-c", script]);
+        // SAFETY: dup2 is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("spawn sh");
+        let pid = child.id();
+        assert!(child.wait().expect("wait").success());
+        pid
+    }
+
+    #[test]
+    fn the_command_pid_is_known_after_the_command_is_reaped() {
+        // The supervisor may read the command's `Confined` report only after
+        // the command has exited and been reaped (`/bin/true` under load):
+        // its pid must still come with that report.
+        let (r, w) = report_channel().unwrap();
+        let init = Pid::this();
+        // The "init" (this process) writes first: never taken for the command.
+        std::os::unix::net::UnixStream::from(w.try_clone().unwrap())
+            .write_all(b"I")
+            .unwrap();
+        let command = write_and_reap(&w, "printf C >&3");
+        drop(w);
+        set_nonblocking(&r);
+        let mut report = Report::new(init);
+        assert!(!report.drain(&r), "the channel ended");
+        assert_eq!(report.buf, b"IC");
+        assert_eq!(report.command_pid, i32::try_from(command).ok());
     }
 }

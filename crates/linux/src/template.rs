@@ -483,7 +483,8 @@ impl Template {
             (Some(o), Some(e)) => (o, e),
             _ => return Err(TemplateError::Refused("output pipes missing".into())),
         };
-        let (report_r, report_w) = run::pipe().map_err(|e| format!("create a pipe: {e}"))?;
+        let (report_r, report_w) = run::report_channel()
+            .map_err(|e| format!("create the execution's report channel: {e}"))?;
         let request = serde_json::to_vec(&Request::Exec {
             argv: argv.iter().map(|c| c.as_bytes().to_vec()).collect(),
             env: env.iter().map(|c| c.as_bytes().to_vec()).collect(),
