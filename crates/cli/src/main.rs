@@ -25,6 +25,7 @@ mod fastparse;
 mod hook;
 mod mcp;
 mod nested;
+mod pool;
 mod serve;
 mod service;
 mod state;
