@@ -107,7 +107,9 @@ impl ConfigReads {
             if !meta.is_file() {
                 return None;
             }
-            let mut bytes = Vec::new();
+            // Room for the whole file (and the read that finds its end):
+            // without it `read_to_end` probes in 32-byte reads.
+            let mut bytes = Vec::with_capacity(meta.len().min(MAX_INCLUDE_SCAN) as usize + 1);
             std::fs::File::open(path)
                 .and_then(|f| {
                     std::io::Read::read_to_end(
@@ -1313,6 +1315,56 @@ mod tests {
         assert!(
             out.contains("index-url = https://pypi.corp.example/simple"),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn one_launchs_reads_answer_as_separate_reads_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path();
+        std::fs::write(
+            h.join(".gitconfig"),
+            "[include]\n\tpath = ~/.tok\n[user]\n\tname = A\n\tpassword = p\n",
+        )
+        .unwrap();
+        std::fs::write(
+            h.join(".npmrc"),
+            "registry=https://r.example/\n//r.example/:_authToken=t\nkeyfile=~/k.pem\n",
+        )
+        .unwrap();
+        // Larger than a copy may be: no copy, its key file still found.
+        let mut big = "x=y\n".repeat(MAX_SIZE as usize / 4 + 1);
+        big.push_str("client-cert = /etc/c.pem\n");
+        std::fs::create_dir_all(h.join(".pip")).unwrap();
+        std::fs::write(h.join(".pip/pip.conf"), big).unwrap();
+        let reads = ConfigReads::default();
+        assert_eq!(
+            redacted_user_configs_in(&reads, h),
+            redacted_user_configs(h)
+        );
+        assert_eq!(redacted_user_configs(h).len(), 2);
+        assert_eq!(
+            git_include_targets_in(&reads, h, &[]),
+            git_include_targets(h, &[])
+        );
+        assert_eq!(
+            tool_config_key_files_in(&reads, h, h),
+            tool_config_key_files(h, h)
+        );
+        assert_eq!(
+            tool_config_key_files(h, h),
+            vec![PathBuf::from("/etc/c.pem"), h.join("k.pem")]
+        );
+        // Each file was read once, by the first step that asked: kept
+        // for the launch (a later launch reads afresh).
+        std::fs::remove_file(h.join(".npmrc")).unwrap();
+        assert_eq!(
+            tool_config_key_files_in(&reads, h, h),
+            vec![PathBuf::from("/etc/c.pem"), h.join("k.pem")]
+        );
+        assert_eq!(
+            tool_config_key_files(h, h),
+            vec![PathBuf::from("/etc/c.pem")]
         );
     }
 
