@@ -91,7 +91,7 @@ mod tests {
         let a = rx.recv().unwrap();
         // The thread is back in the idle list after its job returns.
         for _ in 0..1000 {
-            if IDLE.lock().unwrap().len() > 0 {
+            if !IDLE.lock().unwrap().is_empty() {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));

@@ -148,7 +148,7 @@ pub fn redacted_user_configs_in(reads: &ConfigReads, home: &Path) -> Vec<Redacte
             }
             let text = std::str::from_utf8(&read.bytes).ok()?;
             let (contents, removed) = if GIT_CONFIGS.contains(rel) {
-                redact_git_config(&text)?
+                redact_git_config(text)?
             } else {
                 // pip reads its files with Python's configparser, where an
                 // indented line continues the value above it.
@@ -157,7 +157,7 @@ pub fn redacted_user_configs_in(reads: &ConfigReads, home: &Path) -> Vec<Redacte
                 } else {
                     Continuation::Backslash
                 };
-                redact_config(&text, syntax)?
+                redact_config(text, syntax)?
             };
             // Nothing but credentials (or nothing at all): no copy.
             let settings = contents.lines().any(|l| {
