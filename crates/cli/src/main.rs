@@ -25,6 +25,7 @@ mod fastparse;
 mod hook;
 mod mcp;
 mod nested;
+mod pool;
 mod serve;
 mod service;
 mod state;
@@ -242,8 +243,9 @@ fn main() -> ExitCode {
                     .collect();
                 let mut facts = moat_linux::HostFacts::probe(&policy, env);
                 if policy.level.is_sandboxed() {
-                    moat_runtime::redact_host_git_configs(&policy, &mut facts);
-                    moat_runtime::redact_tool_configs(&policy, &mut facts);
+                    let reads = moat_config::ConfigReads::default();
+                    moat_runtime::redact_host_git_configs(&policy, &mut facts, &reads);
+                    moat_runtime::redact_tool_configs(&policy, &mut facts, &reads);
                 }
                 let view = moat_linux::view::compute(&policy, &facts);
                 // The workspace's own .git/config with credentials is shown

@@ -401,7 +401,8 @@ fn session(service: &Arc<Service>, mut input: impl BufRead, out: Out, owner: u64
                 }
             };
             let (service, out2, id2) = (service.clone(), out.clone(), id.clone());
-            let spawned = std::thread::Builder::new().spawn(move || {
+            // A reused thread (`crate::pool`) follows the execution.
+            let spawned = crate::pool::run(move || {
                 // The answer goes out with the execution's first event
                 // (`policy.resolved`, which `execute` forwards right after
                 // it): one write, one wake of the client, instead of two.

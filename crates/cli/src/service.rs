@@ -213,7 +213,7 @@ pub(crate) enum Source {
         events: std::sync::mpsc::Receiver<Value>,
         /// Events sent and not yet taken from `events`.
         queued: Arc<std::sync::atomic::AtomicUsize>,
-        thread: Option<std::thread::JoinHandle<()>>,
+        thread: Option<crate::pool::Finished>,
         control: Arc<Mutex<Option<moat_linux::control::ControlSender>>>,
     },
 }
@@ -278,7 +278,7 @@ impl Source {
                 Stopper::InProcess(control.clone()).terminate();
                 while events.recv().is_ok() {}
                 if let Some(t) = thread.take() {
-                    let _ = t.join();
+                    t.join();
                 }
                 None
             }
@@ -296,7 +296,7 @@ impl Source {
             } => {
                 drop(events);
                 if let Some(t) = thread {
-                    let _ = t.join();
+                    t.join();
                 }
                 if let Ok(mut c) = control.lock() {
                     c.take();
@@ -617,23 +617,23 @@ impl Service {
             // Checked by the template launcher itself (`cwd` above).
             cwd_identity: None,
         };
-        let thread = std::thread::Builder::new()
-            .name("moat-execution".into())
-            .spawn(move || {
-                let id = request.execution_id.clone();
-                let session = request.session_id.clone();
-                match moat_runtime::prepare(request, sink.clone()) {
-                    Ok(p) => drop(p.run(&mut launcher)),
-                    // As `moat exec --events` reports a refusal.
-                    Err(r) => sink(
-                        &Event::Failed {
-                            reason: Some(r.message),
-                            exit_code: Some(i32::from(crate::EXIT_MOAT_FAILED)),
-                        }
-                        .stamp_bare(&id, &session, Some(r.policy.hash())),
-                    ),
-                }
-            })?;
+        // On a reused thread (`crate::pool`): starting one per execution
+        // cost a stack mapped and faulted in.
+        let thread = crate::pool::run(move || {
+            let id = request.execution_id.clone();
+            let session = request.session_id.clone();
+            match moat_runtime::prepare(request, sink.clone()) {
+                Ok(p) => drop(p.run(&mut launcher)),
+                // As `moat exec --events` reports a refusal.
+                Err(r) => sink(
+                    &Event::Failed {
+                        reason: Some(r.message),
+                        exit_code: Some(i32::from(crate::EXIT_MOAT_FAILED)),
+                    }
+                    .stamp_bare(&id, &session, Some(r.policy.hash())),
+                ),
+            }
+        })?;
         Ok(Source::InProcess {
             events,
             queued,

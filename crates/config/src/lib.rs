@@ -68,9 +68,10 @@ pub use trust::{
     is_trusted, render_grants, rfc3339_utc, TrustEntry, TrustMap, TrustStore, TRUST_FILE_NAME,
 };
 pub use userconf::{
-    git_include_targets, http_registry_credentials, redact_config_text, redacted_user_configs,
-    tool_config_key_files, tool_config_view, workspace_git_config_credentials,
-    workspace_git_config_too_large, workspace_git_config_view, CredentialKind, HttpCredential,
-    RedactedConfig, HOME_TOOL_CONFIGS, SYSTEM_TOOL_CONFIGS, USER_TOOL_CONFIGS,
+    git_include_targets, git_include_targets_in, http_registry_credentials, redact_config_text,
+    redacted_user_configs, redacted_user_configs_in, tool_config_key_files,
+    tool_config_key_files_in, tool_config_view, workspace_git_config_credentials,
+    workspace_git_config_too_large, workspace_git_config_view, ConfigReads, CredentialKind,
+    HttpCredential, RedactedConfig, HOME_TOOL_CONFIGS, SYSTEM_TOOL_CONFIGS, USER_TOOL_CONFIGS,
     WORKSPACE_TOOL_CONFIGS,
 };

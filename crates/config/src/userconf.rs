@@ -77,20 +77,78 @@ pub struct RedactedConfig {
     pub removed: Vec<String>,
 }
 
+/// The tool config files one launch reads, each read once: the redacted
+/// copies ([`redacted_user_configs_in`]), the git includes
+/// ([`git_include_targets_in`]) and the client keys
+/// ([`tool_config_key_files_in`]) read the same files (`~/.gitconfig`,
+/// `~/.npmrc`, `/etc/gitconfig`). Kept for one launch's preparation only,
+/// never across launches: a file changed later is read again by the next.
+#[derive(Default)]
+pub struct ConfigReads {
+    files: std::cell::RefCell<std::collections::HashMap<PathBuf, Option<std::rc::Rc<ConfigRead>>>>,
+}
+
+/// One file as read: its size when looked up (symlinks followed) and its
+/// first [`MAX_INCLUDE_SCAN`] bytes.
+struct ConfigRead {
+    len: u64,
+    bytes: Vec<u8>,
+}
+
+impl ConfigReads {
+    /// `path` read (once), or None when it is not a regular file or cannot
+    /// be read.
+    fn get(&self, path: &Path) -> Option<std::rc::Rc<ConfigRead>> {
+        if let Some(r) = self.files.borrow().get(path) {
+            return r.clone();
+        }
+        let read = (|| {
+            let meta = std::fs::metadata(path).ok()?;
+            if !meta.is_file() {
+                return None;
+            }
+            // Room for the whole file (and the read that finds its end):
+            // without it `read_to_end` probes in 32-byte reads.
+            let mut bytes = Vec::with_capacity(meta.len().min(MAX_INCLUDE_SCAN) as usize + 1);
+            std::fs::File::open(path)
+                .and_then(|f| {
+                    std::io::Read::read_to_end(
+                        &mut std::io::Read::take(f, MAX_INCLUDE_SCAN),
+                        &mut bytes,
+                    )
+                })
+                .ok()?;
+            Some(std::rc::Rc::new(ConfigRead {
+                len: meta.len(),
+                bytes,
+            }))
+        })();
+        self.files
+            .borrow_mut()
+            .insert(path.to_path_buf(), read.clone());
+        read
+    }
+}
+
 /// Reads and redacts the user's tool configuration files under `home`.
 /// Missing, unreadable, oversized or non-UTF-8 files are skipped.
 pub fn redacted_user_configs(home: &Path) -> Vec<RedactedConfig> {
+    redacted_user_configs_in(&ConfigReads::default(), home)
+}
+
+/// [`redacted_user_configs`], the files read through `reads`.
+pub fn redacted_user_configs_in(reads: &ConfigReads, home: &Path) -> Vec<RedactedConfig> {
     USER_TOOL_CONFIGS
         .iter()
         .filter_map(|rel| {
             let path = home.join(rel);
-            let meta = std::fs::metadata(&path).ok()?;
-            if !meta.is_file() || meta.len() > MAX_SIZE {
+            let read = reads.get(&path)?;
+            if read.len > MAX_SIZE {
                 return None;
             }
-            let text = std::fs::read_to_string(&path).ok()?;
+            let text = std::str::from_utf8(&read.bytes).ok()?;
             let (contents, removed) = if GIT_CONFIGS.contains(rel) {
-                redact_git_config(&text)?
+                redact_git_config(text)?
             } else {
                 // pip reads its files with Python's configparser, where an
                 // indented line continues the value above it.
@@ -99,7 +157,7 @@ pub fn redacted_user_configs(home: &Path) -> Vec<RedactedConfig> {
                 } else {
                     Continuation::Backslash
                 };
-                redact_config(&text, syntax)?
+                redact_config(text, syntax)?
             };
             // Nothing but credentials (or nothing at all): no copy.
             let settings = contents.lines().any(|l| {
@@ -396,6 +454,15 @@ fn redact_toml_value(v: &mut toml::Value, name: &str, removed: &mut Vec<String>)
 /// config's directory: the caller hides each existing one like a
 /// protected path (the copies drop the key naming it).
 pub fn tool_config_key_files(home: &Path, workspace: &Path) -> Vec<PathBuf> {
+    tool_config_key_files_in(&ConfigReads::default(), home, workspace)
+}
+
+/// [`tool_config_key_files`], the files read through `reads`.
+pub fn tool_config_key_files_in(
+    reads: &ConfigReads,
+    home: &Path,
+    workspace: &Path,
+) -> Vec<PathBuf> {
     let configs = USER_TOOL_CONFIGS
         .iter()
         .filter(|rel| !GIT_CONFIGS.contains(rel))
@@ -403,16 +470,13 @@ pub fn tool_config_key_files(home: &Path, workspace: &Path) -> Vec<PathBuf> {
         .chain(std::iter::once(workspace.join(".npmrc")));
     let mut out: Vec<PathBuf> = Vec::new();
     for path in configs {
-        let Ok(meta) = std::fs::metadata(&path) else {
+        let Some(read) = reads.get(&path) else {
             continue;
         };
-        if !meta.is_file() || meta.len() > MAX_INCLUDE_SCAN {
+        if read.len > MAX_INCLUDE_SCAN {
             continue;
         }
-        let Ok(bytes) = std::fs::read(&path) else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(&bytes);
+        let text = String::from_utf8_lossy(&read.bytes);
         for line in logical_lines(&text, Continuation::IndentOrBackslash) {
             let Some((key, value)) = line.split_once('=') else {
                 continue;
@@ -653,6 +717,15 @@ pub fn redact_git_config(text: &str) -> Option<(String, Vec<String>)> {
 /// An included file's own includes are followed too, as deep as git goes
 /// ([`GIT_MAX_INCLUDE_DEPTH`]).
 pub fn git_include_targets(home: &Path, others: &[PathBuf]) -> Vec<PathBuf> {
+    git_include_targets_in(&ConfigReads::default(), home, others)
+}
+
+/// [`git_include_targets`], the files read through `reads`.
+pub fn git_include_targets_in(
+    reads: &ConfigReads,
+    home: &Path,
+    others: &[PathBuf],
+) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
     let mut queue: Vec<(PathBuf, usize)> = GIT_CONFIGS
         .iter()
@@ -666,7 +739,7 @@ pub fn git_include_targets(home: &Path, others: &[PathBuf]) -> Vec<PathBuf> {
         if depth >= GIT_MAX_INCLUDE_DEPTH {
             continue;
         }
-        for target in includes_of(home, &path) {
+        for target in includes_of(reads, home, &path) {
             if !out.contains(&target) && !queue.iter().any(|(q, _)| *q == target) {
                 out.push(target.clone());
                 queue.push((target, depth + 1));
@@ -681,26 +754,16 @@ const GIT_MAX_INCLUDE_DEPTH: usize = 10;
 
 /// The files one git config file includes, resolved (see
 /// [`git_include_targets`]); none when it is not a readable regular file.
-fn includes_of(home: &Path, path: &Path) -> Vec<PathBuf> {
-    let Ok(meta) = std::fs::metadata(path) else {
-        return Vec::new();
-    };
-    if !meta.is_file() {
-        return Vec::new();
-    }
+fn includes_of(reads: &ConfigReads, home: &Path, path: &Path) -> Vec<PathBuf> {
     // Bytes, not UTF-8 only: git reads a Latin-1 name as bytes, and the
     // copy is skipped for such a file, so its includes must be found
     // here or nowhere (a path itself in another encoding is mangled,
     // and then not found either way). Likewise a file too large to copy
     // is still read for its includes, up to a bound.
-    let mut bytes = Vec::new();
-    let read = std::fs::File::open(path).and_then(|f| {
-        std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_INCLUDE_SCAN), &mut bytes)
-    });
-    if read.is_err() {
+    let Some(read) = reads.get(path) else {
         return Vec::new();
-    }
-    let text = String::from_utf8_lossy(&bytes);
+    };
+    let text = String::from_utf8_lossy(&read.bytes);
     let paths: Vec<String> = match moat_policy::gitconfig::parse(&text) {
         Ok(entries) => entries
             .into_iter()
@@ -1252,6 +1315,56 @@ mod tests {
         assert!(
             out.contains("index-url = https://pypi.corp.example/simple"),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn one_launchs_reads_answer_as_separate_reads_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = dir.path();
+        std::fs::write(
+            h.join(".gitconfig"),
+            "[include]\n\tpath = ~/.tok\n[user]\n\tname = A\n\tpassword = p\n",
+        )
+        .unwrap();
+        std::fs::write(
+            h.join(".npmrc"),
+            "registry=https://r.example/\n//r.example/:_authToken=t\nkeyfile=~/k.pem\n",
+        )
+        .unwrap();
+        // Larger than a copy may be: no copy, its key file still found.
+        let mut big = "x=y\n".repeat(MAX_SIZE as usize / 4 + 1);
+        big.push_str("client-cert = /etc/c.pem\n");
+        std::fs::create_dir_all(h.join(".pip")).unwrap();
+        std::fs::write(h.join(".pip/pip.conf"), big).unwrap();
+        let reads = ConfigReads::default();
+        assert_eq!(
+            redacted_user_configs_in(&reads, h),
+            redacted_user_configs(h)
+        );
+        assert_eq!(redacted_user_configs(h).len(), 2);
+        assert_eq!(
+            git_include_targets_in(&reads, h, &[]),
+            git_include_targets(h, &[])
+        );
+        assert_eq!(
+            tool_config_key_files_in(&reads, h, h),
+            tool_config_key_files(h, h)
+        );
+        assert_eq!(
+            tool_config_key_files(h, h),
+            vec![PathBuf::from("/etc/c.pem"), h.join("k.pem")]
+        );
+        // Each file was read once, by the first step that asked: kept
+        // for the launch (a later launch reads afresh).
+        std::fs::remove_file(h.join(".npmrc")).unwrap();
+        assert_eq!(
+            tool_config_key_files_in(&reads, h, h),
+            vec![PathBuf::from("/etc/c.pem"), h.join("k.pem")]
+        );
+        assert_eq!(
+            tool_config_key_files(h, h),
+            vec![PathBuf::from("/etc/c.pem")]
         );
     }
 

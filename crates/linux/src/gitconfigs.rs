@@ -258,7 +258,9 @@ fn read_open(file: File) -> Option<Config> {
     if meta.len() > MAX_SIZE {
         return Some(Config::TooLarge);
     }
-    let mut text = Vec::new();
+    // Room for the whole file (and the read that finds its end): without
+    // it `read_to_end` probes a small file in 32-byte reads.
+    let mut text = Vec::with_capacity(meta.len() as usize + 1);
     file.take(MAX_SIZE + 1).read_to_end(&mut text).ok()?;
     Some(if text.len() as u64 <= MAX_SIZE {
         Config::Read(text)

@@ -93,7 +93,7 @@ pub fn kernel_ineligible() -> Option<&'static str> {
 
 /// What a template is built from; two plans with the same key lay out the
 /// same sandbox (the env and argv are per execution).
-#[derive(Serialize)]
+#[derive(Serialize, PartialEq)]
 struct KeyView<'a> {
     mounts: &'a [MountOp],
     landlock: &'a LandlockSpec,
@@ -122,20 +122,6 @@ impl KeyView<'_> {
             backend: plan.backend,
         }
     }
-
-    /// Every field equal to `plan`'s.
-    fn same_as(&self, plan: &Plan) -> bool {
-        self.mounts == plan.mounts.as_slice()
-            && *self.landlock == plan.landlock
-            && *self.seccomp == plan.seccomp
-            && self.landlock_abi == plan.landlock_abi
-            && self.uid == plan.uid
-            && self.gid == plan.gid
-            && self.cwd == plan.cwd
-            && self.new_netns == plan.new_netns
-            && self.sandboxed == plan.sandboxed
-            && self.backend == plan.backend
-    }
 }
 
 /// The last plan's [`KeyView`] serialized (without its sources): a
@@ -145,27 +131,31 @@ static LAST_KEY_VIEW: Mutex<Option<(Plan, String)>> = Mutex::new(None);
 
 /// `plan`'s [`KeyView`] serialized: the last one again when its fields are
 /// equal (a pure function of them, so nothing to validate beyond that).
-fn key_view_json(plan: &Plan) -> String {
+/// Err when it does not serialize: never an empty key another plan could
+/// share.
+fn key_view_json(plan: &Plan) -> Result<String, String> {
     if let Ok(last) = LAST_KEY_VIEW.lock() {
         if let Some((p, json)) = last.as_ref() {
-            if KeyView::of(p).same_as(plan) {
-                return json.clone();
+            if KeyView::of(p) == KeyView::of(plan) {
+                return Ok(json.clone());
             }
         }
     }
-    let json = serde_json::to_string(&KeyView::of(plan)).unwrap_or_default();
+    let json = serde_json::to_string(&KeyView::of(plan))
+        .map_err(|e| format!("the plan's template key does not serialize: {e}"))?;
     if let Ok(mut last) = LAST_KEY_VIEW.lock() {
         *last = Some((plan.clone(), json.clone()));
     }
-    json
+    Ok(json)
 }
 
 /// The template key of `plan`: its view's mounts, Landlock and seccomp
 /// specs, identity and cwd, serialized, and each bind source's (device,
 /// inode) now, looked up on every call: a host directory replaced under
 /// the same path (the workspace moved away and made again) is a new
-/// template, not the old tree served at that path.
-pub fn key(plan: &Plan) -> String {
+/// template, not the old tree served at that path. Err when the view does
+/// not serialize (no template serves the plan).
+pub fn key(plan: &Plan) -> Result<String, String> {
     let sources: Vec<(u64, u64)> = plan
         .mounts
         .iter()
@@ -178,12 +168,13 @@ pub fn key(plan: &Plan) -> String {
             _ => None,
         })
         .collect();
-    let view = key_view_json(plan);
-    let sources = serde_json::to_string(&sources).unwrap_or_default();
+    let view = key_view_json(plan)?;
+    let sources = serde_json::to_string(&sources)
+        .map_err(|e| format!("the plan's template key does not serialize: {e}"))?;
     // The view's object with the sources as its last field.
     match view.strip_suffix('}') {
-        Some(open) => format!("{open},\"sources\":{sources}}}"),
-        None => String::new(),
+        Some(open) => Ok(format!("{open},\"sources\":{sources}}}")),
+        None => Err("the plan's template key is not an object".into()),
     }
 }
 
@@ -308,7 +299,7 @@ impl Template {
             .spawn()
             .map_err(|e| format!("start a sandbox template ({}): {e}", moat.display()))?;
         let t = Template {
-            key: key(plan),
+            key: key(plan)?,
             ctl: Mutex::new(Ctl {
                 sock: ours,
                 warm_asked: false,
@@ -406,7 +397,8 @@ impl Template {
         cwd: Option<(u64, u64)>,
         control: Control<'_>,
     ) -> Result<RunOutcome, TemplateError> {
-        self.run_keyed(plan, &key(plan), opts, observer, stdin, cwd, control)
+        let k = key(plan).map_err(TemplateError::Refused)?;
+        self.run_keyed(plan, &k, opts, observer, stdin, cwd, control)
     }
 
     /// [`Template::run`] with `plan`'s [`key`] computed by the caller, once
@@ -625,7 +617,7 @@ impl Templates {
     /// template of the same cwd with another key is stale (the view's
     /// inputs changed since it was built): it is retired.
     pub fn get(&self, plan: &Plan) -> Result<Arc<Template>, String> {
-        self.get_keyed(plan, &key(plan))
+        self.get_keyed(plan, &key(plan)?)
     }
 
     /// [`Templates::get`] with `plan`'s [`key`] `k` computed by the caller.

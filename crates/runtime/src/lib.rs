@@ -472,7 +472,13 @@ const SYSTEM_GIT_CONFIG: &str = "/etc/gitconfig";
 /// `~user/…`, an include's include) are hidden whole: the copies drop the
 /// includes, and a token kept out of the main config lives there.
 /// `explain-policy` shows the same view.
-pub fn redact_host_git_configs(policy: &Policy, facts: &mut HostFacts) {
+/// The files are read through `reads` (one launch's, shared with the other
+/// redaction steps).
+pub fn redact_host_git_configs(
+    policy: &Policy,
+    facts: &mut HostFacts,
+    reads: &moat_config::ConfigReads,
+) {
     let xdg = facts
         .env
         .iter()
@@ -486,7 +492,7 @@ pub fn redact_host_git_configs(policy: &Policy, facts: &mut HostFacts) {
             facts.secrets.insert(c, moat_linux::probe::Kind::File);
         }
     }
-    for p in moat_config::git_include_targets(&policy.home, &host_configs) {
+    for p in moat_config::git_include_targets_in(reads, &policy.home, &host_configs) {
         if let (Ok(c), Ok(m)) = (std::fs::canonicalize(&p), std::fs::metadata(&p)) {
             if m.is_file() {
                 facts.secrets.insert(c, moat_linux::probe::Kind::File);
@@ -531,8 +537,13 @@ pub fn redact_host_git_configs(policy: &Policy, facts: &mut HostFacts) {
 /// per-registry login) is hidden like a protected file and shown as its
 /// redacted copy, as a git config is; a grant naming the file exactly
 /// shows it raw. The files the tool configs name as a client key (npm's
-/// `keyfile`/`certfile`, pip's `client-cert`) are hidden whole.
-pub fn redact_tool_configs(policy: &Policy, facts: &mut HostFacts) {
+/// `keyfile`/`certfile`, pip's `client-cert`) are hidden whole; the
+/// configs naming them are read through `reads`.
+pub fn redact_tool_configs(
+    policy: &Policy,
+    facts: &mut HostFacts,
+    reads: &moat_config::ConfigReads,
+) {
     let root = std::path::PathBuf::from("/");
     // Each directory opened once for all its names.
     let places = [
@@ -556,7 +567,7 @@ pub fn redact_tool_configs(policy: &Policy, facts: &mut HostFacts) {
             facts.redacted_files.insert(f.path, contents);
         }
     }
-    for p in moat_config::tool_config_key_files(&policy.home, &policy.workspace) {
+    for p in moat_config::tool_config_key_files_in(reads, &policy.home, &policy.workspace) {
         if let (Ok(c), Ok(m)) = (std::fs::canonicalize(&p), std::fs::metadata(&p)) {
             if m.is_file() {
                 facts.secrets.insert(c, moat_linux::probe::Kind::File);
@@ -612,13 +623,15 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
     mark("probe the host");
     if policy.level.is_sandboxed() {
         // The user's tool configuration, credentials removed, where the
-        // tools look under the sandbox HOME.
-        facts.home_config_copies = moat_config::redacted_user_configs(&policy.home)
+        // tools look under the sandbox HOME. The three steps read the
+        // same files (`~/.gitconfig`, `~/.npmrc`): each is read once.
+        let reads = moat_config::ConfigReads::default();
+        facts.home_config_copies = moat_config::redacted_user_configs_in(&reads, &policy.home)
             .into_iter()
             .map(|r| (r.rel, r.contents))
             .collect();
-        redact_host_git_configs(&policy, &mut facts);
-        redact_tool_configs(&policy, &mut facts);
+        redact_host_git_configs(&policy, &mut facts, &reads);
+        redact_tool_configs(&policy, &mut facts, &reads);
     }
     mark("redacted copies of the user's tool config");
     if let Some(log) = &audit {

@@ -89,9 +89,12 @@ impl Launcher for TemplateLauncher {
     ) -> RunOutcome {
         // A template found gone before it took the execution is replaced
         // once; anything else is this execution's failure.
-        let mut run = Err(String::new());
-        let plan_key = moat_linux::template::key(plan);
-        for _ in 0..2 {
+        // A plan without a key is served by no template.
+        let (mut run, plan_key, tries) = match moat_linux::template::key(plan) {
+            Ok(k) => (Err(String::new()), k, 2),
+            Err(e) => (Err(e), String::new(), 0),
+        };
+        for _ in 0..tries {
             let t = match self.templates.get_keyed(plan, &plan_key) {
                 Ok(t) => t,
                 Err(e) => {
