@@ -26,6 +26,8 @@ pub const INIT_SIGNALS: &[libc::c_int] = &[
     libc::SIGINT,
     libc::SIGQUIT,
     libc::SIGUSR1,
+    // The watch over the mounts that narrow host paths (`watch::Watch`).
+    libc::SIGIO,
 ];
 
 /// What the init needs, all prepared before the clone (no lookups after it).
@@ -85,7 +87,7 @@ pub fn main(mut args: InitArgs<'_>) -> ! {
     let fd = args.report_fd;
     let early = args.early.take();
     match setup(&args, early) {
-        Ok(slave) => command_and_reap(&args, slave),
+        Ok((slave, watch)) => command_and_reap(&args, slave, watch),
         Err(f) => fail(fd, SetupStage::Sandbox, f.errno, &f.detail),
     }
 }
@@ -242,7 +244,11 @@ pub(crate) fn early_main(
 /// done. Never returns. (A sandbox template's execution forks and confines
 /// its command ahead of the request instead, see `template.rs`, and ends
 /// in [`supervise_tree`] too.)
-fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) -> ! {
+fn command_and_reap(
+    args: &InitArgs<'_>,
+    slave: Option<std::os::fd::OwnedFd>,
+    watch: Option<crate::watch::Watch>,
+) -> ! {
     use std::os::fd::AsRawFd;
     let fd = args.report_fd;
     let sandboxed = args.plan.namespaces();
@@ -278,7 +284,7 @@ fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) ->
     // Only the command holds the slave: its last close is the end of the
     // session for the supervisor's relay.
     drop(slave);
-    supervise_tree(fd, main_pid, sandboxed)
+    supervise_tree(fd, main_pid, sandboxed, watch.as_ref())
 }
 
 /// The command's process's stack: what `command` needs (the report frame
@@ -359,12 +365,13 @@ impl<'a> CommandPrep<'a> {
 }
 
 /// Namespace, mount and identity setup; runs with the host still reachable.
-/// Returns the slave of the command's pty, when it gets one.
+/// Returns the slave of the command's pty, when it gets one, and the watch
+/// over the mounts that narrow host paths (armed once the view is built).
 /// `early`: the root the early init staged (None: staged here).
 fn setup(
     args: &InitArgs<'_>,
     early: Option<mounts::Staged<std::os::fd::OwnedFd>>,
-) -> Result<Option<std::os::fd::OwnedFd>, SetupFailure> {
+) -> Result<(Option<std::os::fd::OwnedFd>, Option<crate::watch::Watch>), SetupFailure> {
     use std::os::fd::AsRawFd;
     let plan = args.plan;
     let fd = args.report_fd;
@@ -416,7 +423,7 @@ fn setup(
             enter_cwd(plan, args.cwd_identity)
                 .map_err(|(errno, detail)| SetupFailure { errno, detail })?;
         }
-        return Ok(slave);
+        return Ok((slave, None));
     }
     if early.is_none() {
         // SAFETY: the init has one thread, and nothing in it reads its
@@ -439,6 +446,9 @@ fn setup(
         detail: format!("build the sandbox view: {e}"),
     })?;
     crate::timing::mark("init: mounts (the view)");
+    // Before the command exists: nothing untrusted has shaped the view yet.
+    let watch = crate::watch::Watch::arm(plan)?;
+    crate::timing::mark("init: the watch over narrowing mounts");
     if let (Some(hfd), Some(listener)) = (args.handoff_fd, broker) {
         crate::netns::send_fds(hfd, b'B', &[listener.as_raw_fd()])
             .map_err(|e| format!("hand the broker socket to moat: {e}"))?;
@@ -446,7 +456,7 @@ fn setup(
     // The pty pair lives in the view's own devpts; the supervisor gets the master.
     let slave = open_terminal(args)?;
     enter_cwd(plan, args.cwd_identity).map_err(|(errno, detail)| SetupFailure { errno, detail })?;
-    Ok(slave)
+    Ok((slave, watch))
 }
 
 /// Opens the command's pty (in the devpts this process sees) when it gets
@@ -656,8 +666,16 @@ fn exec_candidates(argv: &[CString], envp: &[CString]) -> Vec<CString> {
     candidates
 }
 
-/// Waits for the command, relays signals, and tears the tree down. Never returns.
-pub(crate) fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
+/// Waits for the command, relays signals, and tears the tree down. With
+/// `watch`, a narrowing mount the host detached (see [`crate::watch`])
+/// stops the run: every process killed, [`InitMessage::HostReplaced`]
+/// reported in place of the exit. Never returns.
+pub(crate) fn supervise_tree(
+    fd: RawFd,
+    main_pid: Pid,
+    pid_namespace: bool,
+    watch: Option<&crate::watch::Watch>,
+) -> ! {
     let kill_all = |sig: libc::c_int| {
         if pid_namespace {
             // As pid 1, kill(-1) reaches every other process of the namespace.
@@ -686,6 +704,17 @@ pub(crate) fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> !
             },
             libc::SIGTERM => kill_all(libc::SIGTERM),
             libc::SIGUSR1 => kill_all(libc::SIGKILL),
+            libc::SIGIO => {
+                if let Some(path) = watch.and_then(|w| w.changed()) {
+                    kill_all(libc::SIGKILL);
+                    while waitpid(None::<Pid>, None).is_ok() {}
+                    let path = path.to_string_lossy();
+                    init_msg::send(fd, &InitMessage::HostReplaced { path: &path });
+                    // SAFETY: as below; the init leaves by `_exit`.
+                    let _ = unsafe { sys::close_range(0, u32::MAX) };
+                    sys::exit_now(0);
+                }
+            }
             // ^C and ^\ come from the terminal, which already delivered them
             // to the command's process group; relaying would double them.
             libc::SIGINT | libc::SIGQUIT => {}
