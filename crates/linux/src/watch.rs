@@ -65,19 +65,36 @@ impl Watch {
             let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
                 continue;
             };
-            let wd = sys::inotify_watch_dir(&inotify, parent, MASK).map_err(|e| {
-                format!(
-                    "watch {} for the host replacing {} (inotify): {e}; raise fs.inotify.max_user_watches or max_user_instances",
-                    parent.display(),
-                    path.display()
-                )
-            })?;
             let mut t = Target {
                 dir: parent.strip_prefix("/").unwrap_or(parent).to_path_buf(),
                 name: name.to_os_string(),
                 path: path.to_path_buf(),
-                wd,
+                wd: -1,
                 id: 0,
+            };
+            t.wd = match sys::inotify_watch_dir(&inotify, parent, MASK) {
+                Ok(wd) => wd,
+                // A directory this user may not search: nothing in the run
+                // (the same user, without capabilities) can reach the path.
+                Err(_)
+                    if look_at(&root, &t)
+                        .is_err_and(|e| e.raw_os_error() == Some(libc::EACCES)) =>
+                {
+                    continue
+                }
+                Err(e) => {
+                    let fix = if e.raw_os_error() == Some(libc::EACCES) {
+                        format!("make {} readable by this user", parent.display())
+                    } else {
+                        "raise fs.inotify.max_user_watches (or max_user_instances)".to_string()
+                    };
+                    return Err(format!(
+                        "watch {} for the host replacing {} (inotify): {e}; moat cannot keep {} covered for the run without it: {fix}",
+                        parent.display(),
+                        path.display(),
+                        path.display(),
+                    ));
+                }
             };
             t.id = match look(&root, &t) {
                 Some(id) => id,
@@ -142,15 +159,16 @@ impl Watch {
 /// directories on the way); None when it is no mount's root (or cannot
 /// be reached: never taken for in place).
 fn look(root: &OwnedFd, t: &Target) -> Option<u64> {
+    look_at(root, t).ok().flatten()
+}
+
+fn look_at(root: &OwnedFd, t: &Target) -> std::io::Result<Option<u64>> {
     let dir = if t.dir.as_os_str().is_empty() {
         sys::open_dir_beneath(root.as_raw_fd(), Path::new("."))
     } else {
         sys::open_dir_beneath(root.as_raw_fd(), &t.dir)
-    }
-    .ok()?;
+    }?;
     sys::mount_root_id_at(dir.as_raw_fd(), Path::new(&t.name))
-        .ok()
-        .flatten()
 }
 
 /// What the user is told when the host replaced the protected `path`.
