@@ -72,7 +72,12 @@ impl Watch {
                 wd: -1,
                 id: 0,
             };
-            t.wd = match sys::inotify_watch_dir(&inotify, parent, MASK) {
+            // One watch per directory (most targets share a few: /etc, HOME).
+            let known = targets
+                .iter()
+                .find(|k: &&Target| k.dir == t.dir)
+                .map(|k| Ok(k.wd));
+            t.wd = match known.unwrap_or_else(|| sys::inotify_watch_dir(&inotify, parent, MASK)) {
                 Ok(wd) => wd,
                 // A directory this user may not search: nothing in the run
                 // (the same user, without capabilities) can reach the path.
