@@ -564,6 +564,10 @@ mod tests {
                 max_rss_kb: -5,
                 cpu_ms: 0,
             },
+            InitMessage::HostReplaced {
+                path: "/ws/.git/config",
+            },
+            InitMessage::HostReplaced { path: "" },
         ]
     }
 

@@ -686,5 +686,14 @@ mod tests {
             late,
             [false, false, true, true, true, false, false, false, false]
         );
+        // The same mounts are what a one-shot run's init watches.
+        assert_eq!(
+            narrowing_targets(&ops),
+            [
+                Path::new("/ws/.env"),
+                Path::new("/ws/.git/config"),
+                Path::new("/etc/shadow")
+            ]
+        );
     }
 }
