@@ -87,7 +87,7 @@ pub fn main(mut args: InitArgs<'_>) -> ! {
     let fd = args.report_fd;
     let early = args.early.take();
     match setup(&args, early) {
-        Ok((slave, watch)) => command_and_reap(&args, slave, watch),
+        Ok(slave) => command_and_reap(&args, slave),
         Err(f) => fail(fd, SetupStage::Sandbox, f.errno, &f.detail),
     }
 }
@@ -244,11 +244,7 @@ pub(crate) fn early_main(
 /// done. Never returns. (A sandbox template's execution forks and confines
 /// its command ahead of the request instead, see `template.rs`, and ends
 /// in [`supervise_tree`] too.)
-fn command_and_reap(
-    args: &InitArgs<'_>,
-    slave: Option<std::os::fd::OwnedFd>,
-    watch: Option<crate::watch::Watch>,
-) -> ! {
+fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) -> ! {
     use std::os::fd::AsRawFd;
     let fd = args.report_fd;
     let sandboxed = args.plan.namespaces();
@@ -284,6 +280,22 @@ fn command_and_reap(
     // Only the command holds the slave: its last close is the end of the
     // session for the supervisor's relay.
     drop(slave);
+    // Off the launch path, while the command execs: the watch over the
+    // mounts that narrow host paths (`watch::Watch::arm` says why arming
+    // it after the command started is safe). Failing, the run stops.
+    let watch = if sandboxed && !args.plan.landlock_only() {
+        match crate::watch::Watch::arm(args.plan) {
+            Ok(w) => w,
+            Err(detail) => {
+                let _ = sys::kill(-1, libc::SIGKILL);
+                while waitpid(None::<Pid>, None).is_ok() {}
+                fail(fd, SetupStage::Sandbox, 0, &detail)
+            }
+        }
+    } else {
+        None
+    };
+    crate::timing::mark("init: the watch over narrowing mounts");
     supervise_tree(fd, main_pid, sandboxed, watch.as_ref())
 }
 
@@ -365,13 +377,12 @@ impl<'a> CommandPrep<'a> {
 }
 
 /// Namespace, mount and identity setup; runs with the host still reachable.
-/// Returns the slave of the command's pty, when it gets one, and the watch
-/// over the mounts that narrow host paths (armed once the view is built).
+/// Returns the slave of the command's pty, when it gets one.
 /// `early`: the root the early init staged (None: staged here).
 fn setup(
     args: &InitArgs<'_>,
     early: Option<mounts::Staged<std::os::fd::OwnedFd>>,
-) -> Result<(Option<std::os::fd::OwnedFd>, Option<crate::watch::Watch>), SetupFailure> {
+) -> Result<Option<std::os::fd::OwnedFd>, SetupFailure> {
     use std::os::fd::AsRawFd;
     let plan = args.plan;
     let fd = args.report_fd;
@@ -423,7 +434,7 @@ fn setup(
             enter_cwd(plan, args.cwd_identity)
                 .map_err(|(errno, detail)| SetupFailure { errno, detail })?;
         }
-        return Ok((slave, None));
+        return Ok(slave);
     }
     if early.is_none() {
         // SAFETY: the init has one thread, and nothing in it reads its
@@ -446,9 +457,6 @@ fn setup(
         detail: format!("build the sandbox view: {e}"),
     })?;
     crate::timing::mark("init: mounts (the view)");
-    // Before the command exists: nothing untrusted has shaped the view yet.
-    let watch = crate::watch::Watch::arm(plan)?;
-    crate::timing::mark("init: the watch over narrowing mounts");
     if let (Some(hfd), Some(listener)) = (args.handoff_fd, broker) {
         crate::netns::send_fds(hfd, b'B', &[listener.as_raw_fd()])
             .map_err(|e| format!("hand the broker socket to moat: {e}"))?;
@@ -456,7 +464,7 @@ fn setup(
     // The pty pair lives in the view's own devpts; the supervisor gets the master.
     let slave = open_terminal(args)?;
     enter_cwd(plan, args.cwd_identity).map_err(|(errno, detail)| SetupFailure { errno, detail })?;
-    Ok((slave, watch))
+    Ok(slave)
 }
 
 /// Opens the command's pty (in the devpts this process sees) when it gets

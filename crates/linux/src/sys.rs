@@ -205,18 +205,14 @@ pub fn inotify_async() -> io::Result<OwnedFd> {
     }
 }
 
-/// inotify_add_watch(2) of the directory `path` (not followed if it is a
-/// symlink) for `mask`; returns the watch descriptor.
-pub fn inotify_watch_dir(fd: &OwnedFd, path: &Path, mask: u32) -> io::Result<i32> {
-    let p = cstr(path)?;
+/// inotify_add_watch(2) of the directory `dir` (an fd: the watch is on that
+/// inode, whatever its path is now) for `mask`; returns the watch
+/// descriptor. Reaches the inode through `/proc/self/fd`.
+pub fn inotify_watch_dir(fd: &OwnedFd, dir: &OwnedFd, mask: u32) -> io::Result<i32> {
+    let p = cstr(Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd())))?;
     // SAFETY: `p` is NUL-terminated and outlives the call.
-    let wd = unsafe {
-        libc::inotify_add_watch(
-            fd.as_raw_fd(),
-            p.as_ptr(),
-            mask | libc::IN_ONLYDIR | libc::IN_DONT_FOLLOW,
-        )
-    };
+    let wd =
+        unsafe { libc::inotify_add_watch(fd.as_raw_fd(), p.as_ptr(), mask | libc::IN_ONLYDIR) };
     check(wd as libc::c_long).map(|w| w as i32)
 }
 

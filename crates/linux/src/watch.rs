@@ -48,8 +48,12 @@ pub(crate) struct Watch {
 impl Watch {
     /// Arms the watch over every narrowing mount of `plan`
     /// ([`crate::mounts::narrowing_targets`]) in the view the init is in,
-    /// before the command exists, then reads each one's mount id: a mount
-    /// the host detached between the view and the watch is caught here.
+    /// then reads each one's mount id: a mount the host detached between
+    /// the view and the watch is caught here. Runs once the command has
+    /// started (off the launch path), so each directory is opened from the
+    /// view's root through no symlink and watched, and its target looked
+    /// at, through that one fd: a directory the command renamed or swapped
+    /// meanwhile is either the one watched or found without its mount.
     /// None: the plan has no such mount. Err: what the user is told.
     pub(crate) fn arm(plan: &Plan) -> Result<Option<Watch>, String> {
         let paths = crate::mounts::narrowing_targets(&plan.mounts);
@@ -60,7 +64,7 @@ impl Watch {
             .map_err(|e| format!("watch the protected host paths (inotify): {e}"))?;
         let root = sys::open_dir_nofollow(Path::new("/"))
             .map_err(|e| format!("open the sandbox's root: {e}"))?;
-        let mut targets = Vec::with_capacity(paths.len());
+        let mut targets: Vec<Target> = Vec::with_capacity(paths.len());
         for path in paths {
             let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
                 continue;
@@ -72,38 +76,30 @@ impl Watch {
                 wd: -1,
                 id: 0,
             };
-            // One watch per directory (most targets share a few: /etc, HOME).
-            let known = targets
-                .iter()
-                .find(|k: &&Target| k.dir == t.dir)
-                .map(|k| Ok(k.wd));
-            t.wd = match known.unwrap_or_else(|| sys::inotify_watch_dir(&inotify, parent, MASK)) {
-                Ok(wd) => wd,
-                // A directory this user may not search: nothing in the run
-                // (the same user, without capabilities) can reach the path.
-                Err(_)
-                    if look_at(&root, &t)
-                        .is_err_and(|e| e.raw_os_error() == Some(libc::EACCES)) =>
-                {
-                    continue
-                }
-                Err(e) => {
-                    let fix = if e.raw_os_error() == Some(libc::EACCES) {
-                        format!("make {} readable by this user", parent.display())
-                    } else {
-                        "raise fs.inotify.max_user_watches (or max_user_instances)".to_string()
-                    };
-                    return Err(format!(
-                        "watch {} for the host replacing {} (inotify): {e}; moat cannot keep {} covered for the run without it: {fix}",
+            let dir = match open_dir(&root, &t) {
+                Ok(d) => d,
+                // A directory this user may not search (the init's
+                // capabilities cover what the user owns, so the command
+                // cannot cause this): nothing in the run can reach it.
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
+                Err(_) => return Err(replaced(&t.path)),
+            };
+            let known = targets.iter().find(|k| k.dir == t.dir).map(|k| k.wd);
+            t.wd = match known {
+                Some(wd) => wd,
+                None => sys::inotify_watch_dir(&inotify, &dir, MASK).map_err(|e| {
+                    format!(
+                        "watch {} for the host replacing {} (inotify): {e}; moat cannot keep {} covered for the run without it: raise fs.inotify.max_user_watches (or max_user_instances)",
                         parent.display(),
                         path.display(),
                         path.display(),
-                    ));
-                }
+                    )
+                })?,
             };
-            t.id = match look(&root, &t) {
-                Some(id) => id,
-                None => return Err(replaced(&t.path)),
+            t.id = match sys::mount_root_id_at(dir.as_raw_fd(), Path::new(&t.name)) {
+                Ok(Some(id)) => id,
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
+                _ => return Err(replaced(&t.path)),
             };
             targets.push(t);
         }
@@ -168,12 +164,17 @@ fn look(root: &OwnedFd, t: &Target) -> Option<u64> {
 }
 
 fn look_at(root: &OwnedFd, t: &Target) -> std::io::Result<Option<u64>> {
-    let dir = if t.dir.as_os_str().is_empty() {
+    let dir = open_dir(root, t)?;
+    sys::mount_root_id_at(dir.as_raw_fd(), Path::new(&t.name))
+}
+
+/// `t`'s directory, from the view's root through no symlink.
+fn open_dir(root: &OwnedFd, t: &Target) -> std::io::Result<OwnedFd> {
+    if t.dir.as_os_str().is_empty() {
         sys::open_dir_beneath(root.as_raw_fd(), Path::new("."))
     } else {
         sys::open_dir_beneath(root.as_raw_fd(), &t.dir)
-    }?;
-    sys::mount_root_id_at(dir.as_raw_fd(), Path::new(&t.name))
+    }
 }
 
 /// What the user is told when the host replaced the protected `path`.
