@@ -159,3 +159,28 @@ fn host_renaming_over_git_config_mid_run_keeps_it_unwritable() {
         assert!(!stdout.contains("DONE"), "{}", out.dump());
     }
 }
+
+/// The watch stops a run only for a protected path: an editor saving an
+/// ordinary file of the workspace (a rename over it, in the directory
+/// the watch covers because `.env` is there), and files made and removed
+/// beside it, leave the run alone and visible to it.
+#[test]
+fn host_renaming_over_an_unprotected_file_keeps_the_run_positive_control() {
+    let fx = Fixture::new();
+    write(fx.w(".env"), &fx.env_secret);
+    let saved = unique("SAVED");
+    let script = ": > ready; while [ ! -e host-saw ]; do sleep 0.05; done; \
+                  cat README; echo; echo DONE";
+    let mut running = spawn(fx.sh("workspace-write", &[], script));
+    wait_file(&fx.w("ready"), &mut running);
+    replace_by_rename(&fx.w("README"), &saved);
+    for i in 0..50 {
+        let p = fx.w(&format!("scratch-{i}"));
+        write(&p, "x");
+        std::fs::remove_file(&p).expect("remove scratch");
+    }
+    write(fx.ws.join("host-saw"), "");
+    let out = running.wait();
+    out.expect_code(0);
+    out.expect_stdout_has(&saved).expect_stdout_has("DONE");
+}
