@@ -284,12 +284,16 @@ fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) ->
     // mounts that narrow host paths (`watch::Watch::arm` says why arming
     // it after the command started is safe). Failing, the run stops.
     let watch = if sandboxed && !args.plan.landlock_only() {
+        use crate::watch::ArmFailure;
         match crate::watch::Watch::arm(args.plan) {
             Ok(w) => w,
-            Err(detail) => {
+            Err(failure) => {
                 let _ = sys::kill(-1, libc::SIGKILL);
                 while waitpid(None::<Pid>, None).is_ok() {}
-                fail(fd, SetupStage::Sandbox, 0, &detail)
+                match failure {
+                    ArmFailure::Replaced(path) => host_replaced(fd, &path),
+                    ArmFailure::Failed(detail) => fail(fd, SetupStage::Sandbox, 0, &detail),
+                }
             }
         }
     } else {
@@ -716,11 +720,7 @@ pub(crate) fn supervise_tree(
                 if let Some(path) = watch.and_then(|w| w.changed()) {
                     kill_all(libc::SIGKILL);
                     while waitpid(None::<Pid>, None).is_ok() {}
-                    let path = path.to_string_lossy();
-                    init_msg::send(fd, &InitMessage::HostReplaced { path: &path });
-                    // SAFETY: as below; the init leaves by `_exit`.
-                    let _ = unsafe { sys::close_range(0, u32::MAX) };
-                    sys::exit_now(0);
+                    host_replaced(fd, path)
                 }
             }
             // ^C and ^\ come from the terminal, which already delivered them
@@ -760,6 +760,17 @@ pub(crate) fn supervise_tree(
             sys::exit_now(0);
         }
     }
+}
+
+/// Reports that the host replaced `path` (every process of the run killed
+/// and reaped by now) in place of the exit, and leaves.
+fn host_replaced(fd: RawFd, path: &std::path::Path) -> ! {
+    let path = path.to_string_lossy();
+    init_msg::send(fd, &InitMessage::HostReplaced { path: &path });
+    // SAFETY: the init leaves right below by `_exit`; none of the fds'
+    // owners in its memory is used or dropped again.
+    let _ = unsafe { sys::close_range(0, u32::MAX) };
+    sys::exit_now(0);
 }
 
 /// (largest RSS in KiB, user + system CPU ms) of every reaped descendant.

@@ -38,6 +38,16 @@ struct Target {
     id: u64,
 }
 
+/// Why the watch could not be armed.
+pub(crate) enum ArmFailure {
+    /// A target was no longer covered when the watch looked (the host
+    /// replaced it since the view was built): the run stops as it would
+    /// for a change seen later.
+    Replaced(PathBuf),
+    /// The watch itself failed: what the user is told.
+    Failed(String),
+}
+
 /// The armed watch: an inotify instance raising SIGIO in the init.
 pub(crate) struct Watch {
     inotify: OwnedFd,
@@ -54,16 +64,19 @@ impl Watch {
     /// view's root through no symlink and watched, and its target looked
     /// at, through that one fd: a directory the command renamed or swapped
     /// meanwhile is either the one watched or found without its mount.
-    /// None: the plan has no such mount. Err: what the user is told.
-    pub(crate) fn arm(plan: &Plan) -> Result<Option<Watch>, String> {
+    /// None: the plan has no such mount.
+    pub(crate) fn arm(plan: &Plan) -> Result<Option<Watch>, ArmFailure> {
         let paths = crate::mounts::narrowing_targets(&plan.mounts);
         if paths.is_empty() {
             return Ok(None);
         }
-        let inotify = sys::inotify_async()
-            .map_err(|e| format!("watch the protected host paths (inotify): {e}"))?;
+        let inotify = sys::inotify_async().map_err(|e| {
+            ArmFailure::Failed(format!(
+                "watch the protected host paths (inotify): {e}; raise fs.inotify.max_user_instances"
+            ))
+        })?;
         let root = sys::open_dir_nofollow(Path::new("/"))
-            .map_err(|e| format!("open the sandbox's root: {e}"))?;
+            .map_err(|e| ArmFailure::Failed(format!("open the sandbox's root: {e}")))?;
         let mut targets: Vec<Target> = Vec::with_capacity(paths.len());
         for path in paths {
             let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
@@ -82,24 +95,24 @@ impl Watch {
                 // capabilities cover what the user owns, so the command
                 // cannot cause this): nothing in the run can reach it.
                 Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
-                Err(_) => return Err(replaced(&t.path)),
+                Err(_) => return Err(ArmFailure::Replaced(t.path)),
             };
             let known = targets.iter().find(|k| k.dir == t.dir).map(|k| k.wd);
             t.wd = match known {
                 Some(wd) => wd,
                 None => sys::inotify_watch_dir(&inotify, &dir, MASK).map_err(|e| {
-                    format!(
+                    ArmFailure::Failed(format!(
                         "watch {} for the host replacing {} (inotify): {e}; moat cannot keep {} covered for the run without it: raise fs.inotify.max_user_watches (or max_user_instances)",
                         parent.display(),
                         path.display(),
                         path.display(),
-                    )
+                    ))
                 })?,
             };
             t.id = match sys::mount_root_id_at(dir.as_raw_fd(), Path::new(&t.name)) {
                 Ok(Some(id)) => id,
                 Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
-                _ => return Err(replaced(&t.path)),
+                _ => return Err(ArmFailure::Replaced(t.path)),
             };
             targets.push(t);
         }
