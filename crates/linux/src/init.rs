@@ -291,7 +291,7 @@ fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) ->
                 let _ = sys::kill(-1, libc::SIGKILL);
                 while waitpid(None::<Pid>, None).is_ok() {}
                 match failure {
-                    ArmFailure::Replaced(path) => host_replaced(fd, &path),
+                    ArmFailure::Replaced(path) => host_replaced(fd, &path, None),
                     ArmFailure::Failed(detail) => fail(fd, SetupStage::Sandbox, 0, &detail),
                 }
             }
@@ -720,7 +720,7 @@ pub(crate) fn supervise_tree(
                 if let Some(path) = watch.and_then(|w| w.changed()) {
                     kill_all(libc::SIGKILL);
                     while waitpid(None::<Pid>, None).is_ok() {}
-                    host_replaced(fd, path)
+                    host_replaced(fd, path, watch)
                 }
             }
             // ^C and ^\ come from the terminal, which already delivered them
@@ -754,9 +754,7 @@ pub(crate) fn supervise_tree(
             // tears down this process's copy of moat's address space: the
             // supervisor waits for the end of the report pipe and of the
             // captured output, and wakes that much sooner.
-            // SAFETY: the init leaves right below by `_exit`; none of the
-            // fds' owners in its memory is used or dropped again.
-            let _ = unsafe { sys::close_range(0, u32::MAX) };
+            close_all_but_watch(watch);
             sys::exit_now(0);
         }
     }
@@ -764,13 +762,32 @@ pub(crate) fn supervise_tree(
 
 /// Reports that the host replaced `path` (every process of the run killed
 /// and reaped by now) in place of the exit, and leaves.
-fn host_replaced(fd: RawFd, path: &std::path::Path) -> ! {
+fn host_replaced(fd: RawFd, path: &std::path::Path, watch: Option<&crate::watch::Watch>) -> ! {
     let path = path.to_string_lossy();
     init_msg::send(fd, &InitMessage::HostReplaced { path: &path });
-    // SAFETY: the init leaves right below by `_exit`; none of the fds'
-    // owners in its memory is used or dropped again.
-    let _ = unsafe { sys::close_range(0, u32::MAX) };
+    close_all_but_watch(watch);
     sys::exit_now(0);
+}
+
+/// Closes every fd of the init but the watch's inotify instance, which
+/// the exit closes after: its release waits out an SRCU grace period, and
+/// the supervisor, done once the report pipe and the output pipes end,
+/// does not wait for the init's exit. The init leaves by `_exit` right
+/// after this.
+fn close_all_but_watch(watch: Option<&crate::watch::Watch>) {
+    // SAFETY: the init leaves right after by `_exit`; none of the fds'
+    // owners in its memory is used or dropped again.
+    unsafe {
+        match watch.map(|w| w.raw_fd() as u32) {
+            Some(keep) => {
+                let _ = sys::close_range(0, keep.saturating_sub(1));
+                let _ = sys::close_range(keep + 1, u32::MAX);
+            }
+            None => {
+                let _ = sys::close_range(0, u32::MAX);
+            }
+        }
+    }
 }
 
 /// (largest RSS in KiB, user + system CPU ms) of every reaped descendant.

@@ -123,6 +123,14 @@ impl Watch {
         }))
     }
 
+    /// The inotify instance's fd. Closing it costs the kernel an SRCU grace
+    /// period (tens of ms when loaded) before `close` returns: the init
+    /// closes it last, after the pipes the supervisor waits on
+    /// (`init::close_all_but_watch`).
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.inotify.as_raw_fd()
+    }
+
     /// Reads every queued event and looks again at the mounts they may
     /// concern: the first one no longer in place, if any.
     pub(crate) fn changed(&self) -> Option<&Path> {
