@@ -116,6 +116,16 @@ impl Watch {
             };
             targets.push(t);
         }
+        // Each target is a mount of its own. Two found as one mount means
+        // the command swapped directories while the watch was armed, so
+        // that a directory holding one may be unwatched: stop.
+        let mut ids: Vec<u64> = targets.iter().map(|t| t.id).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            return Err(ArmFailure::Failed(
+                "the sandbox's directories holding protected paths were renamed while moat armed its watch over them; moat stopped the run: run it again".to_string(),
+            ));
+        }
         Ok(Some(Watch {
             inotify,
             root,
