@@ -425,3 +425,31 @@ def test_narrowing_a_proxy_server_to_no_network_runs(ws):
         assert res["policy"]["network"]["mode"] == "disabled"
     finally:
         s.close()
+
+
+def test_oneshot_execution_stopped_when_the_host_replaces_env(ws):
+    # `--launch oneshot`: the execution's init watches the stand-in over
+    # `.env`; the host renaming a new `.env` over it stops the execution
+    # (exit 125, termination_reason host_replaced), and the new secret is
+    # never in its output.
+    secret = "NEWSECRET" + token()
+    with open(os.path.join(ws, ".env"), "w") as f:
+        f.write("OLD")
+    s = serve(ws, "--policy", "workspace-write", "--launch", "oneshot")
+    try:
+        ex = s.ok("execute", {"command": ["sh", "-c",
+                                          ": > ready; while [ ! -e host-saw ]; do sleep 0.05; done; "
+                                          "for i in 1 2 3 4 5; do cat .env; done; echo DONE"]})
+        wait_for(lambda: os.path.exists(os.path.join(ws, "ready")), "the command's ready file")
+        with open(os.path.join(ws, ".env.tmp"), "w") as f:
+            f.write(secret)
+        os.rename(os.path.join(ws, ".env.tmp"), os.path.join(ws, ".env"))
+        end = s.finished(ex["execution_id"])
+        with open(os.path.join(ws, "host-saw"), "w"):
+            pass
+        res = s.ok("getExecution", {"execution_id": ex["execution_id"], "include_output": True})
+        assert res["exit_code"] == 125, (end, res)
+        assert res["termination_reason"] == "host_replaced" and res["status"] == "failed", res
+        assert secret not in str(res) and secret not in str(end), res
+    finally:
+        s.close()

@@ -876,9 +876,14 @@ impl Service {
                     r.view.resource_usage = Some(f.resource_usage);
                     r.view.duration_ms = Some(f.duration_ms);
                     r.view.finished_at = Some(envelope.time);
+                    // The one-shot init stopped the run: the host replaced
+                    // a protected path (exit 125).
+                    let host_replaced = f.termination_reason.as_deref() == Some("host_replaced");
                     r.view.termination_reason = Some(
                         if f.timed_out {
                             "timeout"
+                        } else if host_replaced {
+                            "host_replaced"
                         } else if r.view.cancel_requested {
                             "canceled"
                         } else if r.view.signal.is_some() {
@@ -888,7 +893,7 @@ impl Service {
                         }
                         .to_string(),
                     );
-                    r.view.status = if f.timed_out || r.view.cancel_requested {
+                    r.view.status = if f.timed_out || host_replaced || r.view.cancel_requested {
                         "failed"
                     } else {
                         "finished"

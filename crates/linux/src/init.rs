@@ -26,6 +26,8 @@ pub const INIT_SIGNALS: &[libc::c_int] = &[
     libc::SIGINT,
     libc::SIGQUIT,
     libc::SIGUSR1,
+    // The watch over the mounts that narrow host paths (`watch::Watch`).
+    libc::SIGIO,
 ];
 
 /// What the init needs, all prepared before the clone (no lookups after it).
@@ -278,7 +280,27 @@ fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) ->
     // Only the command holds the slave: its last close is the end of the
     // session for the supervisor's relay.
     drop(slave);
-    supervise_tree(fd, main_pid, sandboxed)
+    // Off the launch path, while the command execs: the watch over the
+    // mounts that narrow host paths (`watch::Watch::arm` says why arming
+    // it after the command started is safe). Failing, the run stops.
+    let watch = if sandboxed && !args.plan.landlock_only() {
+        use crate::watch::ArmFailure;
+        match crate::watch::Watch::arm(args.plan) {
+            Ok(w) => w,
+            Err(failure) => {
+                let _ = sys::kill(-1, libc::SIGKILL);
+                while waitpid(None::<Pid>, None).is_ok() {}
+                match failure {
+                    ArmFailure::Replaced(path) => host_replaced(fd, &path, None),
+                    ArmFailure::Failed(detail) => fail(fd, SetupStage::Sandbox, 0, &detail),
+                }
+            }
+        }
+    } else {
+        None
+    };
+    crate::timing::mark("init: the watch over narrowing mounts");
+    supervise_tree(fd, main_pid, sandboxed, watch.as_ref())
 }
 
 /// The command's process's stack: what `command` needs (the report frame
@@ -656,8 +678,16 @@ fn exec_candidates(argv: &[CString], envp: &[CString]) -> Vec<CString> {
     candidates
 }
 
-/// Waits for the command, relays signals, and tears the tree down. Never returns.
-pub(crate) fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> ! {
+/// Waits for the command, relays signals, and tears the tree down. With
+/// `watch`, a narrowing mount the host detached (see [`crate::watch`])
+/// stops the run: every process killed, [`InitMessage::HostReplaced`]
+/// reported in place of the exit. Never returns.
+pub(crate) fn supervise_tree(
+    fd: RawFd,
+    main_pid: Pid,
+    pid_namespace: bool,
+    watch: Option<&crate::watch::Watch>,
+) -> ! {
     let kill_all = |sig: libc::c_int| {
         if pid_namespace {
             // As pid 1, kill(-1) reaches every other process of the namespace.
@@ -686,6 +716,13 @@ pub(crate) fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> !
             },
             libc::SIGTERM => kill_all(libc::SIGTERM),
             libc::SIGUSR1 => kill_all(libc::SIGKILL),
+            libc::SIGIO => {
+                if let Some(path) = watch.and_then(|w| w.changed()) {
+                    kill_all(libc::SIGKILL);
+                    while waitpid(None::<Pid>, None).is_ok() {}
+                    host_replaced(fd, path, watch)
+                }
+            }
             // ^C and ^\ come from the terminal, which already delivered them
             // to the command's process group; relaying would double them.
             libc::SIGINT | libc::SIGQUIT => {}
@@ -717,10 +754,38 @@ pub(crate) fn supervise_tree(fd: RawFd, main_pid: Pid, pid_namespace: bool) -> !
             // tears down this process's copy of moat's address space: the
             // supervisor waits for the end of the report pipe and of the
             // captured output, and wakes that much sooner.
-            // SAFETY: the init leaves right below by `_exit`; none of the
-            // fds' owners in its memory is used or dropped again.
-            let _ = unsafe { sys::close_range(0, u32::MAX) };
+            close_all_but_watch(watch);
             sys::exit_now(0);
+        }
+    }
+}
+
+/// Reports that the host replaced `path` (every process of the run killed
+/// and reaped by now) in place of the exit, and leaves.
+fn host_replaced(fd: RawFd, path: &std::path::Path, watch: Option<&crate::watch::Watch>) -> ! {
+    let path = path.to_string_lossy();
+    init_msg::send(fd, &InitMessage::HostReplaced { path: &path });
+    close_all_but_watch(watch);
+    sys::exit_now(0);
+}
+
+/// Closes every fd of the init but the watch's inotify instance, which
+/// the exit closes after: its release waits out an SRCU grace period, and
+/// the supervisor, done once the report pipe and the output pipes end,
+/// does not wait for the init's exit. The init leaves by `_exit` right
+/// after this.
+fn close_all_but_watch(watch: Option<&crate::watch::Watch>) {
+    // SAFETY: the init leaves right after by `_exit`; none of the fds'
+    // owners in its memory is used or dropped again.
+    unsafe {
+        match watch.map(|w| w.raw_fd() as u32) {
+            Some(keep) => {
+                let _ = sys::close_range(0, keep.saturating_sub(1));
+                let _ = sys::close_range(keep + 1, u32::MAX);
+            }
+            None => {
+                let _ = sys::close_range(0, u32::MAX);
+            }
         }
     }
 }

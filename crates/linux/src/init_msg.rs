@@ -22,6 +22,7 @@ const TAG_SETUP_FAILED: u8 = 1;
 const TAG_CONFINED: u8 = 2;
 const TAG_EXEC_FAILED: u8 = 3;
 const TAG_EXITED: u8 = 4;
+const TAG_HOST_REPLACED: u8 = 5;
 
 /// Where, in the init's work, a setup step failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +98,10 @@ pub enum InitMessage<'a> {
         max_rss_kb: i64,
         cpu_ms: i64,
     },
+    /// The host replaced `path` (a view path) while the command ran: the
+    /// mount that narrowed it was detached, and the init killed every
+    /// process of the run (`crate::watch`). Sent in place of `Exited`.
+    HostReplaced { path: &'a str },
 }
 
 /// Why bytes on the report pipe are not a valid message.
@@ -176,6 +181,11 @@ impl<'a> InitMessage<'a> {
                 body[16..24].copy_from_slice(&cpu_ms.to_le_bytes());
                 (TAG_EXITED, 24)
             }
+            InitMessage::HostReplaced { path } => {
+                let text = fit(path, MAX_FRAME - HEADER);
+                body[..text.len()].copy_from_slice(text.as_bytes());
+                (TAG_HOST_REPLACED, text.len())
+            }
         };
         buf[..2].copy_from_slice(&(len as u16).to_le_bytes());
         buf[2] = tag;
@@ -254,6 +264,9 @@ impl<'a> InitMessage<'a> {
                     cpu_ms: i64_at(16)?,
                 }
             }
+            TAG_HOST_REPLACED => InitMessage::HostReplaced {
+                path: std::str::from_utf8(body).map_err(|_| DecodeError::BadText)?,
+            },
             other => return Err(DecodeError::UnknownTag(other)),
         };
         Ok(Some((msg, HEADER + len)))
@@ -551,6 +564,10 @@ mod tests {
                 max_rss_kb: -5,
                 cpu_ms: 0,
             },
+            InitMessage::HostReplaced {
+                path: "/ws/.git/config",
+            },
+            InitMessage::HostReplaced { path: "" },
         ]
     }
 

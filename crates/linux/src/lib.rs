@@ -40,6 +40,7 @@ pub mod termfilter;
 pub mod timing;
 pub mod tree;
 pub mod view;
+mod watch;
 
 pub use confine::Enforcement;
 pub use plan::{build as build_plan, Plan, PlanError};

@@ -77,6 +77,9 @@ pub enum TerminationReason {
     Timeout,
     Signal,
     Exit,
+    /// The host replaced a protected path while the command ran; moat
+    /// stopped the run (`InitMessage::HostReplaced`).
+    HostReplaced,
 }
 
 impl TerminationReason {
@@ -90,6 +93,7 @@ impl TerminationReason {
             TerminationReason::Timeout => "timeout",
             TerminationReason::Signal => "signal",
             TerminationReason::Exit => "exit",
+            TerminationReason::HostReplaced => "host_replaced",
         }
     }
 }

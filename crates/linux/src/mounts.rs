@@ -505,6 +505,20 @@ fn narrows(ops: &[MountOp], i: usize) -> bool {
     }
 }
 
+/// The targets of the mounts in `ops` that narrow a host path
+/// ([`narrows`]), each once, in plan order: what a one-shot run's init
+/// watches for the host replacing ([`crate::watch`]).
+pub(crate) fn narrowing_targets(ops: &[MountOp]) -> Vec<&Path> {
+    let mut out: Vec<&Path> = Vec::new();
+    for i in 0..ops.len() {
+        let t = ops[i].target();
+        if narrows(ops, i) && !out.contains(&t) {
+            out.push(t);
+        }
+    }
+    out
+}
+
 /// Which of the per-execution `ops` wait for the execution's request: the
 /// narrowing ones ([`narrows`]) and every later one that overlaps one of
 /// them (so plan order holds). The rest are laid ahead, in a warm init.
@@ -671,6 +685,15 @@ mod tests {
         assert_eq!(
             late,
             [false, false, true, true, true, false, false, false, false]
+        );
+        // The same mounts are what a one-shot run's init watches.
+        assert_eq!(
+            narrowing_targets(&ops),
+            [
+                Path::new("/ws/.env"),
+                Path::new("/ws/.git/config"),
+                Path::new("/etc/shadow")
+            ]
         );
     }
 }

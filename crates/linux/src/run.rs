@@ -1264,7 +1264,9 @@ pub(crate) fn supervise(
     }
     let program = opts.argv.first().cloned().unwrap_or_default();
     let r = interpret(&report.buf, init_status, plan, opts, &program, out);
-    out.termination_reason = termination_reason(out, reached, &enforcer.rlimits);
+    if out.termination_reason != Some(TerminationReason::HostReplaced) {
+        out.termination_reason = termination_reason(out, reached, &enforcer.rlimits);
+    }
     r
 }
 
@@ -1551,6 +1553,14 @@ fn interpret(
                 out.usage.max_rss_bytes = Some(max_rss_kb.max(0) as u64 * 1024);
                 out.usage.cpu_ms = Some(cpu_ms.max(0) as u64);
                 final_status = Some((code, signal));
+            }
+            InitMessage::HostReplaced { path } => {
+                // The init stopped the run: moat's failure, not the command's.
+                out.status = RunStatus::Finished;
+                out.exit_code = 125;
+                out.error = Some(crate::watch::replaced(std::path::Path::new(path)));
+                out.termination_reason = Some(TerminationReason::HostReplaced);
+                return Ok(());
             }
         }
     }

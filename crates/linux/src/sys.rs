@@ -129,21 +129,20 @@ pub fn open_path_nofollow(dirfd: RawFd, path: &Path) -> io::Result<OwnedFd> {
 /// the classic one (unique among the mounts alive at once). Used to see
 /// that a mount is still in place.
 pub fn mount_root_id(path: &Path) -> io::Result<Option<u64>> {
-    let p = cstr(path)?;
+    mount_root_id_at(libc::AT_FDCWD, path)
+}
+
+/// [`mount_root_id`] of `name` relative to the directory `dirfd` (the
+/// last component not followed).
+pub fn mount_root_id_at(dirfd: RawFd, name: &Path) -> io::Result<Option<u64>> {
+    let p = cstr(name)?;
     for mask in [libc::STATX_MNT_ID_UNIQUE, libc::STATX_MNT_ID] {
         // SAFETY: statx is plain data, so zeroed is a valid value.
         let mut buf: libc::statx = unsafe { std::mem::zeroed() };
         // SAFETY: `p` is a NUL-terminated string and `buf` a valid
         // out-pointer, both outliving the call.
-        let r = unsafe {
-            libc::statx(
-                libc::AT_FDCWD,
-                p.as_ptr(),
-                libc::AT_SYMLINK_NOFOLLOW,
-                mask,
-                &mut buf,
-            )
-        };
+        let r =
+            unsafe { libc::statx(dirfd, p.as_ptr(), libc::AT_SYMLINK_NOFOLLOW, mask, &mut buf) };
         if r != 0 {
             return Err(io::Error::last_os_error());
         }
@@ -171,6 +170,68 @@ pub fn open_dir_nofollow(path: &Path) -> io::Result<OwnedFd> {
             resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
         },
     )
+}
+
+/// An O_PATH handle to the directory `path` relative to `dirfd`, never
+/// above it and through no symlink (mount points may be crossed): how the
+/// init reaches a view path the command could have shaped.
+pub fn open_dir_beneath(dirfd: RawFd, path: &Path) -> io::Result<OwnedFd> {
+    openat2(
+        dirfd,
+        path,
+        OpenHow {
+            flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
+            mode: 0,
+            resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        },
+    )
+}
+
+/// A new inotify instance, non-blocking and close-on-exec, that raises
+/// SIGIO in this process when an event is queued (O_ASYNC, F_SETOWN).
+pub fn inotify_async() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscalls on a fresh fd we own.
+    unsafe {
+        let fd = check(libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) as libc::c_long)?;
+        let fd = OwnedFd::from_raw_fd(fd as RawFd);
+        check(libc::fcntl(fd.as_raw_fd(), libc::F_SETOWN, libc::getpid()) as libc::c_long)?;
+        let fl = check(libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) as libc::c_long)?;
+        check(libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_SETFL,
+            fl as libc::c_int | libc::O_ASYNC,
+        ) as libc::c_long)?;
+        Ok(fd)
+    }
+}
+
+/// inotify_add_watch(2) of the directory `dir` (an fd: the watch is on that
+/// inode, whatever its path is now) for `mask`; returns the watch
+/// descriptor. Reaches the inode through `/proc/self/fd`.
+pub fn inotify_watch_dir(fd: &OwnedFd, dir: &OwnedFd, mask: u32) -> io::Result<i32> {
+    let p = cstr(Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd())))?;
+    // SAFETY: `p` is NUL-terminated and outlives the call.
+    let wd =
+        unsafe { libc::inotify_add_watch(fd.as_raw_fd(), p.as_ptr(), mask | libc::IN_ONLYDIR) };
+    check(wd as libc::c_long).map(|w| w as i32)
+}
+
+/// One read(2) of the inotify `fd` into `buf`: the bytes read, 0 when
+/// nothing is queued.
+pub fn read_nonblocking(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is valid for its length.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) => return Ok(0),
+            _ => return Err(e),
+        }
+    }
 }
 
 /// openat2(2): the one place moat calls it; the wrappers choose `how`.

@@ -1016,7 +1016,7 @@ fn init_main(
     // SAFETY: `to_init` and `report`'s owners are never used again; the
     // init leaves by `_exit`.
     let _ = unsafe { sys::close_range(4, u32::MAX) };
-    init::supervise_tree(report_fd, command, true)
+    init::supervise_tree(report_fd, command, true, None)
 }
 
 /// The mount at each target of a late op that is a mount, as laid: its id,

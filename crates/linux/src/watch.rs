@@ -1,0 +1,217 @@
+//! The one-shot init's watch over the mounts that narrow a host path (a
+//! stand-in over a secret, a read-only bind inside a writable one): the
+//! host unlinking or renaming over such a path detaches the mount in every
+//! namespace, so the init watches each one's directory (inotify, SIGIO) for
+//! the whole run and stops the run when one is no longer in place.
+
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::plan::Plan;
+use crate::sys;
+
+/// What changes a directory's entries or the directory itself. Overflow
+/// (`IN_Q_OVERFLOW`) and a removed watch (`IN_IGNORED`) come unasked.
+const MASK: u32 = libc::IN_CREATE
+    | libc::IN_MOVED_TO
+    | libc::IN_DELETE
+    | libc::IN_MOVED_FROM
+    | libc::IN_DELETE_SELF
+    | libc::IN_MOVE_SELF;
+
+/// Events after which every mount under the watch is looked at again.
+const LOOK_AT_ALL: u32 = libc::IN_Q_OVERFLOW
+    | libc::IN_IGNORED
+    | libc::IN_DELETE_SELF
+    | libc::IN_MOVE_SELF
+    | libc::IN_UNMOUNT;
+
+/// One narrowing mount as laid: its directory (relative to the view's
+/// root), its name there, its watch and its mount id.
+struct Target {
+    path: PathBuf,
+    dir: PathBuf,
+    name: OsString,
+    wd: i32,
+    id: u64,
+}
+
+/// Why the watch could not be armed.
+pub(crate) enum ArmFailure {
+    /// A target was no longer covered when the watch looked (the host
+    /// replaced it since the view was built): the run stops as it would
+    /// for a change seen later.
+    Replaced(PathBuf),
+    /// The watch itself failed: what the user is told.
+    Failed(String),
+}
+
+/// The armed watch: an inotify instance raising SIGIO in the init.
+pub(crate) struct Watch {
+    inotify: OwnedFd,
+    root: OwnedFd,
+    targets: Vec<Target>,
+}
+
+impl Watch {
+    /// Arms the watch over every narrowing mount of `plan`
+    /// ([`crate::mounts::narrowing_targets`]) in the view the init is in,
+    /// then reads each one's mount id: a mount the host detached between
+    /// the view and the watch is caught here. Runs once the command has
+    /// started (off the launch path), so each directory is opened from the
+    /// view's root through no symlink and watched, and its target looked
+    /// at, through that one fd: a directory the command renamed or swapped
+    /// meanwhile is either the one watched or found without its mount.
+    /// None: the plan has no such mount.
+    pub(crate) fn arm(plan: &Plan) -> Result<Option<Watch>, ArmFailure> {
+        let paths = crate::mounts::narrowing_targets(&plan.mounts);
+        if paths.is_empty() {
+            return Ok(None);
+        }
+        let inotify = sys::inotify_async().map_err(|e| {
+            ArmFailure::Failed(format!(
+                "watch the protected host paths (inotify): {e}; raise fs.inotify.max_user_instances"
+            ))
+        })?;
+        let root = sys::open_dir_nofollow(Path::new("/"))
+            .map_err(|e| ArmFailure::Failed(format!("open the sandbox's root: {e}")))?;
+        let mut targets: Vec<Target> = Vec::with_capacity(paths.len());
+        for path in paths {
+            let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+                continue;
+            };
+            let mut t = Target {
+                dir: parent.strip_prefix("/").unwrap_or(parent).to_path_buf(),
+                name: name.to_os_string(),
+                path: path.to_path_buf(),
+                wd: -1,
+                id: 0,
+            };
+            let dir = match open_dir(&root, &t) {
+                Ok(d) => d,
+                // A directory this user may not search (the init's
+                // capabilities cover what the user owns, so the command
+                // cannot cause this): nothing in the run can reach it.
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
+                Err(_) => return Err(ArmFailure::Replaced(t.path)),
+            };
+            let known = targets.iter().find(|k| k.dir == t.dir).map(|k| k.wd);
+            t.wd = match known {
+                Some(wd) => wd,
+                None => sys::inotify_watch_dir(&inotify, &dir, MASK).map_err(|e| {
+                    ArmFailure::Failed(format!(
+                        "watch {} for the host replacing {} (inotify): {e}; moat cannot keep {} covered for the run without it: raise fs.inotify.max_user_watches (or max_user_instances)",
+                        parent.display(),
+                        path.display(),
+                        path.display(),
+                    ))
+                })?,
+            };
+            t.id = match sys::mount_root_id_at(dir.as_raw_fd(), Path::new(&t.name)) {
+                Ok(Some(id)) => id,
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
+                _ => return Err(ArmFailure::Replaced(t.path)),
+            };
+            targets.push(t);
+        }
+        // Each target is a mount of its own. Two found as one mount means
+        // the command swapped directories while the watch was armed, so
+        // that a directory holding one may be unwatched: stop.
+        let mut ids: Vec<u64> = targets.iter().map(|t| t.id).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            return Err(ArmFailure::Failed(
+                "the sandbox's directories holding protected paths were renamed while moat armed its watch over them; moat stopped the run: run it again".to_string(),
+            ));
+        }
+        Ok(Some(Watch {
+            inotify,
+            root,
+            targets,
+        }))
+    }
+
+    /// The inotify instance's fd. Closing it costs the kernel an SRCU grace
+    /// period (tens of ms when loaded) before `close` returns: the init
+    /// closes it last, after the pipes the supervisor waits on
+    /// (`init::close_all_but_watch`).
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.inotify.as_raw_fd()
+    }
+
+    /// Reads every queued event and looks again at the mounts they may
+    /// concern: the first one no longer in place, if any.
+    pub(crate) fn changed(&self) -> Option<&Path> {
+        let mut all = false;
+        let mut marked = vec![false; self.targets.len()];
+        let mut buf = [0u8; 8192];
+        loop {
+            let n = match sys::read_nonblocking(&self.inotify, &mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(_) => {
+                    all = true;
+                    break;
+                }
+            };
+            let mut at = 0;
+            const HEAD: usize = std::mem::size_of::<libc::inotify_event>();
+            while at + HEAD <= n {
+                let word = |i: usize| {
+                    let b = &buf[at + i..at + i + 4];
+                    u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
+                };
+                let (wd, mask, len) = (word(0) as i32, word(4), word(12) as usize);
+                let end = (at + HEAD + len).min(n);
+                let raw = &buf[at + HEAD..end];
+                let name = OsStr::from_bytes(raw.split(|&c| c == 0).next().unwrap_or(raw));
+                if mask & LOOK_AT_ALL != 0 {
+                    all = true;
+                }
+                for (t, m) in self.targets.iter().zip(marked.iter_mut()) {
+                    if t.wd == wd && t.name == name {
+                        *m = true;
+                    }
+                }
+                at = end;
+            }
+        }
+        self.targets
+            .iter()
+            .zip(&marked)
+            .find(|(t, m)| (all || **m) && look(&self.root, t) != Some(t.id))
+            .map(|(t, _)| t.path.as_path())
+    }
+}
+
+/// The id of the mount whose root is `t` in the view, reached from the
+/// view's root through no symlink (the command may have shaped the
+/// directories on the way); None when it is no mount's root (or cannot
+/// be reached: never taken for in place).
+fn look(root: &OwnedFd, t: &Target) -> Option<u64> {
+    look_at(root, t).ok().flatten()
+}
+
+fn look_at(root: &OwnedFd, t: &Target) -> std::io::Result<Option<u64>> {
+    let dir = open_dir(root, t)?;
+    sys::mount_root_id_at(dir.as_raw_fd(), Path::new(&t.name))
+}
+
+/// `t`'s directory, from the view's root through no symlink.
+fn open_dir(root: &OwnedFd, t: &Target) -> std::io::Result<OwnedFd> {
+    if t.dir.as_os_str().is_empty() {
+        sys::open_dir_beneath(root.as_raw_fd(), Path::new("."))
+    } else {
+        sys::open_dir_beneath(root.as_raw_fd(), &t.dir)
+    }
+}
+
+/// What the user is told when the host replaced the protected `path`.
+pub(crate) fn replaced(path: &Path) -> String {
+    format!(
+        "the host replaced {} while the command ran (a delete or rename over it, as an editor's save, `git config` or `aws configure` does): that detached the protection moat laid over it, so moat stopped the run and killed every process of it; run the command again (the new file is protected from the start), and do not replace protected files on the host while a run is live",
+        path.display()
+    )
+}
