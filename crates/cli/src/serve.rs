@@ -69,7 +69,8 @@ fn send_text(out: &Out, lines: &str) {
 /// in that order, as serde_json sorts them), without copying `ev` into it.
 fn push_event_line(lines: &mut String, ev: &Value) {
     lines.push_str(r#"{"jsonrpc":"2.0","method":"event","params":"#);
-    lines.push_str(&ev.to_string());
+    // Written into the line, not through a string of its own.
+    let _ = std::fmt::Write::write_fmt(lines, format_args!("{ev}"));
     lines.push_str("}\n");
 }
 
