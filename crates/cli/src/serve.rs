@@ -413,13 +413,13 @@ fn session(service: &Arc<Service>, mut input: impl BufRead, out: Out, owner: u64
                 // together go out in one write (see `Service::follow`).
                 let pending: Arc<Mutex<String>> = Arc::default();
                 let (held, events_out, queue) = (answer.clone(), out2.clone(), pending.clone());
-                let sink: EventSink = Arc::new(move |ev: &Value| {
+                let sink: EventSink = Arc::new(move |ev: Value| {
                     let Ok(mut lines) = queue.lock() else { return };
                     if let Some(answer) = held.lock().ok().and_then(|mut a| a.take()) {
                         lines.push_str(&answer.to_string());
                         lines.push('\n');
                     }
-                    push_event_line(&mut lines, ev);
+                    push_event_line(&mut lines, &ev);
                     // Large output goes out without waiting for the flush.
                     if lines.len() >= HELD_BYTES {
                         send_text(&events_out, &lines);
