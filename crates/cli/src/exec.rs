@@ -23,7 +23,7 @@ fn stdout_sink(events: bool) -> EventSink {
         return moat_runtime::no_sink();
     }
     let out = Mutex::new(std::io::stdout());
-    Arc::new(move |ev: &Value| {
+    Arc::new(move |ev: Value| {
         if let Ok(mut out) = out.lock() {
             let mut line = ev.to_string();
             line.push('\n');
@@ -273,7 +273,7 @@ fn run_resolved_early(
     let sink: EventSink = match &queued {
         Some(q) => {
             let q = q.clone();
-            Arc::new(move |ev: &Value| q.send(ev))
+            Arc::new(move |ev: Value| q.send(&ev))
         }
         None => moat_runtime::no_sink(),
     };
@@ -521,7 +521,7 @@ fn refuse(
     match mode {
         Mode::Json => print_json(&ExecutionResult::refused(id, policy, msg).to_value()),
         Mode::Events => sink(
-            &Event::Failed {
+            Event::Failed {
                 reason: Some(msg.to_string()),
                 exit_code: Some(i32::from(EXIT_MOAT_FAILED)),
             }

@@ -69,7 +69,8 @@ fn send_text(out: &Out, lines: &str) {
 /// in that order, as serde_json sorts them), without copying `ev` into it.
 fn push_event_line(lines: &mut String, ev: &Value) {
     lines.push_str(r#"{"jsonrpc":"2.0","method":"event","params":"#);
-    lines.push_str(&ev.to_string());
+    // Written into the line, not through a string of its own.
+    let _ = std::fmt::Write::write_fmt(lines, format_args!("{ev}"));
     lines.push_str("}\n");
 }
 
@@ -412,13 +413,13 @@ fn session(service: &Arc<Service>, mut input: impl BufRead, out: Out, owner: u64
                 // together go out in one write (see `Service::follow`).
                 let pending: Arc<Mutex<String>> = Arc::default();
                 let (held, events_out, queue) = (answer.clone(), out2.clone(), pending.clone());
-                let sink: EventSink = Arc::new(move |ev: &Value| {
+                let sink: EventSink = Arc::new(move |ev: Value| {
                     let Ok(mut lines) = queue.lock() else { return };
                     if let Some(answer) = held.lock().ok().and_then(|mut a| a.take()) {
                         lines.push_str(&answer.to_string());
                         lines.push('\n');
                     }
-                    push_event_line(&mut lines, ev);
+                    push_event_line(&mut lines, &ev);
                     // Large output goes out without waiting for the flush.
                     if lines.len() >= HELD_BYTES {
                         send_text(&events_out, &lines);

@@ -569,10 +569,10 @@ impl Service {
         let tx = Mutex::new(tx);
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = queued.clone();
-        let sink: moat_runtime::EventSink = Arc::new(move |v: &Value| {
+        let sink: moat_runtime::EventSink = Arc::new(move |v: Value| {
             if let Ok(t) = tx.lock() {
                 counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let _ = t.send(v.clone());
+                let _ = t.send(v);
             }
         });
         let behind = queued.clone();
@@ -626,7 +626,7 @@ impl Service {
                 Ok(p) => drop(p.run(&mut launcher)),
                 // As `moat exec --events` reports a refusal.
                 Err(r) => sink(
-                    &Event::Failed {
+                    Event::Failed {
                         reason: Some(r.message),
                         exit_code: Some(i32::from(crate::EXIT_MOAT_FAILED)),
                     }
@@ -840,7 +840,7 @@ impl Service {
         let mut finished = false;
         {
             // An output chunk is forwarded with its encoding and offset;
-            // every other event as it came (not copied: `policy.resolved`
+            // every event as it came, not copied (`policy.resolved`
             // carries the whole canonical policy).
             let mut chunk_offset = None;
             self.update(id, |r| match typed {
@@ -915,12 +915,12 @@ impl Service {
             if let Some(s) = sink {
                 match chunk_offset {
                     Some(offset) => {
-                        let mut forwarded = ev.clone();
+                        let mut forwarded = ev;
                         forwarded["encoding"] = json!("base64");
                         forwarded["stream_offset"] = json!(offset);
-                        s(&forwarded);
+                        s(forwarded);
                     }
-                    None => s(&ev),
+                    None => s(ev),
                 }
             }
         }

@@ -26,6 +26,8 @@ pub enum Event {
         sandbox_level: String,
         #[serde(default)]
         network: Value,
+        /// The canonical policy; `Null` in an event read back
+        /// ([`Event::read`]): it stays in the wire event, not copied.
         #[serde(default)]
         policy: Value,
         /// The request's metadata, redacted (absent when none was given).
@@ -261,6 +263,19 @@ const ENVELOPE_KEYS: &[&str] = &[
     "prev",
 ];
 
+/// A `policy.resolved` read back without its `policy` ([`Event::read`]).
+#[derive(Deserialize)]
+struct ResolvedHead {
+    #[serde(default)]
+    policy_id: String,
+    #[serde(default)]
+    sandbox_level: String,
+    #[serde(default)]
+    network: Value,
+    #[serde(default)]
+    metadata: Option<Map<String, Value>>,
+}
+
 /// The envelope of an event read back.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct Envelope {
@@ -339,6 +354,21 @@ impl Event {
         // every event of every execution, and `policy.resolved` carries the
         // whole canonical policy (≈ 5 KB of JSON, copied twice here before).
         let envelope = Envelope::deserialize(v).unwrap_or_default();
+        // `policy.resolved` by its tag, then its own small fields: the
+        // enum's derive would first buffer the whole event (the canonical
+        // policy too) into serde's `Content`, then copy the policy again
+        // into a `Value` no reader of a read-back event looks at.
+        if v.get("type").and_then(Value::as_str) == Some("policy.resolved") {
+            let event =
+                ResolvedHead::deserialize(v).map_or(Event::Other, |h| Event::PolicyResolved {
+                    policy_id: h.policy_id,
+                    sandbox_level: h.sandbox_level,
+                    network: h.network,
+                    policy: Value::Null,
+                    metadata: h.metadata,
+                });
+            return (envelope, event);
+        }
         let mut event = Event::deserialize(v).unwrap_or_else(|_| {
             // A denial of a shape this build does not know (a field of
             // another type): reported as moat wrote it, never dropped.
@@ -377,6 +407,38 @@ mod tests {
             json!({"operation": "connect", "host": "example.com", "port": 443,
                    "reason": "not_allowed", "detail": "add --allow-domain example.com", "future": 1})
         );
+    }
+
+    #[test]
+    fn a_resolved_policy_reads_back_by_its_own_fields() {
+        let ev = json!({"type": "policy.resolved", "execution_id": "exec_1", "time": "t",
+            "policy_id": "workspace-contained", "sandbox_level": "strict",
+            "network": {"mode": "disabled"}, "policy": {"big": [1, 2, 3]},
+            "metadata": {"k": "v"}});
+        let (
+            env,
+            Event::PolicyResolved {
+                policy_id,
+                sandbox_level,
+                network,
+                policy,
+                metadata,
+            },
+        ) = Event::read(&ev)
+        else {
+            panic!("not a resolved policy");
+        };
+        assert_eq!(env.execution_id, "exec_1");
+        assert_eq!(
+            (policy_id.as_str(), sandbox_level.as_str()),
+            ("workspace-contained", "strict")
+        );
+        assert_eq!(network, json!({"mode": "disabled"}));
+        assert_eq!(policy, Value::Null, "the policy stays in the wire event");
+        assert_eq!(metadata.unwrap()["k"], "v");
+        // A field of another type: not a resolved policy, as before.
+        let odd = json!({"type": "policy.resolved", "policy_id": 3});
+        assert!(matches!(Event::read(&odd).1, Event::Other));
     }
 
     #[test]

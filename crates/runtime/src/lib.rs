@@ -40,12 +40,13 @@ pub use result::{Execution, ExecutionResult, ExecutionSummary, ServiceView};
 
 /// Where a run's events go while it is live (stdout for `--events`, the
 /// service's subscribers), shared with the proxy's threads: one whole
-/// wire event per call.
-pub type EventSink = Arc<dyn Fn(&Value) + Send + Sync>;
+/// wire event per call, given to the sink (a service keeps it without a
+/// copy: `policy.resolved` carries the whole canonical policy).
+pub type EventSink = Arc<dyn Fn(Value) + Send + Sync>;
 
 /// A sink that drops every event (plain and `--json` runs).
 pub fn no_sink() -> EventSink {
-    Arc::new(|_: &Value| {})
+    Arc::new(|_: Value| {})
 }
 
 /// Where a run is recorded.
@@ -296,12 +297,10 @@ impl Session {
         ev.stamp(&self.ctx)
     }
 
-    fn record(&mut self, events: &[Value]) {
-        for ev in events {
-            (self.sink)(ev);
-        }
+    /// Appends `events` to the log, then gives them to the sink.
+    fn record(&mut self, events: Vec<Value>) {
         if let Some(log) = &self.audit {
-            if let Err(e) = log.append(events) {
+            if let Err(e) = log.append(&events) {
                 self.audit_error.get_or_insert_with(|| {
                     format!(
                         "cannot append to the audit log {}: {e}",
@@ -310,23 +309,29 @@ impl Session {
                 });
             }
         }
+        for ev in events {
+            (self.sink)(ev);
+        }
     }
 
     /// Records `events` and fails when they are not on record: what comes
     /// before the launch must be, or the run does not happen.
-    fn record_required(&mut self, events: &[Value]) -> Result<(), String> {
-        for ev in events {
-            (self.sink)(ev);
-        }
-        match &self.audit {
-            Some(log) => log.append(events).map_err(|e| {
+    /// The sink gets them either way (before the run's failure, when
+    /// they are not on record).
+    fn record_required(&mut self, events: Vec<Value>) -> Result<(), String> {
+        let appended = match &self.audit {
+            Some(log) => log.append(&events).map_err(|e| {
                 format!(
                     "cannot record the run in the audit log, so it does not happen: {e}; \
                      fix the log, pass --audit-log PATH, or --no-audit"
                 )
             }),
             None => Ok(()),
+        };
+        for ev in events {
+            (self.sink)(ev);
         }
+        appended
     }
 }
 
@@ -338,7 +343,7 @@ impl RunObserver for Session {
             pid,
             parent_execution_id: self.parent_execution_id.clone(),
         });
-        self.record(&[ev]);
+        self.record(vec![ev]);
     }
 
     fn output(&mut self, stream: Stream, offset: u64, data: &[u8]) {
@@ -347,7 +352,7 @@ impl RunObserver for Session {
             Stream::Stdout => Event::Stdout(chunk),
             Stream::Stderr => Event::Stderr(chunk),
         };
-        (self.sink)(&self.stamp(&ev));
+        (self.sink)(self.stamp(&ev));
     }
 
     fn output_backlog(&self) -> bool {
@@ -403,7 +408,7 @@ impl RunObserver for Session {
                 Value::Object(m) => m.clone(),
                 _ => serde_json::Map::new(),
             };
-            sink(&Event::NetworkDecision(fields).stamp(&ctx));
+            sink(Event::NetworkDecision(fields).stamp(&ctx));
             if let Ok(mut agg) = decisions.lock() {
                 agg.add(record, &moat_audit::now_rfc3339());
             }
@@ -652,7 +657,7 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
             }
             .stamp(&ctx);
             let mut s = Session::new(ctx, audit, sink, &req);
-            s.record(&[resolved, failed]);
+            s.record(vec![resolved, failed]);
             return Err(refused(e.to_string()));
         }
     };
@@ -674,9 +679,10 @@ pub fn prepare(req: ExecutionRequest, sink: EventSink) -> Result<Prepared, Refus
         }
         session.proxy_config = Some(config);
     }
+    mark("session: what a nested run inherits");
     // The start of the run is on record (appended and read back) before
     // anything runs: a run that cannot be recorded does not happen.
-    session.record_required(&[resolved]).map_err(refused)?;
+    session.record_required(vec![resolved]).map_err(refused)?;
     mark("audit: start record appended and verified");
     let opts = RunOptions {
         argv: req.argv,
@@ -821,7 +827,7 @@ impl Prepared {
             }
         }
         tail_events.push(finished);
-        for ev in &tail_events {
+        for ev in tail_events {
             (session.sink)(ev);
         }
         mark("denials, finish record, the last events sent");
