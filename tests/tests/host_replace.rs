@@ -184,3 +184,76 @@ fn host_renaming_over_an_unprotected_file_keeps_the_run_positive_control() {
     out.expect_code(0);
     out.expect_stdout_has(&saved).expect_stdout_has("DONE");
 }
+
+/// The command cannot make the watch pass over a target. Its workspace is
+/// the user's with a group the run does not map (a setgid team directory):
+/// the init's capabilities do not apply to it, so the command, its owner,
+/// can `chmod 0600` it while the watch is armed and back after. A watch
+/// that skipped what it could not reach then let the command write the
+/// `.git/config` the host renamed in mid-run (code run by the host's next
+/// git command). The run must stop (or keep `.git/config` unwritable).
+#[test]
+fn a_workspace_made_unsearchable_while_the_watch_is_armed_stops_the_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let fx = Fixture::new();
+    let init = std::process::Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(&fx.ws)
+        .status()
+        .expect("git init");
+    assert!(init.success(), "git init failed");
+    // A group the run does not map: only the caller's own gid is mapped.
+    if std::os::unix::fs::chown(&fx.ws, None, Some(65534)).is_err() {
+        skip("giving the workspace a group the run does not map needs root (chown to gid 65534)");
+        return;
+    }
+    let config = fx.w(".git/config");
+    let replaced = format!("[core]\n\tbare = false\n# {}\n", unique("HOSTCFG"));
+    let script = "chmod 600 \"$PWD\"; sleep 1; chmod 755 \"$PWD\"; : > ready; \
+                  while [ ! -e host-saw ]; do sleep 0.05; done; \
+                  if printf '[core]\\n\\tfsmonitor = touch PWNED\\n' >> .git/config; \
+                  then echo WRITE-OK; else echo \"WRITE-FAILED $?\"; fi; echo DONE";
+    let mut running = spawn(fx.sh("workspace-write", &["--json"], script));
+    let start = Instant::now();
+    while !fx.w("ready").exists() && !running.finished() {
+        assert!(start.elapsed() < SAFETY_TIMEOUT, "HUNG: no ready, no end");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stopped_before_ready = !fx.w("ready").exists();
+    if !stopped_before_ready {
+        replace_by_rename(&config, &replaced);
+        host_saw(&mut running, &fx.ws);
+    }
+    let out = running.wait();
+    let _ = std::fs::set_permissions(&fx.ws, std::fs::Permissions::from_mode(0o755));
+    let v = out.json();
+    let stdout = v["stdout"].as_str().unwrap_or_default().to_string();
+    assert!(
+        !stdout.contains("WRITE-OK"),
+        "the command's write succeeded\n{}",
+        out.dump()
+    );
+    if stopped_before_ready {
+        // Stopped when the watch could not reach the directory.
+        assert_eq!(v["exit_code"], 125, "{}", out.dump());
+        let err = v["error"].as_str().unwrap_or_default();
+        assert!(
+            err.contains("moat cannot watch") && err.contains("was stopped"),
+            "{}",
+            out.dump()
+        );
+    } else {
+        assert_eq!(
+            read(&config).as_deref(),
+            Some(replaced.as_str()),
+            "the command changed the host's new .git/config\n{}",
+            out.dump()
+        );
+        assert_ne!(
+            v["exit_code"],
+            0,
+            "the run went on past the host's rename\n{}",
+            out.dump()
+        );
+    }
+}

@@ -716,19 +716,23 @@ pub(crate) fn supervise_tree(
             },
             libc::SIGTERM => kill_all(libc::SIGTERM),
             libc::SIGUSR1 => kill_all(libc::SIGKILL),
-            libc::SIGIO => {
-                if let Some(path) = watch.and_then(|w| w.changed()) {
-                    kill_all(libc::SIGKILL);
-                    while waitpid(None::<Pid>, None).is_ok() {}
-                    host_replaced(fd, path, watch)
-                }
-            }
+            // The watch's queue is read on every wake, below.
+            libc::SIGIO => {}
             // ^C and ^\ come from the terminal, which already delivered them
             // to the command's process group; relaying would double them.
             libc::SIGINT | libc::SIGQUIT => {}
             other => {
                 let _ = sys::kill(main_pid.as_raw(), other);
             }
+        }
+        // On every wake, not only SIGIO's: sigwait takes the lowest
+        // pending signal first, so a SIGCHLD (the command's exit) or a
+        // signal the command sent pid 1 can come before a pending SIGIO;
+        // a replacement queued by then is still reported, never `Exited`.
+        if let Some(path) = watch.and_then(|w| w.changed()) {
+            kill_all(libc::SIGKILL);
+            while waitpid(None::<Pid>, None).is_ok() {}
+            host_replaced(fd, path, watch)
         }
         if let Some((code, signal)) = main_status {
             // The command is done: nothing it started may outlive it.

@@ -66,7 +66,11 @@ impl Watch {
     /// meanwhile is either the one watched or found without its mount.
     /// None: the plan has no such mount.
     pub(crate) fn arm(plan: &Plan) -> Result<Option<Watch>, ArmFailure> {
-        let paths = crate::mounts::narrowing_targets(&plan.mounts);
+        Self::arm_paths(crate::mounts::narrowing_targets(&plan.mounts))
+    }
+
+    /// [`Watch::arm`] over the targets `paths` (absolute, in the view).
+    fn arm_paths(paths: Vec<&Path>) -> Result<Option<Watch>, ArmFailure> {
         if paths.is_empty() {
             return Ok(None);
         }
@@ -89,29 +93,38 @@ impl Watch {
                 wd: -1,
                 id: 0,
             };
+            // The init laid this mount, so it could reach the directory
+            // when it built the view. Refused now (EACCES), the directory
+            // was made unsearchable since, and the command may have done
+            // that: a directory the user owns whose group the run does not
+            // map is beyond the init's capabilities, and its owner (the
+            // command) can chmod it and back. Never skipped: the run stops.
+            let unreachable = |e: std::io::Error| {
+                ArmFailure::Failed(format!(
+                    "moat cannot watch {} for the host replacing it: {e} on the way to it (it was reachable when the sandbox was built, so something changed a directory's mode while the command started); the command had started and was stopped: run it again",
+                    path.display()
+                ))
+            };
             let dir = match open_dir(&root, &t) {
                 Ok(d) => d,
-                // A directory this user may not search (the init's
-                // capabilities cover what the user owns, so the command
-                // cannot cause this): nothing in the run can reach it.
-                Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => return Err(unreachable(e)),
                 Err(_) => return Err(ArmFailure::Replaced(t.path)),
             };
-            let known = targets.iter().find(|k| k.dir == t.dir).map(|k| k.wd);
-            t.wd = match known {
-                Some(wd) => wd,
-                None => sys::inotify_watch_dir(&inotify, &dir, MASK).map_err(|e| {
-                    ArmFailure::Failed(format!(
-                        "watch {} for the host replacing {} (inotify): {e}; moat cannot keep {} covered for the run without it: raise fs.inotify.max_user_watches (or max_user_instances)",
-                        parent.display(),
-                        path.display(),
-                        path.display(),
-                    ))
-                })?,
-            };
+            // Watched through this very fd, even when an earlier target
+            // named the same directory: the kernel gives one inode one
+            // watch descriptor, so a directory swapped between the two
+            // opens is watched too, never looked at unwatched.
+            t.wd = sys::inotify_watch_dir(&inotify, &dir, MASK).map_err(|e| {
+                ArmFailure::Failed(format!(
+                    "watch {} for the host replacing {} (inotify): {e}; moat cannot keep {} covered for the run without it: raise fs.inotify.max_user_watches (or max_user_instances); the command had started and was stopped",
+                    parent.display(),
+                    path.display(),
+                    path.display(),
+                ))
+            })?;
             t.id = match sys::mount_root_id_at(dir.as_raw_fd(), Path::new(&t.name)) {
                 Ok(Some(id)) => id,
-                Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => return Err(unreachable(e)),
                 _ => return Err(ArmFailure::Replaced(t.path)),
             };
             targets.push(t);
@@ -214,4 +227,87 @@ pub(crate) fn replaced(path: &Path) -> String {
         "the host replaced {} while the command ran (a delete or rename over it, as an editor's save, `git config` or `aws configure` does): that detached the protection moat laid over it, so moat stopped the run and killed every process of it; run the command again (the new file is protected from the start), and do not replace protected files on the host while a run is live",
         path.display()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::{ArmFailure, Watch};
+
+    /// In a forked child in a user namespace that maps only uid 0 and gid
+    /// 0 (the shape of a root run's): arms the watch over `target`, 0 when
+    /// the arm failed with "moat cannot watch", 1 when it armed, 2 on
+    /// another answer, 3 when the namespace could not be made.
+    fn arm_in_a_root_run_namespace(target: &std::path::Path) -> i32 {
+        // SAFETY: the child only makes syscalls and exits by _exit.
+        match unsafe { libc::fork() } {
+            0 => {
+                let code = (|| {
+                    // SAFETY: the child has one thread.
+                    if unsafe { libc::unshare(libc::CLONE_NEWUSER) } != 0 {
+                        return 3;
+                    }
+                    let ok = std::fs::write("/proc/self/setgroups", "deny").is_ok()
+                        && std::fs::write("/proc/self/uid_map", "0 0 1").is_ok()
+                        && std::fs::write("/proc/self/gid_map", "0 0 1").is_ok();
+                    if !ok {
+                        return 3;
+                    }
+                    match Watch::arm_paths(vec![target]) {
+                        Err(ArmFailure::Failed(m)) if m.contains("moat cannot watch") => 0,
+                        Ok(Some(_)) => 1,
+                        _ => 2,
+                    }
+                })();
+                // SAFETY: leaves the forked child without running the harness.
+                unsafe { libc::_exit(code) }
+            }
+            pid if pid > 0 => {
+                let mut status = 0;
+                // SAFETY: waits for the child forked above.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                libc::WEXITSTATUS(status)
+            }
+            _ => panic!("fork failed"),
+        }
+    }
+
+    #[test]
+    fn a_directory_the_init_cannot_search_fails_the_arm_never_skips_the_target() {
+        // The workspace is the run's user's (uid 0 here), with a group the
+        // run does not map: the init's capabilities do not apply to it, and
+        // its owner, the command, can make it unsearchable (mode 0600) while
+        // the watch is armed. The arm must fail (the run stops), never pass
+        // over the target as if nothing in the run could reach it.
+        let dir = std::env::temp_dir().join(format!("moat-watch-{}", std::process::id()));
+        let ws = dir.join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(ws.join(".env"), "SECRET").unwrap();
+        let target = ws.join(".env");
+        if std::os::unix::fs::chown(&ws, Some(0), Some(65534)).is_err() {
+            // Unprivileged, the namespace maps the caller's own ids and the
+            // workspace cannot be given an unmapped group: the conformance
+            // case `host_replace::a_workspace_made_unsearchable_…` covers
+            // the run as a whole.
+            let _ = std::fs::remove_dir_all(&dir);
+            println!("SKIP: needs root to give the workspace an unmapped group");
+            return;
+        }
+        std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let reachable = arm_in_a_root_run_namespace(&target);
+        std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let unsearchable = arm_in_a_root_run_namespace(&target);
+        std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_ne!(reachable, 3, "no user namespace for the case");
+        // Reachable: the target is no mount here, which the arm takes for
+        // replaced (2): the namespace and the path work.
+        assert_eq!(reachable, 2, "the reachable target was not looked at");
+        assert_eq!(
+            unsearchable, 0,
+            "the arm passed over a target it could not reach (1) or answered otherwise (2)"
+        );
+    }
 }
