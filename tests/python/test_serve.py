@@ -35,6 +35,16 @@ def token():
     return str(random.randint(10**8, 10**9 - 1))
 
 
+def stdout_of(s, execution_id):
+    """Everything the execution wrote on stdout, from its events."""
+    return b"".join(
+        base64.b64decode(m["params"]["data"]) for m in list(s.log)
+        if m.get("method") == "event"
+        and m["params"].get("execution_id") == execution_id
+        and m["params"].get("type") == "execution.stdout"
+    )
+
+
 def run_to_end(s, params):
     ex = s.ok("execute", params)
     end = s.finished(ex["execution_id"])
@@ -450,6 +460,7 @@ def test_oneshot_execution_stopped_when_the_host_replaces_env(ws):
         res = s.ok("getExecution", {"execution_id": ex["execution_id"], "include_output": True})
         assert res["exit_code"] == 125, (end, res)
         assert res["termination_reason"] == "host_replaced" and res["status"] == "failed", res
+        assert secret.encode() not in stdout_of(s, ex["execution_id"]), res
         assert secret not in str(res) and secret not in str(end), res
     finally:
         s.close()
@@ -485,6 +496,7 @@ def test_template_execution_stopped_when_the_host_replaces_env(ws):
             end = s.finished(ex["execution_id"])
         res = s.ok("getExecution", {"execution_id": ex["execution_id"], "include_output": True})
         assert res["launch"] == "template", res
+        assert secret.encode() not in stdout_of(s, ex["execution_id"]), res
         assert secret not in str(res) and secret not in str(end), res
         assert res["exit_code"] == 125, (end, res)
         assert res["termination_reason"] == "host_replaced" and res["status"] == "failed", res
