@@ -35,6 +35,16 @@ def token():
     return str(random.randint(10**8, 10**9 - 1))
 
 
+def stdout_of(s, execution_id):
+    """Everything the execution wrote on stdout, from its events."""
+    return b"".join(
+        base64.b64decode(m["params"]["data"]) for m in list(s.log)
+        if m.get("method") == "event"
+        and m["params"].get("execution_id") == execution_id
+        and m["params"].get("type") == "execution.stdout"
+    )
+
+
 def run_to_end(s, params):
     ex = s.ok("execute", params)
     end = s.finished(ex["execution_id"])
@@ -450,6 +460,45 @@ def test_oneshot_execution_stopped_when_the_host_replaces_env(ws):
         res = s.ok("getExecution", {"execution_id": ex["execution_id"], "include_output": True})
         assert res["exit_code"] == 125, (end, res)
         assert res["termination_reason"] == "host_replaced" and res["status"] == "failed", res
+        assert secret.encode() not in stdout_of(s, ex["execution_id"]), res
         assert secret not in str(res) and secret not in str(end), res
+    finally:
+        s.close()
+
+
+def test_template_execution_stopped_when_the_host_replaces_env(ws):
+    # The default `--launch template`: once the execution has its request,
+    # its init watches the stand-in over `.env` as a one-shot init does;
+    # the host renaming a new `.env` over it mid-execution stops the
+    # execution (exit 125, termination_reason host_replaced), and the new
+    # secret is never in its output.
+    secret = "NEWSECRET" + token()
+    with open(os.path.join(ws, ".env"), "w") as f:
+        f.write("OLD")
+    s = serve(ws, "--policy", "workspace-write")
+    try:
+        ex = s.ok("execute", {"command": ["sh", "-c",
+                                          ": > ready; while [ ! -e host-saw ]; do sleep 0.05; done; "
+                                          "for i in 1 2 3 4 5; do cat .env; done; echo DONE"]})
+        wait_for(lambda: os.path.exists(os.path.join(ws, "ready")), "the command's ready file")
+        with open(os.path.join(ws, ".env.tmp"), "w") as f:
+            f.write(secret)
+        os.rename(os.path.join(ws, ".env.tmp"), os.path.join(ws, ".env"))
+        try:
+            end = s.finished(ex["execution_id"])
+        except AssertionError:
+            # Not stopped: let the command read `.env`, so that the failure
+            # below shows what it saw.
+            end = None
+        with open(os.path.join(ws, "host-saw"), "w"):
+            pass
+        if end is None:
+            end = s.finished(ex["execution_id"])
+        res = s.ok("getExecution", {"execution_id": ex["execution_id"], "include_output": True})
+        assert res["launch"] == "template", res
+        assert secret.encode() not in stdout_of(s, ex["execution_id"]), res
+        assert secret not in str(res) and secret not in str(end), res
+        assert res["exit_code"] == 125, (end, res)
+        assert res["termination_reason"] == "host_replaced" and res["status"] == "failed", res
     finally:
         s.close()

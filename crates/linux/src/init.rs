@@ -281,26 +281,37 @@ fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) ->
     // session for the supervisor's relay.
     drop(slave);
     // Off the launch path, while the command execs: the watch over the
-    // mounts that narrow host paths (`watch::Watch::arm` says why arming
-    // it after the command started is safe). Failing, the run stops.
+    // mounts that narrow host paths.
     let watch = if sandboxed && !args.plan.landlock_only() {
-        use crate::watch::ArmFailure;
-        match crate::watch::Watch::arm(args.plan) {
-            Ok(w) => w,
-            Err(failure) => {
-                let _ = sys::kill(-1, libc::SIGKILL);
-                while waitpid(None::<Pid>, None).is_ok() {}
-                match failure {
-                    ArmFailure::Replaced(path) => host_replaced(fd, &path, None),
-                    ArmFailure::Failed(detail) => fail(fd, SetupStage::Sandbox, 0, &detail),
-                }
-            }
-        }
+        arm_watch(fd, args.plan)
     } else {
         None
     };
-    crate::timing::mark("init: the watch over narrowing mounts");
     supervise_tree(fd, main_pid, sandboxed, watch.as_ref())
+}
+
+/// Arms the watch over the mounts of `plan` that narrow host paths
+/// ([`crate::watch::Watch::arm`] says why arming it once the command has
+/// started is safe), in an init of its own pid namespace whose command has
+/// started: the one-shot init and a template execution's, once the
+/// execution has its request. Failing, the run stops: every process
+/// killed and reaped, the failure (or [`InitMessage::HostReplaced`])
+/// reported on `fd`.
+pub(crate) fn arm_watch(fd: RawFd, plan: &Plan) -> Option<crate::watch::Watch> {
+    use crate::watch::ArmFailure;
+    let watch = match crate::watch::Watch::arm(plan) {
+        Ok(w) => w,
+        Err(failure) => {
+            let _ = sys::kill(-1, libc::SIGKILL);
+            while waitpid(None::<Pid>, None).is_ok() {}
+            match failure {
+                ArmFailure::Replaced(path) => host_replaced(fd, &path, None),
+                ArmFailure::Failed(detail) => fail(fd, SetupStage::Sandbox, 0, &detail),
+            }
+        }
+    };
+    crate::timing::mark("init: the watch over narrowing mounts");
+    watch
 }
 
 /// The command's process's stack: what `command` needs (the report frame

@@ -1016,7 +1016,11 @@ fn init_main(
     // SAFETY: `to_init` and `report`'s owners are never used again; the
     // init leaves by `_exit`.
     let _ = unsafe { sys::close_range(4, u32::MAX) };
-    init::supervise_tree(report_fd, command, true, None)
+    // The command has its request and execs: from here the host replacing
+    // a narrowing mount stops the execution, as a one-shot run (the
+    // command's own check at the request covered the wait before).
+    let watch = init::arm_watch(report_fd, plan);
+    init::supervise_tree(report_fd, command, true, watch.as_ref())
 }
 
 /// The mount at each target of a late op that is a mount, as laid: its id,

@@ -1,8 +1,9 @@
-//! The one-shot init's watch over the mounts that narrow a host path (a
-//! stand-in over a secret, a read-only bind inside a writable one): the
-//! host unlinking or renaming over such a path detaches the mount in every
-//! namespace, so the init watches each one's directory (inotify, SIGIO) for
-//! the whole run and stops the run when one is no longer in place.
+//! An init's watch over the mounts that narrow a host path (a stand-in over
+//! a secret, a read-only bind inside a writable one), in a one-shot run and
+//! in a template execution once it has its request: the host unlinking or
+//! renaming over such a path detaches the mount in every namespace, so the
+//! init watches each one's directory (inotify, SIGIO) for the whole run and
+//! stops the run when one is no longer in place.
 
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsRawFd, OwnedFd};
