@@ -876,14 +876,18 @@ impl Service {
                     r.view.resource_usage = Some(f.resource_usage);
                     r.view.duration_ms = Some(f.duration_ms);
                     r.view.finished_at = Some(envelope.time);
-                    // The one-shot init stopped the run: the host replaced
-                    // a protected path (exit 125).
-                    let host_replaced = f.termination_reason.as_deref() == Some("host_replaced");
+                    // The init stopped the run for moat's own reason (exit
+                    // 125): the host replaced a protected path, or the
+                    // watch over narrowing mounts could not be armed.
+                    let stopped = f
+                        .termination_reason
+                        .as_deref()
+                        .and_then(moat_linux::limits::TerminationReason::stopped_by_moat_named);
                     r.view.termination_reason = Some(
                         if f.timed_out {
                             "timeout"
-                        } else if host_replaced {
-                            "host_replaced"
+                        } else if let Some(reason) = stopped {
+                            reason.as_str()
                         } else if r.view.cancel_requested {
                             "canceled"
                         } else if r.view.signal.is_some() {
@@ -893,12 +897,13 @@ impl Service {
                         }
                         .to_string(),
                     );
-                    r.view.status = if f.timed_out || host_replaced || r.view.cancel_requested {
-                        "failed"
-                    } else {
-                        "finished"
-                    }
-                    .to_string();
+                    r.view.status =
+                        if f.timed_out || stopped.is_some() || r.view.cancel_requested {
+                            "failed"
+                        } else {
+                            "finished"
+                        }
+                        .to_string();
                     r.keep_event(&ev, true);
                 }
                 Event::Failed { exit_code, reason } => {

@@ -295,8 +295,9 @@ fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) ->
 /// started is safe), in an init of its own pid namespace whose command has
 /// started: the one-shot init and a template execution's, once the
 /// execution has its request. Failing, the run stops: every process
-/// killed and reaped, the failure (or [`InitMessage::HostReplaced`])
-/// reported on `fd`.
+/// killed and reaped, [`InitMessage::WatchFailed`] (or
+/// [`InitMessage::HostReplaced`]) reported on `fd`: the command has
+/// started, so this is a stopped run, never a failed setup.
 pub(crate) fn arm_watch(fd: RawFd, plan: &Plan) -> Option<crate::watch::Watch> {
     use crate::watch::ArmFailure;
     let watch = match crate::watch::Watch::arm(plan) {
@@ -306,7 +307,9 @@ pub(crate) fn arm_watch(fd: RawFd, plan: &Plan) -> Option<crate::watch::Watch> {
             while waitpid(None::<Pid>, None).is_ok() {}
             match failure {
                 ArmFailure::Replaced(path) => host_replaced(fd, &path, None),
-                ArmFailure::Failed(detail) => fail(fd, SetupStage::Sandbox, 0, &detail),
+                ArmFailure::Failed(detail) => {
+                    stopped(fd, &InitMessage::WatchFailed { detail: &detail }, None)
+                }
             }
         }
     };
@@ -779,7 +782,13 @@ pub(crate) fn supervise_tree(
 /// and reaped by now) in place of the exit, and leaves.
 fn host_replaced(fd: RawFd, path: &std::path::Path, watch: Option<&crate::watch::Watch>) -> ! {
     let path = path.to_string_lossy();
-    init_msg::send(fd, &InitMessage::HostReplaced { path: &path });
+    stopped(fd, &InitMessage::HostReplaced { path: &path }, watch)
+}
+
+/// Reports `msg`, why moat stopped the run (every process of the run killed
+/// and reaped by now), in place of the exit, and leaves.
+fn stopped(fd: RawFd, msg: &InitMessage<'_>, watch: Option<&crate::watch::Watch>) -> ! {
+    init_msg::send(fd, msg);
     close_all_but_watch(watch);
     sys::exit_now(0);
 }

@@ -23,6 +23,7 @@ const TAG_CONFINED: u8 = 2;
 const TAG_EXEC_FAILED: u8 = 3;
 const TAG_EXITED: u8 = 4;
 const TAG_HOST_REPLACED: u8 = 5;
+const TAG_WATCH_FAILED: u8 = 6;
 
 /// Where, in the init's work, a setup step failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +103,11 @@ pub enum InitMessage<'a> {
     /// mount that narrowed it was detached, and the init killed every
     /// process of the run (`crate::watch`). Sent in place of `Exited`.
     HostReplaced { path: &'a str },
+    /// The init could not arm the watch over the narrowing mounts once the
+    /// command had started (`detail`: what is missing and what to do), and
+    /// killed every process of the run. Sent in place of `Exited`: the
+    /// command ran, so this is a stopped run, never a failed setup.
+    WatchFailed { detail: &'a str },
 }
 
 /// Why bytes on the report pipe are not a valid message.
@@ -186,6 +192,11 @@ impl<'a> InitMessage<'a> {
                 body[..text.len()].copy_from_slice(text.as_bytes());
                 (TAG_HOST_REPLACED, text.len())
             }
+            InitMessage::WatchFailed { detail } => {
+                let text = fit(detail, MAX_FRAME - HEADER);
+                body[..text.len()].copy_from_slice(text.as_bytes());
+                (TAG_WATCH_FAILED, text.len())
+            }
         };
         buf[..2].copy_from_slice(&(len as u16).to_le_bytes());
         buf[2] = tag;
@@ -266,6 +277,9 @@ impl<'a> InitMessage<'a> {
             }
             TAG_HOST_REPLACED => InitMessage::HostReplaced {
                 path: std::str::from_utf8(body).map_err(|_| DecodeError::BadText)?,
+            },
+            TAG_WATCH_FAILED => InitMessage::WatchFailed {
+                detail: std::str::from_utf8(body).map_err(|_| DecodeError::BadText)?,
             },
             other => return Err(DecodeError::UnknownTag(other)),
         };
@@ -568,6 +582,10 @@ mod tests {
                 path: "/ws/.git/config",
             },
             InitMessage::HostReplaced { path: "" },
+            InitMessage::WatchFailed {
+                detail: "moat cannot watch /ws: no inotify instance left",
+            },
+            InitMessage::WatchFailed { detail: "" },
         ]
     }
 

@@ -80,6 +80,10 @@ pub enum TerminationReason {
     /// The host replaced a protected path while the command ran; moat
     /// stopped the run (`InitMessage::HostReplaced`).
     HostReplaced,
+    /// The init could not arm the watch over the narrowing mounts once the
+    /// command had started; moat stopped the run
+    /// (`InitMessage::WatchFailed`).
+    WatchFailed,
 }
 
 impl TerminationReason {
@@ -94,7 +98,28 @@ impl TerminationReason {
             TerminationReason::Signal => "signal",
             TerminationReason::Exit => "exit",
             TerminationReason::HostReplaced => "host_replaced",
+            TerminationReason::WatchFailed => "watch_failed",
         }
+    }
+
+    /// The reasons the init stops a started run for, moat's failure rather
+    /// than the command's (exit 125): the service reports them `failed`.
+    const STOPPED_BY_MOAT: [TerminationReason; 2] = [
+        TerminationReason::HostReplaced,
+        TerminationReason::WatchFailed,
+    ];
+
+    /// Whether moat stopped the run for this reason (see `STOPPED_BY_MOAT`).
+    pub fn stopped_by_moat(self) -> bool {
+        Self::STOPPED_BY_MOAT.contains(&self)
+    }
+
+    /// The reason named `name` (`as_str`) when it is one moat stopped a
+    /// run for: what the service reads back from a finish event.
+    pub fn stopped_by_moat_named(name: &str) -> Option<TerminationReason> {
+        Self::STOPPED_BY_MOAT
+            .into_iter()
+            .find(|r| r.as_str() == name)
     }
 }
 
@@ -1207,6 +1232,26 @@ mod tests {
 40 30 0:36 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
     const CGROUP: &str = "8:pids:/\n4:memory:/process_api/abc\n0::/\n";
+
+    #[test]
+    fn the_reasons_moat_stops_a_run_for_read_back_by_name() {
+        for r in [
+            TerminationReason::HostReplaced,
+            TerminationReason::WatchFailed,
+        ] {
+            assert_eq!(
+                TerminationReason::stopped_by_moat_named(r.as_str()),
+                Some(r)
+            );
+        }
+        for name in ["exit", "signal", "timeout", "memory", "failed_to_start"] {
+            assert_eq!(
+                TerminationReason::stopped_by_moat_named(name),
+                None,
+                "{name}"
+            );
+        }
+    }
 
     #[test]
     fn v1_dirs_join_mount_point_and_own_path() {

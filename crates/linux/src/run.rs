@@ -1264,7 +1264,10 @@ pub(crate) fn supervise(
     }
     let program = opts.argv.first().cloned().unwrap_or_default();
     let r = interpret(&report.buf, init_status, plan, opts, &program, out);
-    if out.termination_reason != Some(TerminationReason::HostReplaced) {
+    if !out
+        .termination_reason
+        .is_some_and(TerminationReason::stopped_by_moat)
+    {
         out.termination_reason = termination_reason(out, reached, &enforcer.rlimits);
     }
     r
@@ -1562,6 +1565,15 @@ fn interpret(
                 out.termination_reason = Some(TerminationReason::HostReplaced);
                 return Ok(());
             }
+            InitMessage::WatchFailed { detail } => {
+                // The command had started: a stopped run (exit 125), not
+                // one that failed to start, which a caller may retry.
+                out.status = RunStatus::Finished;
+                out.exit_code = 125;
+                out.error = Some(detail.to_string());
+                out.termination_reason = Some(TerminationReason::WatchFailed);
+                return Ok(());
+            }
         }
     }
     match final_status {
@@ -1823,5 +1835,96 @@ mod report_tests {
         assert!(!report.drain(&r), "the channel ended");
         assert_eq!(report.buf, b"IC");
         assert_eq!(report.command_pid, i32::try_from(command).ok());
+    }
+}
+
+#[cfg(test)]
+mod interpret_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use moat_policy::{Level, Policy, PolicyRequest};
+    use nix::sys::wait::WaitStatus;
+    use nix::unistd::Pid;
+
+    use super::{interpret, RunOptions, RunOutcome, RunStatus};
+    use crate::confine::Enforcement;
+    use crate::init_msg::{InitMessage, MAX_FRAME};
+    use crate::limits::TerminationReason;
+
+    /// The outcome the supervisor makes of the init's report `msgs` (the
+    /// command confined and started first) and a clean exit of the init.
+    fn outcome_of(msgs: &[InitMessage<'_>]) -> (Result<(), String>, RunOutcome) {
+        let policy = Policy::resolve(PolicyRequest {
+            level: Some(Level::WorkspaceWrite),
+            workspace: "/home/u/proj".into(),
+            home: "/home/u".into(),
+            ..Default::default()
+        })
+        .expect("policy");
+        let facts = crate::probe::HostFacts {
+            landlock_abi: 6,
+            ..Default::default()
+        };
+        let plan = crate::plan::build(&policy, &facts).expect("plan");
+        let mut report = Vec::new();
+        let confined = InitMessage::Confined {
+            landlock: Enforcement::Full,
+            seccomp: Enforcement::Full,
+        };
+        for m in std::iter::once(&confined).chain(msgs) {
+            let mut f = [0u8; MAX_FRAME];
+            let n = m.encode(&mut f);
+            report.extend_from_slice(&f[..n]);
+        }
+        let mut out = RunOutcome::refused(String::new());
+        out.error = None;
+        let r = interpret(
+            &report,
+            WaitStatus::Exited(Pid::from_raw(2), 0),
+            &plan,
+            &RunOptions::default(),
+            std::ffi::OsStr::new("true"),
+            &mut out,
+        );
+        (r, out)
+    }
+
+    #[test]
+    fn a_watch_that_failed_to_arm_is_a_stopped_run_never_a_failed_start() {
+        // The init arms the watch once the command has started: the
+        // command may have had side effects, so a caller must not be told
+        // it never started (and retry it).
+        let detail = "moat cannot watch /home/u/proj: no inotify instance left (fs.inotify.max_user_instances)";
+        let (r, out) = outcome_of(&[InitMessage::WatchFailed { detail }]);
+        assert_eq!(r, Ok(()), "a failed arm reported as a failed setup");
+        assert_eq!(out.status, RunStatus::Finished, "not a failed start");
+        assert_eq!(out.exit_code, 125);
+        assert_eq!(out.error.as_deref(), Some(detail));
+        assert_eq!(out.termination_reason, Some(TerminationReason::WatchFailed));
+        assert!(TerminationReason::WatchFailed.stopped_by_moat());
+    }
+
+    #[test]
+    fn a_host_replaced_report_stops_the_run_naming_the_path() {
+        let (r, out) = outcome_of(&[InitMessage::HostReplaced {
+            path: "/home/u/proj/.env",
+        }]);
+        assert_eq!(r, Ok(()));
+        assert_eq!(out.status, RunStatus::Finished);
+        assert_eq!(out.exit_code, 125);
+        assert!(out.error.unwrap().contains("/home/u/proj/.env"));
+        assert_eq!(
+            out.termination_reason,
+            Some(TerminationReason::HostReplaced)
+        );
+    }
+
+    #[test]
+    fn a_setup_failure_is_still_a_failed_start() {
+        let (r, _) = outcome_of(&[InitMessage::SetupFailed {
+            stage: crate::init_msg::SetupStage::Sandbox,
+            errno: 0,
+            detail: "mount the view",
+        }]);
+        assert!(r.is_err());
     }
 }
