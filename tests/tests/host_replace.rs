@@ -234,8 +234,11 @@ fn a_workspace_made_unsearchable_while_the_watch_is_armed_stops_the_run() {
         out.dump()
     );
     if stopped_before_ready {
-        // Stopped when the watch could not reach the directory.
+        // Stopped when the watch could not reach the directory: the
+        // command had started, so a stopped run, never a failed start.
         assert_eq!(v["exit_code"], 125, "{}", out.dump());
+        assert_eq!(v["termination_reason"], "watch_failed", "{}", out.dump());
+        assert_ne!(v["status"], "failed_to_start", "{}", out.dump());
         let err = v["error"].as_str().unwrap_or_default();
         assert!(
             err.contains("moat cannot watch") && err.contains("was stopped"),

@@ -77,11 +77,15 @@ impl Watch {
         }
         let inotify = sys::inotify_async().map_err(|e| {
             ArmFailure::Failed(format!(
-                "watch the protected host paths (inotify): {e}; raise fs.inotify.max_user_instances"
+                "moat cannot watch the protected host paths (inotify): {e}; raise fs.inotify.max_user_instances; the command had started and was stopped: run it again"
             ))
         })?;
         let root = sys::open_dir_nofollow(Path::new("/"))
-            .map_err(|e| ArmFailure::Failed(format!("open the sandbox's root: {e}")))?;
+            .map_err(|e| {
+                ArmFailure::Failed(format!(
+                    "moat cannot open the sandbox's root to watch the protected host paths: {e}; the command had started and was stopped: run it again"
+                ))
+            })?;
         let mut targets: Vec<Target> = Vec::with_capacity(paths.len());
         for path in paths {
             let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
