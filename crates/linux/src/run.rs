@@ -1264,16 +1264,12 @@ pub(crate) fn supervise(
     }
     let program = opts.argv.first().cloned().unwrap_or_default();
     let r = interpret(&report.buf, init_status, plan, opts, &program, out);
-    if !out
-        .termination_reason
-        .is_some_and(TerminationReason::stopped_by_moat)
-    {
-        out.termination_reason = termination_reason(out, reached, &enforcer.rlimits);
-    }
+    out.termination_reason = termination_reason(out, reached, &enforcer.rlimits);
     r
 }
 
-/// Which limit ended the run, or how else it ended. SIGXCPU and SIGXFSZ
+/// Which limit ended the run, or how else it ended: the reason the init
+/// stopped it for when it did (`interpret`), kept. SIGXCPU and SIGXFSZ
 /// name a limit only when that limit was set (and, for CPU time, the run
 /// used that much): the command can send either signal to itself, and the
 /// result must not blame a limit that did nothing.
@@ -1295,6 +1291,9 @@ fn termination_reason(
             .cpu_ms
             .is_none_or(|used| used.saturating_mul(2) >= secs.saturating_mul(1000))
     });
+    if let Some(stop) = out.termination_reason.filter(|r| r.stopped_by_moat()) {
+        return Some(stop);
+    }
     if out.status == RunStatus::FailedToStart {
         return None;
     }
@@ -1845,7 +1844,7 @@ mod interpret_tests {
     use nix::sys::wait::WaitStatus;
     use nix::unistd::Pid;
 
-    use super::{interpret, RunOptions, RunOutcome, RunStatus};
+    use super::{interpret, termination_reason, Reached, RunOptions, RunOutcome, RunStatus};
     use crate::confine::Enforcement;
     use crate::init_msg::{InitMessage, MAX_FRAME};
     use crate::limits::TerminationReason;
@@ -1900,7 +1899,13 @@ mod interpret_tests {
         assert_eq!(out.exit_code, 125);
         assert_eq!(out.error.as_deref(), Some(detail));
         assert_eq!(out.termination_reason, Some(TerminationReason::WatchFailed));
-        assert!(TerminationReason::WatchFailed.stopped_by_moat());
+        // Kept when the supervisor works out how the run ended: not an
+        // `exit` with code 125.
+        assert_eq!(
+            termination_reason(&out, Reached::default(), &[]),
+            Some(TerminationReason::WatchFailed),
+            "the stop's reason overwritten"
+        );
     }
 
     #[test]
@@ -1911,9 +1916,13 @@ mod interpret_tests {
         assert_eq!(r, Ok(()));
         assert_eq!(out.status, RunStatus::Finished);
         assert_eq!(out.exit_code, 125);
-        assert!(out.error.unwrap().contains("/home/u/proj/.env"));
+        assert!(out.error.as_deref().unwrap().contains("/home/u/proj/.env"));
         assert_eq!(
             out.termination_reason,
+            Some(TerminationReason::HostReplaced)
+        );
+        assert_eq!(
+            termination_reason(&out, Reached::default(), &[]),
             Some(TerminationReason::HostReplaced)
         );
     }
