@@ -565,7 +565,9 @@ def test_mcp_a_call_the_client_abandons_stops_its_command(ws):
 
     async def body(s):
         try:
-            await s.call_tool("exec", {"command": ["sh", "-c", f"touch started; exec sleep 300 {tok}"]}, read_timeout_seconds=3)
+            # The client's patience: long enough for the command to start on
+            # a loaded machine (3 s was not, under a concurrent CI run).
+            await s.call_tool("exec", {"command": ["sh", "-c", f"touch started; exec sleep 300 {tok}"]}, read_timeout_seconds=10)
         except Exception:
             pass
         assert os.path.exists(started), "the command never started"
