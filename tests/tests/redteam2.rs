@@ -825,3 +825,109 @@ fn injected_registry_credential_follows_the_target_not_the_host_header() {
         "LEAK: the credential travelled under a spoofed Host: {b}"
     );
 }
+
+/// The children of every thread of `pid` (`/proc/PID/task/*/children`).
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut kids = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return kids;
+    };
+    for t in tasks.flatten() {
+        let list = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        kids.extend(list.split_whitespace().filter_map(|k| k.parse::<i32>().ok()));
+    }
+    kids
+}
+
+/// Whether `pid` has exited and waits to be reaped (state Z).
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// A command that ends at once still shows its output on the terminal.
+/// The init hands the supervisor the broker's socket and then the pty
+/// master over one socket; made deterministic here, the command's whole
+/// life passes while moat is stopped right after it sent the plan, so when
+/// moat goes on, the init's exit, the broker's socket and the pty master
+/// are all there at once. The output must still arrive on the terminal.
+#[test]
+fn output_of_a_command_that_ended_before_moat_looked_reaches_the_terminal_contract() {
+    use std::io::BufRead;
+    use std::os::fd::FromRawFd;
+    for round in 0..3 {
+        let fx = Fixture::new();
+        let pty = Pty::open();
+        let wrote = fx.w("wrote");
+        let needle = unique("QUICKOUT");
+        let script = format!("echo {needle}; : > {}", wrote.display());
+        let mut c = fx.sh("workspace-write", &[], &script);
+        c.env("MOAT_TRACE_TIMING", "1")
+            .stderr(std::process::Stdio::piped());
+        // SAFETY: a fresh fd from dup, handed to exactly one Stdio.
+        unsafe {
+            let a = libc::dup(pty.slave);
+            assert!(a >= 0);
+            c.stdout(std::process::Stdio::from_raw_fd(a));
+        }
+        let mut child = c.spawn().expect("spawn moat");
+        let pid = child.id() as i32;
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, stopped) = std::sync::mpsc::channel();
+        // moat is not reaped before this thread is done (the main thread
+        // waits for it first), so the pid it stops is moat's.
+        let reader = std::thread::spawn(move || {
+            let own = format!("moat-timing: {pid} ");
+            let mut all = String::new();
+            let mut sent = false;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if !sent
+                    && line.starts_with(&own)
+                    && (line.contains("the plan sent to the early init")
+                        || line.contains("clone the init (new namespaces)"))
+                {
+                    // SAFETY: kill(2) on our own unreaped child.
+                    unsafe { libc::kill(pid, libc::SIGSTOP) };
+                    sent = true;
+                    let _ = tx.send(());
+                }
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        });
+        // Err: stderr ended without the mark (a moat without the trace).
+        let was_stopped = stopped.recv().is_ok();
+        if was_stopped {
+            // A hang guard, not a timing assertion.
+            let guard = std::time::Instant::now() + Duration::from_secs(120);
+            loop {
+                let kids = children_of(pid);
+                if exists(&wrote) && !kids.is_empty() && kids.iter().all(|k| is_zombie(*k)) {
+                    break;
+                }
+                if std::time::Instant::now() > guard {
+                    // SAFETY: as above.
+                    unsafe { libc::kill(pid, libc::SIGCONT) };
+                    panic!("round {round}: the command never ended while moat was stopped");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+        }
+        let status = child.wait().expect("wait for moat");
+        let err = reader.join().expect("the stderr reader");
+        let shown = String::from_utf8_lossy(&pty.output_through(&needle)).into_owned();
+        assert!(status.success(), "round {round}: {status:?}\n{err}");
+        assert!(
+            shown.contains(&needle),
+            "LOST (round {round}, moat stopped: {was_stopped}): the command's output never reached the terminal: {shown:?}\n{err}"
+        );
+    }
+}

@@ -171,6 +171,21 @@ impl Relay {
         relay
     }
 
+    /// Relays only what the command wrote (a master taken after the
+    /// command ended): no input, no raw mode, no window size.
+    pub fn output_only(master: OwnedFd, attach: Attach) -> Relay {
+        set_nonblocking(&master);
+        Relay {
+            master,
+            to_master: Vec::new(),
+            stdin_open: false,
+            master_open: true,
+            out_fd: attach.output_fd(),
+            raw: None,
+            filter: crate::termfilter::TermFilter::new(),
+        }
+    }
+
     /// Enters raw mode once moat is in the foreground. True while input
     /// is still waiting for that (the caller polls with a short timeout).
     pub fn take_input_if_foreground(&mut self) -> bool {

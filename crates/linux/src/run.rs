@@ -885,6 +885,27 @@ impl InitHandle {
     }
 }
 
+/// The handoff messages still queued once the run ended (non-blocking: the
+/// init is gone, nothing more comes). A pty master among them, when no
+/// relay was started, is relayed output-only: the command is done, so
+/// there is nothing to type to it, and the host terminal stays as it is.
+/// Late proxy listeners and broker sockets serve nothing any more.
+fn take_late_handoffs(
+    handoff: &std::os::unix::net::UnixStream,
+    mut relay: Option<crate::pty::Relay>,
+    plan_pty: Option<crate::pty::Attach>,
+) -> Option<crate::pty::Relay> {
+    if handoff.set_nonblocking(true).is_err() {
+        return relay;
+    }
+    while let Some(m) = crate::netns::receive(handoff) {
+        if let (crate::netns::Handoff::Pty(master), None, Some(attach)) = (m, &relay, plan_pty) {
+            relay = Some(crate::pty::Relay::output_only(master, attach));
+        }
+    }
+    relay
+}
+
 /// Watches one run to its end (the one-shot supervisor's loop, also a
 /// template execution's).
 #[allow(clippy::too_many_arguments)]
@@ -1199,6 +1220,12 @@ pub(crate) fn supervise(
         }
     }
     let init_status = init.wait(has_final_status(&report.buf))?;
+    // The loop takes one handoff message a turn: a command that ended in
+    // the turn the broker's socket was taken leaves its pty master queued
+    // behind it. Take what is still queued, so its output is shown below.
+    if let Some(h) = handoff.take() {
+        relay = take_late_handoffs(&h, relay, plan_pty);
+    }
     // What the command wrote last, then the host terminal's own settings back.
     if let Some(mut r) = relay.take() {
         budget.exceeded |= r.drain_master(&mut budget.left);
