@@ -834,7 +834,10 @@ fn children_of(pid: i32) -> Vec<i32> {
     };
     for t in tasks.flatten() {
         let list = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-        kids.extend(list.split_whitespace().filter_map(|k| k.parse::<i32>().ok()));
+        kids.extend(
+            list.split_whitespace()
+                .filter_map(|k| k.parse::<i32>().ok()),
+        );
     }
     kids
 }
@@ -843,7 +846,10 @@ fn children_of(pid: i32) -> Vec<i32> {
 fn is_zombie(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')))
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('Z'))
+        })
         .unwrap_or(false)
 }
 
@@ -882,14 +888,19 @@ fn output_of_a_command_that_ended_before_moat_looked_reaches_the_terminal_contra
             let own = format!("moat-timing: {pid} ");
             let mut all = String::new();
             let mut sent = false;
+            // The plan is sent to an init cloned ahead (then "clone the
+            // init" came before the pipes), or the init is cloned with it.
+            let mut pipes = false;
             for line in std::io::BufReader::new(stderr)
                 .lines()
                 .map_while(Result::ok)
             {
+                let mine = line.starts_with(&own);
+                pipes |= mine && line.contains("seccomp filter, pipes, signal mask");
                 if !sent
-                    && line.starts_with(&own)
+                    && mine
                     && (line.contains("the plan sent to the early init")
-                        || line.contains("clone the init (new namespaces)"))
+                        || (pipes && line.contains("clone the init (new namespaces)")))
                 {
                     // SAFETY: kill(2) on our own unreaped child.
                     unsafe { libc::kill(pid, libc::SIGSTOP) };
