@@ -19,6 +19,54 @@ mod dents;
 mod secrets_cache;
 pub use secrets_cache::enable as cache_secrets_probe;
 
+/// Whether `path` is refused this process for `mode` (EACCES), by the
+/// kernel's own permission checks on its effective ids.
+fn refused(path: &Path, mode: nix::unistd::AccessFlags) -> bool {
+    matches!(
+        nix::unistd::faccessat(
+            nix::fcntl::AT_FDCWD,
+            path,
+            mode,
+            nix::fcntl::AtFlags::AT_EACCESS
+        ),
+        Err(nix::errno::Errno::EACCES)
+    )
+}
+
+/// Whether `path` belongs to someone else than this process's effective
+/// uid (its owner could chmod it back), or cannot even be looked at.
+fn not_own(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match fs::symlink_metadata(path) {
+        Ok(m) => m.uid() != nix::unistd::geteuid().as_raw(),
+        Err(e) => e.kind() == std::io::ErrorKind::PermissionDenied,
+    }
+}
+
+/// Whether the kernel itself keeps the secret at `path` from this
+/// (unprivileged) process: reading it is refused (a directory: both
+/// listing and entering it), and it is not the caller's own. The sandbox
+/// has no more rights over host files than its caller, so it needs no
+/// stand-in for it (`/etc/shadow` 0640 root:shadow, another user's 0600
+/// `.netrc`).
+pub fn kernel_keeps_from_user(path: &Path, kind: Kind) -> bool {
+    use nix::unistd::AccessFlags as A;
+    let kept = match kind {
+        Kind::Dir => refused(path, A::R_OK) && refused(path, A::X_OK),
+        _ => refused(path, A::R_OK),
+    };
+    kept && not_own(path)
+}
+
+/// Whether the kernel itself refuses this process every use of `path`
+/// (read, write and execute/search all EACCES) and it is not the caller's
+/// own: a refusal of it is the host's permissions, not moat's, and is not
+/// explained as moat's.
+pub fn kernel_refuses_user(path: &Path) -> bool {
+    use nix::unistd::AccessFlags as A;
+    refused(path, A::R_OK) && refused(path, A::W_OK) && refused(path, A::X_OK) && not_own(path)
+}
+
 /// What kind of filesystem object a path is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -668,9 +716,20 @@ impl HostFacts {
         self.take_secrets(answer);
     }
 
+    /// Takes the secrets found (or cached). For an unprivileged caller,
+    /// one the kernel already keeps from it gets no stand-in (so nothing
+    /// watches it either: a host `passwd` replacing /etc/shadow is no
+    /// concern of the run). Asked on every run, after the cache:
+    /// permissions change. Root keeps every stand-in (nothing refuses it).
     fn take_secrets(&mut self, answer: secrets_cache::Answer) {
         self.home_protected.extend(answer.home_protected);
-        self.secrets.extend(answer.secrets);
+        let root = nix::unistd::geteuid().is_root();
+        self.secrets.extend(
+            answer
+                .secrets
+                .into_iter()
+                .filter(|(p, k)| root || !kernel_keeps_from_user(p, *k)),
+        );
     }
 
     fn probe_sockets(&mut self) {

@@ -119,6 +119,9 @@ pub fn denials(plan: &Plan, o: &RunOutcome, outer: Option<&moat_linux::view::Vie
         let Some(path) = d.path.as_deref() else {
             continue;
         };
+        if d.errno == "EACCES" && kernel_refused(plan, path) {
+            continue;
+        }
         if let Some(reason) = explain(plan, path, d.errno, host_exists) {
             out.push(Denial::explained(
                 d.op,
@@ -161,6 +164,24 @@ pub fn denials(plan: &Plan, o: &RunOutcome, outer: Option<&moat_linux::view::Vie
         }
     }
     out
+}
+
+/// Whether the host path the view shows at `path` (relative to the run's
+/// cwd) is refused to the caller by the kernel itself (another user's
+/// 0600 file, /etc/shadow): then EACCES is the host's answer, which no
+/// grant changes, not moat's. A stand-in's refusal is always moat's.
+fn kernel_refused(plan: &Plan, path: &str) -> bool {
+    let abs = moat_linux::explain::absolute(&plan.cwd, path);
+    let host = match plan.view.mode_at(&abs) {
+        Some(x) if x.mode == moat_linux::view::Mode::Hidden => return false,
+        Some(x) => match (&x.host, abs.strip_prefix(&x.path)) {
+            (Some(h), Ok(rest)) if rest.as_os_str().is_empty() => h.clone(),
+            (Some(h), Ok(rest)) => h.join(rest),
+            _ => return false,
+        },
+        None => abs,
+    };
+    moat_linux::probe::kernel_refuses_user(&host)
 }
 
 /// `cat: /a/b: No such file…` or `ls: cannot access '/a/b': No such…`.
