@@ -491,3 +491,85 @@ fn audit_log_in_a_group_writable_private_group_directory_positive_control() {
     assert!(exists(&marker), "{}", out.dump());
     assert!(read(&log).is_some_and(|t| t.contains("policy.resolved")));
 }
+
+// ------------------------- 3. a secret the kernel already keeps from the caller
+
+/// A secret the kernel itself keeps from an unprivileged caller (here
+/// root's 0600 `.netrc` in the caller's home; on a host, /etc/shadow
+/// 0640 root:shadow) gets no stand-in, so nothing watches it: root
+/// renaming a new file over it mid-run (as `useradd`/`passwd` do with
+/// /etc/shadow) must not stop the caller's unrelated run, the secret stays
+/// unreadable, and the kernel's own EACCES is not reported as moat's
+/// refusal ("moat: denied … add --rw"). Root only (it adds a passwd entry).
+#[test]
+fn a_secret_the_kernel_keeps_from_the_caller_is_left_to_the_kernel_positive_control() {
+    use std::os::unix::process::CommandExt;
+    let _hosts = HOST_HOMES.write().unwrap_or_else(|e| e.into_inner());
+    if euid() != 0 {
+        skip("needs root to add a passwd entry and a root-owned file in its home");
+        return;
+    }
+    let Some(user) = TempUser::create() else {
+        skip("useradd is not available");
+        return;
+    };
+    let id = |flag: &str| -> u32 {
+        let o = Command::new("id").arg(flag).arg(&user.name).output().expect("id");
+        String::from_utf8_lossy(&o.stdout).trim().parse().expect("a numeric id")
+    };
+    let (uid, gid) = (id("-u"), id("-g"));
+    let h = &user.home;
+    let ws = h.join("ws");
+    fs::create_dir_all(&ws).expect("mkdir ws");
+    for d in [h.clone(), ws.clone(), h.join(".ssh")] {
+        std::os::unix::fs::chown(&d, Some(uid), Some(gid)).expect("chown");
+    }
+    let secret = unique("KERNELKEPTSECRET");
+    let netrc = h.join(".netrc");
+    write(&netrc, &format!("machine example.com password {secret}\n"));
+    fs::set_permissions(&netrc, fs::Permissions::from_mode(0o600)).expect("chmod");
+    let (started, replaced) = (ws.join("started"), ws.join("replaced"));
+    let n = netrc.display();
+    // Reads the file until told it was replaced, then a while longer (for
+    // a watch to have noticed), then reports.
+    let script = format!(
+        "touch started; while [ ! -e replaced ]; do cat {n}; sleep 0.05; done; \
+         i=0; while [ $i -lt 20 ]; do cat {n}; sleep 0.05; i=$((i+1)); done; echo LOOP_DONE"
+    );
+    let mut c = Command::new(moat_bin());
+    c.args(["exec", "--policy", "workspace-write", "--", "/bin/bash", "-c", &script])
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", h)
+        .env("USER", &user.name)
+        .env("LANG", "C.UTF-8")
+        .current_dir(&ws)
+        .uid(uid)
+        .gid(gid)
+        .stdin(std::process::Stdio::null());
+    let pending = spawn(c);
+    // A hang guard, not a timing assertion.
+    let guard = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !exists(&started) && std::time::Instant::now() < guard {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let secret2 = unique("KERNELKEPTNEW");
+    let new = h.join(".netrc.new");
+    write(&new, &format!("machine example.com password {secret2}\n"));
+    fs::set_permissions(&new, fs::Permissions::from_mode(0o600)).expect("chmod");
+    fs::rename(&new, &netrc).expect("rename over .netrc");
+    write(&replaced, "");
+    let out = pending.wait();
+    out.expect_code(0).expect_stdout_has("LOOP_DONE");
+    out.expect_absent(&secret, "root's .netrc");
+    out.expect_absent(&secret2, "root's new .netrc");
+    assert!(
+        out.stderr.contains("Permission denied"),
+        "the probe never met the kernel's refusal\n{}",
+        out.dump()
+    );
+    out.expect_absent(
+        "moat: denied",
+        "the kernel's own EACCES explained as moat's refusal",
+    );
+}
