@@ -514,8 +514,15 @@ fn a_secret_the_kernel_keeps_from_the_caller_is_left_to_the_kernel_positive_cont
         return;
     };
     let id = |flag: &str| -> u32 {
-        let o = Command::new("id").arg(flag).arg(&user.name).output().expect("id");
-        String::from_utf8_lossy(&o.stdout).trim().parse().expect("a numeric id")
+        let o = Command::new("id")
+            .arg(flag)
+            .arg(&user.name)
+            .output()
+            .expect("id");
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse()
+            .expect("a numeric id")
     };
     let (uid, gid) = (id("-u"), id("-g"));
     let h = &user.home;
@@ -537,16 +544,24 @@ fn a_secret_the_kernel_keeps_from_the_caller_is_left_to_the_kernel_positive_cont
          i=0; while [ $i -lt 20 ]; do cat {n}; sleep 0.05; i=$((i+1)); done; echo LOOP_DONE"
     );
     let mut c = Command::new(moat_bin());
-    c.args(["exec", "--policy", "workspace-write", "--", "/bin/bash", "-c", &script])
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("HOME", h)
-        .env("USER", &user.name)
-        .env("LANG", "C.UTF-8")
-        .current_dir(&ws)
-        .uid(uid)
-        .gid(gid)
-        .stdin(std::process::Stdio::null());
+    c.args([
+        "exec",
+        "--policy",
+        "workspace-write",
+        "--",
+        "/bin/bash",
+        "-c",
+        &script,
+    ])
+    .env_clear()
+    .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+    .env("HOME", h)
+    .env("USER", &user.name)
+    .env("LANG", "C.UTF-8")
+    .current_dir(&ws)
+    .uid(uid)
+    .gid(gid)
+    .stdin(std::process::Stdio::null());
     let pending = spawn(c);
     // A hang guard, not a timing assertion.
     let guard = std::time::Instant::now() + std::time::Duration::from_secs(120);
