@@ -1203,10 +1203,13 @@ pub(crate) fn supervise(
                 stage = stage.saturating_add(1);
             }
         }
-        // The init reports the final status and closes the pipe before it
-        // tears its namespaces down; everything the command started is dead
-        // by then, so there is no need to wait for the teardown.
-        if pid_ready || (!report_open && has_final_status(&report.buf)) {
+        // The init reports the final status once every process of the run
+        // is dead and reaped, then closes its fds and tears its namespaces
+        // down: nothing but the init holds the pipes by then, and it writes
+        // nothing more, so neither the end of the pipe (a second wake-up)
+        // nor the teardown is waited for; what the command wrote last is
+        // in the capture pipes, drained below.
+        if pid_ready || has_final_status(&report.buf) {
             exited = true;
         }
     }
