@@ -1205,10 +1205,10 @@ pub(crate) fn supervise(
         }
         // The init reports the final status once every process of the run
         // is dead and reaped, then closes its fds and tears its namespaces
-        // down: nothing but the init holds the pipes by then, and it writes
-        // nothing more, so neither the end of the pipe (a second wake-up)
-        // nor the teardown is waited for; what the command wrote last is
-        // in the capture pipes, drained below.
+        // down: nothing of the run writes to the pipes after it, so neither
+        // the end of the report pipe (a second wake-up) nor the teardown is
+        // waited for; what the command wrote last is in the capture pipes,
+        // drained below (until they are empty, as before).
         if pid_ready || has_final_status(&report.buf) {
             exited = true;
         }
