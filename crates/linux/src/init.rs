@@ -770,8 +770,8 @@ pub(crate) fn supervise_tree(
             );
             // Every fd closed now rather than by the exit, which first
             // tears down this process's copy of moat's address space: the
-            // supervisor waits for the end of the report pipe and of the
-            // captured output, and wakes that much sooner.
+            // supervisor is done at `Exited` already, but a capture pipe's
+            // end and the drain after a stop come that much sooner.
             close_all_but_watch(watch);
             sys::exit_now(0);
         }
@@ -795,8 +795,8 @@ fn stopped(fd: RawFd, msg: &InitMessage<'_>, watch: Option<&crate::watch::Watch>
 
 /// Closes every fd of the init but the watch's inotify instance, which
 /// the exit closes after: its release waits out an SRCU grace period, and
-/// the supervisor, done once the report pipe and the output pipes end,
-/// does not wait for the init's exit. The init leaves by `_exit` right
+/// the supervisor, done at `Exited` (or, after a stop, at the end of the
+/// report pipe), does not wait for the init's exit. The init leaves by `_exit` right
 /// after this.
 fn close_all_but_watch(watch: Option<&crate::watch::Watch>) {
     // SAFETY: the init leaves right after by `_exit`; none of the fds'

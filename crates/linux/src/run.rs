@@ -697,9 +697,45 @@ fn launch(
     let old_mask = sys::set_sigmask(libc::SIG_BLOCK, INIT_SIGNALS)
         .map_err(|e| format!("block signals: {e}"))?;
     let ns_flags = NamespaceSet::of_plan(plan).map_or(0, |s| s.clone_flags());
-    // The early init reports whether its half went through; if not, it is
-    // killed and the serial clone below gives today's error.
-    let early = early.filter(|e| e.ready());
+    crate::timing::mark("seccomp filter, pipes, signal mask");
+    // The plan goes to the early init before its word that its half
+    // (namespaces, id maps, staged root) went through: it waits in the
+    // socket while the init finishes, which then reads it without a sleep
+    // and a wake-up on either side. The init writes that word before it
+    // reads anything, so a word other than "done" means it never read the
+    // plan: it is killed (its `Drop`) and the serial clone below gives
+    // today's error; a send that failed then is that init's end, not the
+    // run's.
+    let early = match early {
+        Some(mut e) => {
+            let sent = e.send_plan(
+                plan,
+                &argv,
+                &envp,
+                seccomp.as_ref(),
+                &enforcer.rlimits,
+                pty,
+                opts.cwd_identity,
+                [
+                    Some(report_w.as_fd()),
+                    stdout_end.as_ref().map(|f| f.as_fd()),
+                    stderr_end.as_ref().map(|f| f.as_fd()),
+                    handoff_tx.as_ref().map(|s| s.as_fd()),
+                ],
+            );
+            if e.ready() {
+                if let Err(err) = sent {
+                    sys::restore_sigmask(&old_mask);
+                    return Err(err);
+                }
+                crate::timing::mark("the plan sent to the early init");
+                Some(e.handed())
+            } else {
+                None
+            }
+        }
+        None => None,
+    };
     // The init is cloned inside the run's cgroup (the supervisor steps in
     // for the clone and back out right after), so nothing it starts escapes.
     if let Some(cg) = &enforcer.cgroup {
@@ -709,32 +745,8 @@ fn launch(
             return Err(e);
         }
     }
-    crate::timing::mark("seccomp filter, pipes, signal mask");
-    let child = if let Some(e) = early {
-        let sent = e.send_plan(
-            plan,
-            &argv,
-            &envp,
-            seccomp.as_ref(),
-            &enforcer.rlimits,
-            pty,
-            opts.cwd_identity,
-            [
-                Some(report_w.as_fd()),
-                stdout_end.as_ref().map(|f| f.as_fd()),
-                stderr_end.as_ref().map(|f| f.as_fd()),
-                handoff_tx.as_ref().map(|s| s.as_fd()),
-            ],
-        );
-        let child = match sent {
-            Ok(pid) => pid,
-            Err(e) => {
-                sys::restore_sigmask(&old_mask);
-                return Err(e);
-            }
-        };
-        crate::timing::mark("the plan sent to the early init");
-        child
+    let child = if let Some(pid) = early {
+        pid
     } else {
         if let Err(e) = check_single_threaded() {
             sys::restore_sigmask(&old_mask);
@@ -1212,10 +1224,13 @@ pub(crate) fn supervise(
                 stage = stage.saturating_add(1);
             }
         }
-        // The init reports the final status and closes the pipe before it
-        // tears its namespaces down; everything the command started is dead
-        // by then, so there is no need to wait for the teardown.
-        if pid_ready || (!report_open && has_final_status(&report.buf)) {
+        // The init reports the final status once every process of the run
+        // is dead and reaped, then closes its fds and tears its namespaces
+        // down: nothing of the run writes to the pipes after it, so neither
+        // the end of the report pipe (a second wake-up) nor the teardown is
+        // waited for; what the command wrote last is in the capture pipes,
+        // drained below (until they are empty, as before).
+        if pid_ready || has_final_status(&report.buf) {
             exited = true;
         }
     }
@@ -1743,17 +1758,30 @@ impl EarlyInit {
     }
 
     /// Waits for the init's word that its half (namespaces, id maps,
-    /// hostname) went through.
+    /// hostname, staged root) went through. The init writes it before it
+    /// reads the plan: false means it never read one.
     fn ready(&self) -> bool {
         let mut b = [1u8];
-        matches!(nix::unistd::read(&self.sock, &mut b), Ok(1)) && b[0] == 0
+        loop {
+            match nix::unistd::read(&self.sock, &mut b) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                r => return matches!(r, Ok(1)) && b[0] == 0,
+            }
+        }
     }
 
-    /// Sends the plan and the run's fds; the init's pid, for the
-    /// supervisor to watch and reap.
+    /// The plan is the init's (sent, and the init ready): the supervisor
+    /// watches and reaps it now, by this pid.
+    fn handed(mut self) -> Pid {
+        self.handed = true;
+        self.pid
+    }
+
+    /// Sends the plan and the run's fds (they wait in the socket until the
+    /// init has done its half).
     #[allow(clippy::too_many_arguments)]
     fn send_plan(
-        mut self,
+        &mut self,
         plan: &Plan,
         argv: &[CString],
         envp: &[CString],
@@ -1762,7 +1790,7 @@ impl EarlyInit {
         pty: Option<crate::pty::Attach>,
         cwd_identity: Option<(u64, u64)>,
         fds: [Option<std::os::fd::BorrowedFd<'_>>; 4],
-    ) -> Result<Pid, String> {
+    ) -> Result<(), String> {
         let msg = init_msg::PlanMessage {
             plan,
             argv: argv.iter().map(|a| a.as_bytes().to_vec()).collect(),
@@ -1782,9 +1810,7 @@ impl EarlyInit {
         crate::timing::mark("the plan encoded");
         let raw: Vec<i32> = fds.iter().flatten().map(|f| f.as_raw_fd()).collect();
         crate::template::send_frame(self.sock.as_fd(), &body, &raw)
-            .map_err(|e| format!("hand the plan to the sandbox's init: {e}"))?;
-        self.handed = true;
-        Ok(self.pid)
+            .map_err(|e| format!("hand the plan to the sandbox's init: {e}"))
     }
 }
 

@@ -87,6 +87,10 @@ impl Watch {
                 ))
             })?;
         let mut targets: Vec<Target> = Vec::with_capacity(paths.len());
+        // Each directory is opened once (its path relative to the view's
+        // root, the fd, its watch): every target in it is watched and
+        // looked at through that one fd.
+        let mut dirs: Vec<(PathBuf, OwnedFd, i32)> = Vec::new();
         for path in paths {
             let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
                 continue;
@@ -110,23 +114,33 @@ impl Watch {
                     path.display()
                 ))
             };
-            let dir = match open_dir(&root, &t) {
-                Ok(d) => d,
-                Err(e) if e.raw_os_error() == Some(libc::EACCES) => return Err(unreachable(e)),
-                Err(_) => return Err(ArmFailure::Replaced(t.path)),
+            let at = match dirs.iter().position(|(d, _, _)| *d == t.dir) {
+                Some(at) => at,
+                None => {
+                    let dir = match open_dir(&root, &t) {
+                        Ok(d) => d,
+                        Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
+                            return Err(unreachable(e))
+                        }
+                        Err(_) => return Err(ArmFailure::Replaced(t.path)),
+                    };
+                    // Watched through this very fd, and every target in it
+                    // looked at through it too: one open, so no directory
+                    // swapped between two opens is ever looked at unwatched.
+                    let wd = sys::inotify_watch_dir(&inotify, &dir, MASK).map_err(|e| {
+                        ArmFailure::Failed(format!(
+                            "watch {} for the host replacing {} (inotify): {e}; moat cannot keep {} covered for the run without it: raise fs.inotify.max_user_watches (or max_user_instances); the command had started and was stopped",
+                            parent.display(),
+                            path.display(),
+                            path.display(),
+                        ))
+                    })?;
+                    dirs.push((t.dir.clone(), dir, wd));
+                    dirs.len() - 1
+                }
             };
-            // Watched through this very fd, even when an earlier target
-            // named the same directory: the kernel gives one inode one
-            // watch descriptor, so a directory swapped between the two
-            // opens is watched too, never looked at unwatched.
-            t.wd = sys::inotify_watch_dir(&inotify, &dir, MASK).map_err(|e| {
-                ArmFailure::Failed(format!(
-                    "watch {} for the host replacing {} (inotify): {e}; moat cannot keep {} covered for the run without it: raise fs.inotify.max_user_watches (or max_user_instances); the command had started and was stopped",
-                    parent.display(),
-                    path.display(),
-                    path.display(),
-                ))
-            })?;
+            let (_, dir, wd) = &dirs[at];
+            t.wd = *wd;
             t.id = match sys::mount_root_id_at(dir.as_raw_fd(), Path::new(&t.name)) {
                 Ok(Some(id)) => id,
                 Err(e) if e.raw_os_error() == Some(libc::EACCES) => return Err(unreachable(e)),
