@@ -590,11 +590,12 @@ fn command(p: &CommandPrep<'_>) -> ! {
 /// does the same steps from what its init prepared, see `command`.)
 pub(crate) fn confine_command(
     plan: &Plan,
+    last_cap: libc::c_ulong,
     seccomp: Option<&seccompiler::BpfProgram>,
 ) -> Result<[Enforcement; 2], confine::ConfineError> {
     let mut layers = [Enforcement::None; 2];
     if plan.sandboxed {
-        confine::drop_privileges(sys::last_cap()).map_err(confine::ConfineError::from)?;
+        confine::drop_privileges(last_cap).map_err(confine::ConfineError::from)?;
         crate::timing::mark("command: drop capabilities");
         layers[0] = confine::apply_landlock(&plan.landlock, plan.landlock_abi)?;
         crate::timing::mark("command: Landlock");

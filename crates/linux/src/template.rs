@@ -751,8 +751,21 @@ pub fn template_main() -> ! {
         .map(|&(code, jt, jf, k)| seccompiler::sock_filter { code, jt, jf, k })
         .collect();
     let plan = spec.plan;
+    // What every execution's init and command would otherwise work out
+    // again from the plan (the narrowing mounts compare every op with every
+    // earlier one): computed once, before the first fork.
     let per_exec = crate::mounts::per_execution(&plan.mounts);
-    let scratch = match become_template(&plan, &per_exec) {
+    let shared = Shared {
+        late: crate::mounts::deferred(&plan.mounts, &per_exec),
+        narrowing: crate::mounts::narrowing_targets(&plan.mounts)
+            .into_iter()
+            .map(Path::to_path_buf)
+            .collect(),
+        last_cap: sys::last_cap(),
+        per_exec,
+        program,
+    };
+    let scratch = match become_template(&plan, &shared.per_exec) {
         Ok(s) => s,
         Err(error) => {
             let body = serde_json::to_vec(&Reply::Failed { error }).unwrap_or_default();
@@ -764,7 +777,23 @@ pub fn template_main() -> ! {
     if send_frame(ctl.as_fd(), &ready, &[]).is_err() {
         sys::exit_now(125);
     }
-    serve(&ctl, &plan, &per_exec, &scratch, &program)
+    serve(&ctl, &plan, &shared, &scratch)
+}
+
+/// What the template works out from its plan once, for every execution.
+struct Shared {
+    /// The ops each execution lays itself ([`crate::mounts::per_execution`]).
+    per_exec: Vec<bool>,
+    /// Of those, the ones whose mount ids the command checks at its
+    /// request ([`crate::mounts::deferred`]).
+    late: Vec<bool>,
+    /// The targets the init watches for the host replacing them
+    /// ([`crate::mounts::narrowing_targets`]).
+    narrowing: Vec<PathBuf>,
+    /// The highest capability number (`/proc/sys/kernel/cap_last_cap`).
+    last_cap: libc::c_ulong,
+    /// The compiled seccomp filter.
+    program: seccompiler::BpfProgram,
 }
 
 /// The namespaces and the shared part of the view, once.
@@ -800,13 +829,7 @@ fn become_template(plan: &Plan, per_exec: &[bool]) -> Result<OwnedFd, String> {
 /// service hands the request and its descriptors to that command over its
 /// own socket, without a round trip through this process. Each init serves
 /// one execution; one never used exits when the service closes its socket.
-fn serve(
-    ctl: &UnixStream,
-    plan: &Plan,
-    per_exec: &[bool],
-    scratch: &OwnedFd,
-    program: &seccompiler::BpfProgram,
-) -> ! {
+fn serve(ctl: &UnixStream, plan: &Plan, shared: &Shared, scratch: &OwnedFd) -> ! {
     let mut running: Vec<OwnedFd> = Vec::new();
     loop {
         running.retain(|p| !exited(p.as_fd()));
@@ -841,7 +864,7 @@ fn serve(
                 sys::exit_now(0);
             }
         }
-        let (body, init) = match spawn_init(plan, per_exec, scratch, program) {
+        let (body, init) = match spawn_init(plan, shared, scratch) {
             Ok(init) => (Reply::Warm { pid: init.pid }, Some(init)),
             Err(error) => (Reply::Failed { error }, None),
         };
@@ -872,18 +895,13 @@ struct Init {
 
 /// Forks an execution's init: pid 1 of its own pid namespace, in its own
 /// copy of the template's mounts (and ipc and uts namespaces).
-fn spawn_init(
-    plan: &Plan,
-    per_exec: &[bool],
-    scratch: &OwnedFd,
-    program: &seccompiler::BpfProgram,
-) -> Result<Init, String> {
+fn spawn_init(plan: &Plan, shared: &Shared, scratch: &OwnedFd) -> Result<Init, String> {
     let (ours, theirs) = UnixStream::pair().map_err(|e| format!("create a socket pair: {e}"))?;
     let flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
     // SAFETY: the template process is single-threaded (see
     // `template_main`), so the child may run ordinary Rust.
     match unsafe { sys::clone_with_pidfd(flags) } {
-        Ok((Forked::Child, _)) => init_main(plan, per_exec, scratch, program, &theirs),
+        Ok((Forked::Child, _)) => init_main(plan, shared, scratch, &theirs),
         Ok((Forked::Parent(pid), Some(pidfd))) => Ok(Init {
             pid,
             pidfd,
@@ -900,13 +918,7 @@ fn spawn_init(
 /// Landlock, seccomp) and waits for the request ([`command_main`]). The
 /// init then waits for the report pipe from the command and reaps the tree
 /// as the one-shot init does. Never returns.
-fn init_main(
-    plan: &Plan,
-    per_exec: &[bool],
-    scratch: &OwnedFd,
-    program: &seccompiler::BpfProgram,
-    sock: &UnixStream,
-) -> ! {
+fn init_main(plan: &Plan, shared: &Shared, scratch: &OwnedFd, sock: &UnixStream) -> ! {
     // The template ignores SIGCHLD (the kernel reaps executions); this init
     // reaps its own tree. The command resets every signal itself.
     sys::default_signal(libc::SIGCHLD);
@@ -935,14 +947,14 @@ fn init_main(
     // rename over their dentry) while this execution waits: their mount
     // ids are kept, and the command compares them once the request came
     // (after the caller checked its plan against the host as it is then).
-    let late = crate::mounts::deferred(&plan.mounts, per_exec);
+    let (per_exec, late) = (&shared.per_exec, &shared.late);
     let view =
-        crate::mounts::prepare_execution_root(&Kernel, &plan.mounts, per_exec, &late, scratch)
+        crate::mounts::prepare_execution_root(&Kernel, &plan.mounts, per_exec, late, scratch)
             .and_then(|()| {
-                crate::mounts::finish_execution_root(&Kernel, &plan.mounts, &late, scratch)
+                crate::mounts::finish_execution_root(&Kernel, &plan.mounts, late, scratch)
             })
             .map_err(|e| format!("build the sandbox view: {e}"))
-            .and_then(|()| late_mount_ids(plan, &late));
+            .and_then(|()| late_mount_ids(plan, late));
     // SAFETY: the scratch tmpfs's owner lives in the template's memory and
     // is never used or dropped in this process; every stand-in is laid.
     let _ = unsafe { sys::close_range(scratch.as_raw_fd() as u32, scratch.as_raw_fd() as u32) };
@@ -964,6 +976,23 @@ fn init_main(
     if unsafe { sys::dup2(0, 3) }.is_err() {
         sys::exit_now(125);
     }
+    // The watch over the mounts that narrow host paths, armed ahead too
+    // (as the one-shot init arms it, [`init::arm_watch`], but before the
+    // command exists, so nothing it does can race the arming): from here
+    // the host replacing one of them queues an event, which the init reads
+    // once the execution has its request (the command's own check at the
+    // request covers the mounts for the wait, this watch from then on).
+    // Off an execution's path: the init no longer runs beside the
+    // command's exec. Some(None): nothing to watch. None: it could not be
+    // armed now (a target already replaced, an inotify limit); it is armed
+    // once the command has its request, as before, with that run's
+    // outcome on failure.
+    let ahead: Option<Option<crate::watch::Watch>> = if plan.sandboxed && !plan.landlock_only() {
+        crate::watch::Watch::arm_paths(shared.narrowing.iter().map(PathBuf::as_path).collect()).ok()
+    } else {
+        Some(None)
+    };
+    crate::timing::mark("init: the watch armed ahead");
     let Ok((to_init, from_command)) = UnixStream::pair() else {
         sys::exit_now(125)
     };
@@ -972,7 +1001,7 @@ fn init_main(
     let command = match unsafe { sys::fork_glibc() } {
         Ok(0) => {
             drop(to_init);
-            command_main(plan, program, sock, &from_command, &marks)
+            command_main(plan, shared, sock, &from_command, &marks)
         }
         Ok(pid) => nix::unistd::Pid::from_raw(pid),
         Err(_) => sys::exit_now(125),
@@ -1013,13 +1042,27 @@ fn init_main(
     if unsafe { sys::dup2(report.as_raw_fd(), report_fd) }.is_err() {
         sys::exit_now(125);
     }
-    // SAFETY: `to_init` and `report`'s owners are never used again; the
-    // init leaves by `_exit`.
-    let _ = unsafe { sys::close_range(4, u32::MAX) };
+    // Every fd above the report pipe but the watch's closes.
+    let mut keep: Vec<RawFd> = ahead.iter().flatten().flat_map(|w| w.fds()).collect();
+    keep.sort_unstable();
+    let mut from = 4u32;
+    for fd in keep.into_iter().map(|fd| fd as u32).filter(|&fd| fd >= 4) {
+        if fd > from {
+            // SAFETY: the owners of the fds in this range (`to_init`,
+            // `report`) are never used again; the init leaves by `_exit`.
+            let _ = unsafe { sys::close_range(from, fd - 1) };
+        }
+        from = fd + 1;
+    }
+    // SAFETY: as above.
+    let _ = unsafe { sys::close_range(from, u32::MAX) };
     // The command has its request and execs: from here the host replacing
     // a narrowing mount stops the execution, as a one-shot run (the
     // command's own check at the request covered the wait before).
-    let watch = init::arm_watch(report_fd, plan);
+    let watch = match ahead {
+        Some(watch) => watch,
+        None => init::arm_watch(report_fd, plan),
+    };
     init::supervise_tree(report_fd, command, true, watch.as_ref())
 }
 
@@ -1139,7 +1182,7 @@ fn install_fds(fds: &[OwnedFd]) {
 /// the checked cwd and execs. Never returns.
 fn command_main(
     plan: &Plan,
-    program: &seccompiler::BpfProgram,
+    shared: &Shared,
     sock: &UnixStream,
     to_init: &UnixStream,
     marks: &LateMounts,
@@ -1149,7 +1192,7 @@ fn command_main(
     // running execution); the command gets the user's back. A failure is
     // reported once the report pipe arrives.
     let restored = crate::limits::restore_open_files();
-    let confined = init::confine_command(plan, Some(program));
+    let confined = init::confine_command(plan, shared.last_cap, Some(&shared.program));
     crate::timing::mark("command: confined ahead");
     let (argv, env, cwd, fds) = match recv_frame::<Request>(sock.as_fd()) {
         Ok((Request::Exec { argv, env, cwd }, fds)) if fds.len() == 4 => (argv, env, cwd, fds),

@@ -70,8 +70,10 @@ impl Watch {
         Self::arm_paths(crate::mounts::narrowing_targets(&plan.mounts))
     }
 
-    /// [`Watch::arm`] over the targets `paths` (absolute, in the view).
-    fn arm_paths(paths: Vec<&Path>) -> Result<Option<Watch>, ArmFailure> {
+    /// [`Watch::arm`] over the targets `paths` (absolute, in the view):
+    /// a template's init arms it ahead of its request with the targets its
+    /// template worked out once.
+    pub(crate) fn arm_paths(paths: Vec<&Path>) -> Result<Option<Watch>, ArmFailure> {
         if paths.is_empty() {
             return Ok(None);
         }
@@ -157,6 +159,11 @@ impl Watch {
     /// (`init::close_all_but_watch`).
     pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
         self.inotify.as_raw_fd()
+    }
+
+    /// Every fd the watch holds (the inotify instance, the view's root).
+    pub(crate) fn fds(&self) -> [std::os::fd::RawFd; 2] {
+        [self.inotify.as_raw_fd(), self.root.as_raw_fd()]
     }
 
     /// Reads every queued event and looks again at the mounts they may
