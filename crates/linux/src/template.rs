@@ -215,12 +215,63 @@ enum Request {
     /// directory the caller checked as the working directory; the command
     /// starts there only if the view's cwd is that directory.
     Exec {
+        #[serde(with = "c_strings")]
         argv: Vec<Vec<u8>>,
+        #[serde(with = "c_strings")]
         env: Vec<Vec<u8>>,
         cwd: Option<(u64, u64)>,
     },
     /// Take no more executions; exit when the running ones are done.
     Retire,
+}
+
+/// A list of C strings (no NUL inside: argv, env) as one JSON string, the
+/// hex of each followed by a NUL. As `Vec<Vec<u8>>`, serde writes every byte
+/// as a JSON number: the command parsed ≈ 1,000 of them per request (the
+/// environment), on its way to exec.
+mod c_strings {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+
+    pub(super) fn serialize<S: Serializer>(list: &[Vec<u8>], s: S) -> Result<S::Ok, S::Error> {
+        let mut hex = String::with_capacity(list.iter().map(|c| 2 * (c.len() + 1)).sum());
+        for c in list {
+            if c.contains(&0) {
+                return Err(serde::ser::Error::custom("a C string holds a NUL"));
+            }
+            for &b in c.iter().chain(&[0]) {
+                hex.push(HEX[usize::from(b >> 4)] as char);
+                hex.push(HEX[usize::from(b & 15)] as char);
+            }
+        }
+        s.serialize_str(&hex)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<u8>>, D::Error> {
+        let hex = String::deserialize(d)?;
+        let nibble = |c: u8| match c {
+            b'0'..=b'9' => Ok(c - b'0'),
+            b'a'..=b'f' => Ok(c - b'a' + 10),
+            _ => Err(serde::de::Error::custom("not lowercase hex")),
+        };
+        let hex = hex.as_bytes();
+        if hex.len() % 2 != 0 {
+            return Err(serde::de::Error::custom("odd hex length"));
+        }
+        let mut list = Vec::new();
+        let mut cur = Vec::new();
+        for pair in hex.chunks_exact(2) {
+            match (nibble(pair[0])? << 4) | nibble(pair[1])? {
+                0 => list.push(std::mem::take(&mut cur)),
+                b => cur.push(b),
+            }
+        }
+        if !cur.is_empty() {
+            return Err(serde::de::Error::custom("a C string without its NUL"));
+        }
+        Ok(list)
+    }
 }
 
 /// A template's answers.
@@ -1206,6 +1257,7 @@ fn command_main(
         let _ = send_frame(sock.as_fd(), &body, &[]);
         sys::exit_now(0);
     }
+    crate::timing::mark("command: mounts laid ahead still in place");
     install_fds(&fds);
     let report_fd: RawFd = 3;
     if crate::netns::send_fds(to_init.as_raw_fd(), b'R', &[report_fd]).is_err() {
@@ -1236,4 +1288,62 @@ fn command_main(
         },
     );
     init::exec_search(report_fd, &argv, &envp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exec_request_keeps_every_c_string_byte_for_byte() {
+        let argv = vec![
+            b"/bin/sh".to_vec(),
+            Vec::new(),
+            vec![0xff, b'\n', 0x80, b'"'],
+        ];
+        let env = vec![b"A=1".to_vec(), b"EMPTY=".to_vec()];
+        let body = serde_json::to_vec(&Request::Exec {
+            argv: argv.clone(),
+            env: env.clone(),
+            cwd: Some((1, 2)),
+        })
+        .unwrap();
+        match serde_json::from_slice(&body).unwrap() {
+            Request::Exec {
+                argv: a,
+                env: e,
+                cwd,
+            } => {
+                assert_eq!((a, e, cwd), (argv, env, Some((1, 2))));
+            }
+            _ => panic!("not an Exec"),
+        }
+        let none = serde_json::to_vec(&Request::Exec {
+            argv: Vec::new(),
+            env: Vec::new(),
+            cwd: None,
+        })
+        .unwrap();
+        assert!(matches!(
+            serde_json::from_slice(&none).unwrap(),
+            Request::Exec { argv, env, cwd: None } if argv.is_empty() && env.is_empty()
+        ));
+    }
+
+    #[test]
+    fn an_exec_request_with_a_nul_inside_a_string_is_refused() {
+        let bad = Request::Exec {
+            argv: vec![b"a\0b".to_vec()],
+            env: Vec::new(),
+            cwd: None,
+        };
+        assert!(serde_json::to_vec(&bad).is_err());
+        for body in [
+            r#"{"Exec":{"argv":"61","env":"","cwd":null}}"#,
+            r#"{"Exec":{"argv":"6","env":"","cwd":null}}"#,
+            r#"{"Exec":{"argv":"6G00","env":"","cwd":null}}"#,
+        ] {
+            assert!(serde_json::from_str::<Request>(body).is_err(), "{body}");
+        }
+    }
 }
