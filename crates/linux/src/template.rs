@@ -52,6 +52,14 @@ const CTL_FD: RawFd = 3;
 const MAX_FRAME: usize = 16 << 20;
 /// Templates kept per service; the least recently used is retired beyond.
 const MAX_TEMPLATES: usize = 8;
+/// Inits forked ahead per template, each waiting for an execution. The
+/// ones taken are replaced when their executions end, not when they start:
+/// an init's setup (≈ 0.6 ms of CPU: its namespaces, view and
+/// confinement) then runs beside the service's and the client's work
+/// between two executions, not beside the command (on 2 cores it delayed
+/// the command's exec and the service's wake), and the next request still
+/// finds one laid, asked for an execution earlier.
+const WARM_STOCK: usize = 2;
 /// Inits found stale (a mount laid ahead detached by the host since) that
 /// one execution replaces before it gives up.
 const MAX_STALE: usize = 3;
@@ -220,6 +228,10 @@ enum Request {
         #[serde(with = "c_strings")]
         env: Vec<Vec<u8>>,
         cwd: Option<(u64, u64)>,
+        /// The execution's last try ([`MAX_STALE`] inits were stale): an
+        /// init whose view failed reports its error instead of `Stale`.
+        #[serde(default)]
+        last: bool,
     },
     /// Take no more executions; exit when the running ones are done.
     Retire,
@@ -303,10 +315,10 @@ pub struct Template {
 /// The service's side of a template's control socket.
 struct Ctl {
     sock: UnixStream,
-    /// A `Warm` request was sent and its answer not yet read: the next
-    /// execution's init is being forked (or waits) while nothing waits
-    /// for it.
-    warm_asked: bool,
+    /// `Warm` requests sent whose answers are not yet read: the next
+    /// executions' inits, being forked and laid (or waiting) while nothing
+    /// waits for them ([`WARM_STOCK`]).
+    warm_pending: usize,
 }
 
 /// An execution's init, forked and waiting for its command: the service
@@ -353,7 +365,7 @@ impl Template {
             key: key(plan)?,
             ctl: Mutex::new(Ctl {
                 sock: ours,
-                warm_asked: false,
+                warm_pending: 0,
             }),
             process: Mutex::new(Some(child)),
         };
@@ -367,9 +379,11 @@ impl Template {
                 Ok(_) => return Err("the sandbox template answered out of turn".into()),
                 Err(e) => return Err(format!("the sandbox template did not start: {e}")),
             }
-            // The first execution's init, forked while nothing waits.
-            ctl.ask_warm()
-                .map_err(|e| format!("the sandbox template is gone: {e}"))?;
+            // The first executions' inits, forked while nothing waits.
+            for _ in 0..WARM_STOCK {
+                ctl.ask_warm()
+                    .map_err(|e| format!("the sandbox template is gone: {e}"))?;
+            }
         }
         Ok(t)
     }
@@ -384,16 +398,19 @@ impl Template {
         self.ctl.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The next execution's init (the one forked ahead when there is one;
-    /// one that died waiting is replaced), and the one after it asked for.
+    /// The next execution's init (the oldest one forked ahead when there
+    /// is one; one that died waiting is replaced). The one taken is
+    /// replaced when its execution ends ([`Template::refill`]), or now when
+    /// it was the last one asked for (executions running at once, stale
+    /// inits).
     fn take_warm(&self) -> Result<WarmInit, TemplateError> {
         let mut ctl = self.lock_ctl();
         for _ in 0..2 {
-            if !ctl.warm_asked {
+            if ctl.warm_pending == 0 {
                 ctl.ask_warm()
                     .map_err(|e| TemplateError::Gone(e.to_string()))?;
             }
-            ctl.warm_asked = false;
+            ctl.warm_pending -= 1;
             let init = match recv_frame::<Reply>(ctl.sock.as_fd()) {
                 Ok((Reply::Warm { pid }, fds)) if fds.len() == 2 => {
                     let mut fds = fds.into_iter();
@@ -416,13 +433,11 @@ impl Template {
                 // may run it.
                 Err(e) => return Err(TemplateError::Gone(e.to_string())),
             };
-            if !exited(init.pidfd.as_fd()) {
-                // The next one is asked for now: its view and confinement
-                // (≈ 1 ms) then run on the other core while this execution
-                // runs, instead of after it ends, in the gap a client in a
-                // loop leaves barely. A template gone by now is found at
-                // the next execution.
+            if ctl.warm_pending == 0 {
+                // A template gone by now is found at the next execution.
                 let _ = ctl.ask_warm();
+            }
+            if !exited(init.pidfd.as_fd()) {
                 return Ok(init);
             }
         }
@@ -528,16 +543,27 @@ impl Template {
         };
         let (report_r, report_w) = run::report_channel()
             .map_err(|e| format!("create the execution's report channel: {e}"))?;
-        let request = serde_json::to_vec(&Request::Exec {
-            argv: argv.iter().map(|c| c.as_bytes().to_vec()).collect(),
-            env: env.iter().map(|c| c.as_bytes().to_vec()).collect(),
-            cwd,
-        })
-        .map_err(|e| format!("encode the execution: {e}"))?;
+        let (argv, env): (Vec<Vec<u8>>, Vec<Vec<u8>>) = (
+            argv.iter().map(|c| c.as_bytes().to_vec()).collect(),
+            env.iter().map(|c| c.as_bytes().to_vec()).collect(),
+        );
+        let encode = |last: bool| {
+            serde_json::to_vec(&Request::Exec {
+                argv: argv.clone(),
+                env: env.clone(),
+                cwd,
+                last,
+            })
+            .map_err(|e| format!("encode the execution: {e}"))
+        };
+        let mut request = encode(false)?;
         crate::timing::mark("template: key checked, argv, env, pipes");
         let mut attempts = 0;
         let init =
             loop {
+                if attempts == MAX_STALE {
+                    request = encode(true)?;
+                }
                 let init = self.take_warm()?;
                 crate::timing::mark("template: warm init taken");
                 // Straight to the execution's command, confined and waiting:
@@ -601,6 +627,7 @@ impl Template {
             out.error = Some(e);
         }
         crate::timing::mark("template: the execution ended");
+        self.refill();
         out.duration = start.elapsed();
         out.usage.duration_ms = out.duration.as_millis() as u64;
         // Every process of the execution is gone (its pid namespace died
@@ -610,6 +637,13 @@ impl Template {
         out.sweep_failed = report.failed;
         crate::timing::mark("template: sweep");
         Ok(out)
+    }
+
+    /// Asks for inits until [`WARM_STOCK`] are on their way or waiting
+    /// (a template gone by now is found at the next execution).
+    fn refill(&self) {
+        let mut ctl = self.lock_ctl();
+        while ctl.warm_pending < WARM_STOCK && ctl.ask_warm().is_ok() {}
     }
 
     /// Asks the template to exit once its running executions are done.
@@ -626,7 +660,7 @@ impl Ctl {
     fn ask_warm(&mut self) -> std::io::Result<()> {
         let request = serde_json::to_vec(&Request::Warm).unwrap_or_default();
         send_frame(self.sock.as_fd(), &request, &[])?;
-        self.warm_asked = true;
+        self.warm_pending += 1;
         Ok(())
     }
 }
@@ -1014,7 +1048,7 @@ fn init_main(plan: &Plan, shared: &Shared, scratch: &OwnedFd, sock: &UnixStream)
         Ok(marks) => marks,
         // Reported once the execution's report pipe arrives.
         Err(e) => {
-            let Some(report_fd) = take_request(sock).map(|(_, fds)| fds) else {
+            let Some(report_fd) = take_request(sock) else {
                 sys::exit_now(0)
             };
             init::fail(report_fd, SetupStage::Sandbox, 0, &e)
@@ -1198,20 +1232,28 @@ fn stale_at_request(marks: &LateMounts, to_init: &UnixStream) -> bool {
     }
 }
 
-/// The request's descriptors on `sock` (stdin, stdout, stderr, report are
-/// duplicated to 0-3) and its argv, env and cwd; None when the socket
-/// closed unused. Returns the report fd (3).
-fn take_request(sock: &UnixStream) -> Option<(RequestParts, RawFd)> {
-    let (argv, env, cwd, fds) = match recv_frame::<Request>(sock.as_fd()) {
-        Ok((Request::Exec { argv, env, cwd }, fds)) if fds.len() == 4 => (argv, env, cwd, fds),
+/// For an init whose view could not be laid ahead: the request's
+/// descriptors on `sock` (stdin, stdout, stderr, report are duplicated to
+/// 0-3), to report the failure on; returns the report fd (3). None when the
+/// socket closed unused, or when the request is not its execution's last
+/// try: then the init answers `Stale` having used nothing of it, and the
+/// caller hands it to a fresh init. A view laid while the host renamed a
+/// path one of its mounts goes on fails so (the mount finds its dentry
+/// gone), and the next init, laid after the rename, succeeds; a view that
+/// cannot be laid at all fails every try, the last with its error.
+fn take_request(sock: &UnixStream) -> Option<RawFd> {
+    let (last, fds) = match recv_frame::<Request>(sock.as_fd()) {
+        Ok((Request::Exec { last, .. }, fds)) if fds.len() == 4 => (last, fds),
         _ => return None,
     };
+    if !last {
+        let body = serde_json::to_vec(&Reply::Stale).unwrap_or_default();
+        let _ = send_frame(sock.as_fd(), &body, &[]);
+        return None;
+    }
     install_fds(&fds);
-    Some(((argv, env, cwd), 3))
+    Some(3)
 }
-
-/// A request's argv, env and checked cwd identity.
-type RequestParts = (Vec<Vec<u8>>, Vec<Vec<u8>>, Option<(u64, u64)>);
 
 /// Puts a request's descriptors at 0-3. Exits on failure.
 fn install_fds(fds: &[OwnedFd]) {
@@ -1246,7 +1288,7 @@ fn command_main(
     let confined = init::confine_command(plan, shared.last_cap, Some(&shared.program));
     crate::timing::mark("command: confined ahead");
     let (argv, env, cwd, fds) = match recv_frame::<Request>(sock.as_fd()) {
-        Ok((Request::Exec { argv, env, cwd }, fds)) if fds.len() == 4 => (argv, env, cwd, fds),
+        Ok((Request::Exec { argv, env, cwd, .. }, fds)) if fds.len() == 4 => (argv, env, cwd, fds),
         // The service closed this execution's socket unused (its template
         // retired or went away).
         _ => sys::exit_now(0),
@@ -1306,6 +1348,7 @@ mod tests {
             argv: argv.clone(),
             env: env.clone(),
             cwd: Some((1, 2)),
+            last: false,
         })
         .unwrap();
         match serde_json::from_slice(&body).unwrap() {
@@ -1313,8 +1356,9 @@ mod tests {
                 argv: a,
                 env: e,
                 cwd,
+                last,
             } => {
-                assert_eq!((a, e, cwd), (argv, env, Some((1, 2))));
+                assert_eq!((a, e, cwd, last), (argv, env, Some((1, 2)), false));
             }
             _ => panic!("not an Exec"),
         }
@@ -1322,11 +1366,12 @@ mod tests {
             argv: Vec::new(),
             env: Vec::new(),
             cwd: None,
+            last: true,
         })
         .unwrap();
         assert!(matches!(
             serde_json::from_slice(&none).unwrap(),
-            Request::Exec { argv, env, cwd: None } if argv.is_empty() && env.is_empty()
+            Request::Exec { argv, env, cwd: None, last: true } if argv.is_empty() && env.is_empty()
         ));
     }
 
@@ -1336,6 +1381,7 @@ mod tests {
             argv: vec![b"a\0b".to_vec()],
             env: Vec::new(),
             cwd: None,
+            last: false,
         };
         assert!(serde_json::to_vec(&bad).is_err());
         for body in [
