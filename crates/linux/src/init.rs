@@ -293,8 +293,9 @@ fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) ->
 /// Arms the watch over the mounts of `plan` that narrow host paths
 /// ([`crate::watch::Watch::arm`] says why arming it once the command has
 /// started is safe), in an init of its own pid namespace whose command has
-/// started: the one-shot init and a template execution's, once the
-/// execution has its request. Failing, the run stops: every process
+/// started: the one-shot init, and a template execution's once the
+/// execution has its request when its init could not arm it ahead
+/// (`template::init_main`). Failing, the run stops: every process
 /// killed and reaped, [`InitMessage::WatchFailed`] (or
 /// [`InitMessage::HostReplaced`]) reported on `fd`: the command has
 /// started, so this is a stopped run, never a failed setup.
