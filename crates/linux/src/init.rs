@@ -293,8 +293,9 @@ fn command_and_reap(args: &InitArgs<'_>, slave: Option<std::os::fd::OwnedFd>) ->
 /// Arms the watch over the mounts of `plan` that narrow host paths
 /// ([`crate::watch::Watch::arm`] says why arming it once the command has
 /// started is safe), in an init of its own pid namespace whose command has
-/// started: the one-shot init and a template execution's, once the
-/// execution has its request. Failing, the run stops: every process
+/// started: the one-shot init, and a template execution's once the
+/// execution has its request when its init could not arm it ahead
+/// (`template::init_main`). Failing, the run stops: every process
 /// killed and reaped, [`InitMessage::WatchFailed`] (or
 /// [`InitMessage::HostReplaced`]) reported on `fd`: the command has
 /// started, so this is a stopped run, never a failed setup.
@@ -590,11 +591,12 @@ fn command(p: &CommandPrep<'_>) -> ! {
 /// does the same steps from what its init prepared, see `command`.)
 pub(crate) fn confine_command(
     plan: &Plan,
+    last_cap: libc::c_ulong,
     seccomp: Option<&seccompiler::BpfProgram>,
 ) -> Result<[Enforcement; 2], confine::ConfineError> {
     let mut layers = [Enforcement::None; 2];
     if plan.sandboxed {
-        confine::drop_privileges(sys::last_cap()).map_err(confine::ConfineError::from)?;
+        confine::drop_privileges(last_cap).map_err(confine::ConfineError::from)?;
         crate::timing::mark("command: drop capabilities");
         layers[0] = confine::apply_landlock(&plan.landlock, plan.landlock_abi)?;
         crate::timing::mark("command: Landlock");

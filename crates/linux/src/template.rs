@@ -52,6 +52,14 @@ const CTL_FD: RawFd = 3;
 const MAX_FRAME: usize = 16 << 20;
 /// Templates kept per service; the least recently used is retired beyond.
 const MAX_TEMPLATES: usize = 8;
+/// Inits forked ahead per template, each waiting for an execution. The
+/// ones taken are replaced when their executions end, not when they start:
+/// an init's setup (≈ 0.6 ms of CPU: its namespaces, view and
+/// confinement) then runs beside the service's and the client's work
+/// between two executions, not beside the command (on 2 cores it delayed
+/// the command's exec and the service's wake), and the next request still
+/// finds one laid, asked for an execution earlier.
+const WARM_STOCK: usize = 2;
 /// Inits found stale (a mount laid ahead detached by the host since) that
 /// one execution replaces before it gives up.
 const MAX_STALE: usize = 3;
@@ -215,12 +223,67 @@ enum Request {
     /// directory the caller checked as the working directory; the command
     /// starts there only if the view's cwd is that directory.
     Exec {
+        #[serde(with = "c_strings")]
         argv: Vec<Vec<u8>>,
+        #[serde(with = "c_strings")]
         env: Vec<Vec<u8>>,
         cwd: Option<(u64, u64)>,
+        /// The execution's last try ([`MAX_STALE`] inits were stale): an
+        /// init whose view failed reports its error instead of `Stale`.
+        #[serde(default)]
+        last: bool,
     },
     /// Take no more executions; exit when the running ones are done.
     Retire,
+}
+
+/// A list of C strings (no NUL inside: argv, env) as one JSON string, the
+/// hex of each followed by a NUL. As `Vec<Vec<u8>>`, serde writes every byte
+/// as a JSON number: the command parsed ≈ 1,000 of them per request (the
+/// environment), on its way to exec.
+mod c_strings {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+
+    pub(super) fn serialize<S: Serializer>(list: &[Vec<u8>], s: S) -> Result<S::Ok, S::Error> {
+        let mut hex = String::with_capacity(list.iter().map(|c| 2 * (c.len() + 1)).sum());
+        for c in list {
+            if c.contains(&0) {
+                return Err(serde::ser::Error::custom("a C string holds a NUL"));
+            }
+            for &b in c.iter().chain(&[0]) {
+                hex.push(HEX[usize::from(b >> 4)] as char);
+                hex.push(HEX[usize::from(b & 15)] as char);
+            }
+        }
+        s.serialize_str(&hex)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<u8>>, D::Error> {
+        let hex = String::deserialize(d)?;
+        let nibble = |c: u8| match c {
+            b'0'..=b'9' => Ok(c - b'0'),
+            b'a'..=b'f' => Ok(c - b'a' + 10),
+            _ => Err(serde::de::Error::custom("not lowercase hex")),
+        };
+        let hex = hex.as_bytes();
+        if hex.len() % 2 != 0 {
+            return Err(serde::de::Error::custom("odd hex length"));
+        }
+        let mut list = Vec::new();
+        let mut cur = Vec::new();
+        for pair in hex.chunks_exact(2) {
+            match (nibble(pair[0])? << 4) | nibble(pair[1])? {
+                0 => list.push(std::mem::take(&mut cur)),
+                b => cur.push(b),
+            }
+        }
+        if !cur.is_empty() {
+            return Err(serde::de::Error::custom("a C string without its NUL"));
+        }
+        Ok(list)
+    }
 }
 
 /// A template's answers.
@@ -252,10 +315,10 @@ pub struct Template {
 /// The service's side of a template's control socket.
 struct Ctl {
     sock: UnixStream,
-    /// A `Warm` request was sent and its answer not yet read: the next
-    /// execution's init is being forked (or waits) while nothing waits
-    /// for it.
-    warm_asked: bool,
+    /// `Warm` requests sent whose answers are not yet read: the next
+    /// executions' inits, being forked and laid (or waiting) while nothing
+    /// waits for them ([`WARM_STOCK`]).
+    warm_pending: usize,
 }
 
 /// An execution's init, forked and waiting for its command: the service
@@ -302,7 +365,7 @@ impl Template {
             key: key(plan)?,
             ctl: Mutex::new(Ctl {
                 sock: ours,
-                warm_asked: false,
+                warm_pending: 0,
             }),
             process: Mutex::new(Some(child)),
         };
@@ -316,9 +379,11 @@ impl Template {
                 Ok(_) => return Err("the sandbox template answered out of turn".into()),
                 Err(e) => return Err(format!("the sandbox template did not start: {e}")),
             }
-            // The first execution's init, forked while nothing waits.
-            ctl.ask_warm()
-                .map_err(|e| format!("the sandbox template is gone: {e}"))?;
+            // The first executions' inits, forked while nothing waits.
+            for _ in 0..WARM_STOCK {
+                ctl.ask_warm()
+                    .map_err(|e| format!("the sandbox template is gone: {e}"))?;
+            }
         }
         Ok(t)
     }
@@ -333,16 +398,19 @@ impl Template {
         self.ctl.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The next execution's init (the one forked ahead when there is one;
-    /// one that died waiting is replaced), and the one after it asked for.
+    /// The next execution's init (the oldest one forked ahead when there
+    /// is one; one that died waiting is replaced). The one taken is
+    /// replaced when its execution ends ([`Template::refill`]), or now when
+    /// it was the last one asked for (executions running at once, stale
+    /// inits).
     fn take_warm(&self) -> Result<WarmInit, TemplateError> {
         let mut ctl = self.lock_ctl();
         for _ in 0..2 {
-            if !ctl.warm_asked {
+            if ctl.warm_pending == 0 {
                 ctl.ask_warm()
                     .map_err(|e| TemplateError::Gone(e.to_string()))?;
             }
-            ctl.warm_asked = false;
+            ctl.warm_pending -= 1;
             let init = match recv_frame::<Reply>(ctl.sock.as_fd()) {
                 Ok((Reply::Warm { pid }, fds)) if fds.len() == 2 => {
                     let mut fds = fds.into_iter();
@@ -365,13 +433,11 @@ impl Template {
                 // may run it.
                 Err(e) => return Err(TemplateError::Gone(e.to_string())),
             };
-            if !exited(init.pidfd.as_fd()) {
-                // The next one is asked for now: its view and confinement
-                // (≈ 1 ms) then run on the other core while this execution
-                // runs, instead of after it ends, in the gap a client in a
-                // loop leaves barely. A template gone by now is found at
-                // the next execution.
+            if ctl.warm_pending == 0 {
+                // A template gone by now is found at the next execution.
                 let _ = ctl.ask_warm();
+            }
+            if !exited(init.pidfd.as_fd()) {
                 return Ok(init);
             }
         }
@@ -477,16 +543,27 @@ impl Template {
         };
         let (report_r, report_w) = run::report_channel()
             .map_err(|e| format!("create the execution's report channel: {e}"))?;
-        let request = serde_json::to_vec(&Request::Exec {
-            argv: argv.iter().map(|c| c.as_bytes().to_vec()).collect(),
-            env: env.iter().map(|c| c.as_bytes().to_vec()).collect(),
-            cwd,
-        })
-        .map_err(|e| format!("encode the execution: {e}"))?;
+        let (argv, env): (Vec<Vec<u8>>, Vec<Vec<u8>>) = (
+            argv.iter().map(|c| c.as_bytes().to_vec()).collect(),
+            env.iter().map(|c| c.as_bytes().to_vec()).collect(),
+        );
+        let encode = |last: bool| {
+            serde_json::to_vec(&Request::Exec {
+                argv: argv.clone(),
+                env: env.clone(),
+                cwd,
+                last,
+            })
+            .map_err(|e| format!("encode the execution: {e}"))
+        };
+        let mut request = encode(false)?;
         crate::timing::mark("template: key checked, argv, env, pipes");
         let mut attempts = 0;
         let init =
             loop {
+                if attempts == MAX_STALE {
+                    request = encode(true)?;
+                }
                 let init = self.take_warm()?;
                 crate::timing::mark("template: warm init taken");
                 // Straight to the execution's command, confined and waiting:
@@ -550,6 +627,7 @@ impl Template {
             out.error = Some(e);
         }
         crate::timing::mark("template: the execution ended");
+        self.refill();
         out.duration = start.elapsed();
         out.usage.duration_ms = out.duration.as_millis() as u64;
         // Every process of the execution is gone (its pid namespace died
@@ -559,6 +637,13 @@ impl Template {
         out.sweep_failed = report.failed;
         crate::timing::mark("template: sweep");
         Ok(out)
+    }
+
+    /// Asks for inits until [`WARM_STOCK`] are on their way or waiting
+    /// (a template gone by now is found at the next execution).
+    fn refill(&self) {
+        let mut ctl = self.lock_ctl();
+        while ctl.warm_pending < WARM_STOCK && ctl.ask_warm().is_ok() {}
     }
 
     /// Asks the template to exit once its running executions are done.
@@ -575,7 +660,7 @@ impl Ctl {
     fn ask_warm(&mut self) -> std::io::Result<()> {
         let request = serde_json::to_vec(&Request::Warm).unwrap_or_default();
         send_frame(self.sock.as_fd(), &request, &[])?;
-        self.warm_asked = true;
+        self.warm_pending += 1;
         Ok(())
     }
 }
@@ -751,8 +836,21 @@ pub fn template_main() -> ! {
         .map(|&(code, jt, jf, k)| seccompiler::sock_filter { code, jt, jf, k })
         .collect();
     let plan = spec.plan;
+    // What every execution's init and command would otherwise work out
+    // again from the plan (the narrowing mounts compare every op with every
+    // earlier one): computed once, before the first fork.
     let per_exec = crate::mounts::per_execution(&plan.mounts);
-    let scratch = match become_template(&plan, &per_exec) {
+    let shared = Shared {
+        late: crate::mounts::deferred(&plan.mounts, &per_exec),
+        narrowing: crate::mounts::narrowing_targets(&plan.mounts)
+            .into_iter()
+            .map(Path::to_path_buf)
+            .collect(),
+        last_cap: sys::last_cap(),
+        per_exec,
+        program,
+    };
+    let scratch = match become_template(&plan, &shared.per_exec) {
         Ok(s) => s,
         Err(error) => {
             let body = serde_json::to_vec(&Reply::Failed { error }).unwrap_or_default();
@@ -764,7 +862,23 @@ pub fn template_main() -> ! {
     if send_frame(ctl.as_fd(), &ready, &[]).is_err() {
         sys::exit_now(125);
     }
-    serve(&ctl, &plan, &per_exec, &scratch, &program)
+    serve(&ctl, &plan, &shared, &scratch)
+}
+
+/// What the template works out from its plan once, for every execution.
+struct Shared {
+    /// The ops each execution lays itself ([`crate::mounts::per_execution`]).
+    per_exec: Vec<bool>,
+    /// Of those, the ones whose mount ids the command checks at its
+    /// request ([`crate::mounts::deferred`]).
+    late: Vec<bool>,
+    /// The targets the init watches for the host replacing them
+    /// ([`crate::mounts::narrowing_targets`]).
+    narrowing: Vec<PathBuf>,
+    /// The highest capability number (`/proc/sys/kernel/cap_last_cap`).
+    last_cap: libc::c_ulong,
+    /// The compiled seccomp filter.
+    program: seccompiler::BpfProgram,
 }
 
 /// The namespaces and the shared part of the view, once.
@@ -800,13 +914,7 @@ fn become_template(plan: &Plan, per_exec: &[bool]) -> Result<OwnedFd, String> {
 /// service hands the request and its descriptors to that command over its
 /// own socket, without a round trip through this process. Each init serves
 /// one execution; one never used exits when the service closes its socket.
-fn serve(
-    ctl: &UnixStream,
-    plan: &Plan,
-    per_exec: &[bool],
-    scratch: &OwnedFd,
-    program: &seccompiler::BpfProgram,
-) -> ! {
+fn serve(ctl: &UnixStream, plan: &Plan, shared: &Shared, scratch: &OwnedFd) -> ! {
     let mut running: Vec<OwnedFd> = Vec::new();
     loop {
         running.retain(|p| !exited(p.as_fd()));
@@ -841,7 +949,7 @@ fn serve(
                 sys::exit_now(0);
             }
         }
-        let (body, init) = match spawn_init(plan, per_exec, scratch, program) {
+        let (body, init) = match spawn_init(plan, shared, scratch) {
             Ok(init) => (Reply::Warm { pid: init.pid }, Some(init)),
             Err(error) => (Reply::Failed { error }, None),
         };
@@ -872,18 +980,13 @@ struct Init {
 
 /// Forks an execution's init: pid 1 of its own pid namespace, in its own
 /// copy of the template's mounts (and ipc and uts namespaces).
-fn spawn_init(
-    plan: &Plan,
-    per_exec: &[bool],
-    scratch: &OwnedFd,
-    program: &seccompiler::BpfProgram,
-) -> Result<Init, String> {
+fn spawn_init(plan: &Plan, shared: &Shared, scratch: &OwnedFd) -> Result<Init, String> {
     let (ours, theirs) = UnixStream::pair().map_err(|e| format!("create a socket pair: {e}"))?;
     let flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
     // SAFETY: the template process is single-threaded (see
     // `template_main`), so the child may run ordinary Rust.
     match unsafe { sys::clone_with_pidfd(flags) } {
-        Ok((Forked::Child, _)) => init_main(plan, per_exec, scratch, program, &theirs),
+        Ok((Forked::Child, _)) => init_main(plan, shared, scratch, &theirs),
         Ok((Forked::Parent(pid), Some(pidfd))) => Ok(Init {
             pid,
             pidfd,
@@ -900,13 +1003,7 @@ fn spawn_init(
 /// Landlock, seccomp) and waits for the request ([`command_main`]). The
 /// init then waits for the report pipe from the command and reaps the tree
 /// as the one-shot init does. Never returns.
-fn init_main(
-    plan: &Plan,
-    per_exec: &[bool],
-    scratch: &OwnedFd,
-    program: &seccompiler::BpfProgram,
-    sock: &UnixStream,
-) -> ! {
+fn init_main(plan: &Plan, shared: &Shared, scratch: &OwnedFd, sock: &UnixStream) -> ! {
     // The template ignores SIGCHLD (the kernel reaps executions); this init
     // reaps its own tree. The command resets every signal itself.
     sys::default_signal(libc::SIGCHLD);
@@ -935,14 +1032,14 @@ fn init_main(
     // rename over their dentry) while this execution waits: their mount
     // ids are kept, and the command compares them once the request came
     // (after the caller checked its plan against the host as it is then).
-    let late = crate::mounts::deferred(&plan.mounts, per_exec);
+    let (per_exec, late) = (&shared.per_exec, &shared.late);
     let view =
-        crate::mounts::prepare_execution_root(&Kernel, &plan.mounts, per_exec, &late, scratch)
+        crate::mounts::prepare_execution_root(&Kernel, &plan.mounts, per_exec, late, scratch)
             .and_then(|()| {
-                crate::mounts::finish_execution_root(&Kernel, &plan.mounts, &late, scratch)
+                crate::mounts::finish_execution_root(&Kernel, &plan.mounts, late, scratch)
             })
             .map_err(|e| format!("build the sandbox view: {e}"))
-            .and_then(|()| late_mount_ids(plan, &late));
+            .and_then(|()| late_mount_ids(plan, late));
     // SAFETY: the scratch tmpfs's owner lives in the template's memory and
     // is never used or dropped in this process; every stand-in is laid.
     let _ = unsafe { sys::close_range(scratch.as_raw_fd() as u32, scratch.as_raw_fd() as u32) };
@@ -951,7 +1048,7 @@ fn init_main(
         Ok(marks) => marks,
         // Reported once the execution's report pipe arrives.
         Err(e) => {
-            let Some(report_fd) = take_request(sock).map(|(_, fds)| fds) else {
+            let Some(report_fd) = take_request(sock) else {
                 sys::exit_now(0)
             };
             init::fail(report_fd, SetupStage::Sandbox, 0, &e)
@@ -964,6 +1061,23 @@ fn init_main(
     if unsafe { sys::dup2(0, 3) }.is_err() {
         sys::exit_now(125);
     }
+    // The watch over the mounts that narrow host paths, armed ahead too
+    // (as the one-shot init arms it, [`init::arm_watch`], but before the
+    // command exists, so nothing it does can race the arming): from here
+    // the host replacing one of them queues an event, which the init reads
+    // once the execution has its request (the command's own check at the
+    // request covers the mounts for the wait, this watch from then on).
+    // Off an execution's path: the init no longer runs beside the
+    // command's exec. Some(None): nothing to watch. None: it could not be
+    // armed now (a target already replaced, an inotify limit); it is armed
+    // once the command has its request, as before, with that run's
+    // outcome on failure.
+    let ahead: Option<Option<crate::watch::Watch>> = if plan.sandboxed && !plan.landlock_only() {
+        crate::watch::Watch::arm_paths(shared.narrowing.iter().map(PathBuf::as_path).collect()).ok()
+    } else {
+        Some(None)
+    };
+    crate::timing::mark("init: the watch armed ahead");
     let Ok((to_init, from_command)) = UnixStream::pair() else {
         sys::exit_now(125)
     };
@@ -972,7 +1086,7 @@ fn init_main(
     let command = match unsafe { sys::fork_glibc() } {
         Ok(0) => {
             drop(to_init);
-            command_main(plan, program, sock, &from_command, &marks)
+            command_main(plan, shared, sock, &from_command, &marks)
         }
         Ok(pid) => nix::unistd::Pid::from_raw(pid),
         Err(_) => sys::exit_now(125),
@@ -1013,13 +1127,27 @@ fn init_main(
     if unsafe { sys::dup2(report.as_raw_fd(), report_fd) }.is_err() {
         sys::exit_now(125);
     }
-    // SAFETY: `to_init` and `report`'s owners are never used again; the
-    // init leaves by `_exit`.
-    let _ = unsafe { sys::close_range(4, u32::MAX) };
+    // Every fd above the report pipe but the watch's closes.
+    let mut keep: Vec<RawFd> = ahead.iter().flatten().flat_map(|w| w.fds()).collect();
+    keep.sort_unstable();
+    let mut from = 4u32;
+    for fd in keep.into_iter().map(|fd| fd as u32).filter(|&fd| fd >= 4) {
+        if fd > from {
+            // SAFETY: the owners of the fds in this range (`to_init`,
+            // `report`) are never used again; the init leaves by `_exit`.
+            let _ = unsafe { sys::close_range(from, fd - 1) };
+        }
+        from = fd + 1;
+    }
+    // SAFETY: as above.
+    let _ = unsafe { sys::close_range(from, u32::MAX) };
     // The command has its request and execs: from here the host replacing
     // a narrowing mount stops the execution, as a one-shot run (the
     // command's own check at the request covered the wait before).
-    let watch = init::arm_watch(report_fd, plan);
+    let watch = match ahead {
+        Some(watch) => watch,
+        None => init::arm_watch(report_fd, plan),
+    };
     init::supervise_tree(report_fd, command, true, watch.as_ref())
 }
 
@@ -1104,20 +1232,28 @@ fn stale_at_request(marks: &LateMounts, to_init: &UnixStream) -> bool {
     }
 }
 
-/// The request's descriptors on `sock` (stdin, stdout, stderr, report are
-/// duplicated to 0-3) and its argv, env and cwd; None when the socket
-/// closed unused. Returns the report fd (3).
-fn take_request(sock: &UnixStream) -> Option<(RequestParts, RawFd)> {
-    let (argv, env, cwd, fds) = match recv_frame::<Request>(sock.as_fd()) {
-        Ok((Request::Exec { argv, env, cwd }, fds)) if fds.len() == 4 => (argv, env, cwd, fds),
+/// For an init whose view could not be laid ahead: the request's
+/// descriptors on `sock` (stdin, stdout, stderr, report are duplicated to
+/// 0-3), to report the failure on; returns the report fd (3). None when the
+/// socket closed unused, or when the request is not its execution's last
+/// try: then the init answers `Stale` having used nothing of it, and the
+/// caller hands it to a fresh init. A view laid while the host renamed a
+/// path one of its mounts goes on fails so (the mount finds its dentry
+/// gone), and the next init, laid after the rename, succeeds; a view that
+/// cannot be laid at all fails every try, the last with its error.
+fn take_request(sock: &UnixStream) -> Option<RawFd> {
+    let (last, fds) = match recv_frame::<Request>(sock.as_fd()) {
+        Ok((Request::Exec { last, .. }, fds)) if fds.len() == 4 => (last, fds),
         _ => return None,
     };
+    if !last {
+        let body = serde_json::to_vec(&Reply::Stale).unwrap_or_default();
+        let _ = send_frame(sock.as_fd(), &body, &[]);
+        return None;
+    }
     install_fds(&fds);
-    Some(((argv, env, cwd), 3))
+    Some(3)
 }
-
-/// A request's argv, env and checked cwd identity.
-type RequestParts = (Vec<Vec<u8>>, Vec<Vec<u8>>, Option<(u64, u64)>);
 
 /// Puts a request's descriptors at 0-3. Exits on failure.
 fn install_fds(fds: &[OwnedFd]) {
@@ -1139,7 +1275,7 @@ fn install_fds(fds: &[OwnedFd]) {
 /// the checked cwd and execs. Never returns.
 fn command_main(
     plan: &Plan,
-    program: &seccompiler::BpfProgram,
+    shared: &Shared,
     sock: &UnixStream,
     to_init: &UnixStream,
     marks: &LateMounts,
@@ -1149,10 +1285,10 @@ fn command_main(
     // running execution); the command gets the user's back. A failure is
     // reported once the report pipe arrives.
     let restored = crate::limits::restore_open_files();
-    let confined = init::confine_command(plan, Some(program));
+    let confined = init::confine_command(plan, shared.last_cap, Some(&shared.program));
     crate::timing::mark("command: confined ahead");
     let (argv, env, cwd, fds) = match recv_frame::<Request>(sock.as_fd()) {
-        Ok((Request::Exec { argv, env, cwd }, fds)) if fds.len() == 4 => (argv, env, cwd, fds),
+        Ok((Request::Exec { argv, env, cwd, .. }, fds)) if fds.len() == 4 => (argv, env, cwd, fds),
         // The service closed this execution's socket unused (its template
         // retired or went away).
         _ => sys::exit_now(0),
@@ -1163,6 +1299,7 @@ fn command_main(
         let _ = send_frame(sock.as_fd(), &body, &[]);
         sys::exit_now(0);
     }
+    crate::timing::mark("command: mounts laid ahead still in place");
     install_fds(&fds);
     let report_fd: RawFd = 3;
     if crate::netns::send_fds(to_init.as_raw_fd(), b'R', &[report_fd]).is_err() {
@@ -1193,4 +1330,66 @@ fn command_main(
         },
     );
     init::exec_search(report_fd, &argv, &envp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exec_request_keeps_every_c_string_byte_for_byte() {
+        let argv = vec![
+            b"/bin/sh".to_vec(),
+            Vec::new(),
+            vec![0xff, b'\n', 0x80, b'"'],
+        ];
+        let env = vec![b"A=1".to_vec(), b"EMPTY=".to_vec()];
+        let body = serde_json::to_vec(&Request::Exec {
+            argv: argv.clone(),
+            env: env.clone(),
+            cwd: Some((1, 2)),
+            last: false,
+        })
+        .unwrap();
+        match serde_json::from_slice(&body).unwrap() {
+            Request::Exec {
+                argv: a,
+                env: e,
+                cwd,
+                last,
+            } => {
+                assert_eq!((a, e, cwd, last), (argv, env, Some((1, 2)), false));
+            }
+            _ => panic!("not an Exec"),
+        }
+        let none = serde_json::to_vec(&Request::Exec {
+            argv: Vec::new(),
+            env: Vec::new(),
+            cwd: None,
+            last: true,
+        })
+        .unwrap();
+        assert!(matches!(
+            serde_json::from_slice(&none).unwrap(),
+            Request::Exec { argv, env, cwd: None, last: true } if argv.is_empty() && env.is_empty()
+        ));
+    }
+
+    #[test]
+    fn an_exec_request_with_a_nul_inside_a_string_is_refused() {
+        let bad = Request::Exec {
+            argv: vec![b"a\0b".to_vec()],
+            env: Vec::new(),
+            cwd: None,
+            last: false,
+        };
+        assert!(serde_json::to_vec(&bad).is_err());
+        for body in [
+            r#"{"Exec":{"argv":"61","env":"","cwd":null}}"#,
+            r#"{"Exec":{"argv":"6","env":"","cwd":null}}"#,
+            r#"{"Exec":{"argv":"6G00","env":"","cwd":null}}"#,
+        ] {
+            assert!(serde_json::from_str::<Request>(body).is_err(), "{body}");
+        }
+    }
 }

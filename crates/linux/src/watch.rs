@@ -1,6 +1,7 @@
 //! An init's watch over the mounts that narrow a host path (a stand-in over
 //! a secret, a read-only bind inside a writable one), in a one-shot run and
-//! in a template execution once it has its request: the host unlinking or
+//! in a template execution (armed ahead of its request, read once it has
+//! it): the host unlinking or
 //! renaming over such a path detaches the mount in every namespace, so the
 //! init watches each one's directory (inotify, SIGIO) for the whole run and
 //! stops the run when one is no longer in place.
@@ -61,17 +62,21 @@ impl Watch {
     /// ([`crate::mounts::narrowing_targets`]) in the view the init is in,
     /// then reads each one's mount id: a mount the host detached between
     /// the view and the watch is caught here. Runs once the command has
-    /// started (off the launch path), so each directory is opened from the
-    /// view's root through no symlink and watched, and its target looked
-    /// at, through that one fd: a directory the command renamed or swapped
-    /// meanwhile is either the one watched or found without its mount.
+    /// started (off the launch path; a template's init arms it before its
+    /// command exists, [`Watch::arm_paths`]), so each directory is opened
+    /// from the view's root through no symlink and watched, and its target
+    /// looked at, through that one fd: a directory the command renamed or
+    /// swapped meanwhile is either the one watched or found without its
+    /// mount.
     /// None: the plan has no such mount.
     pub(crate) fn arm(plan: &Plan) -> Result<Option<Watch>, ArmFailure> {
         Self::arm_paths(crate::mounts::narrowing_targets(&plan.mounts))
     }
 
-    /// [`Watch::arm`] over the targets `paths` (absolute, in the view).
-    fn arm_paths(paths: Vec<&Path>) -> Result<Option<Watch>, ArmFailure> {
+    /// [`Watch::arm`] over the targets `paths` (absolute, in the view):
+    /// a template's init arms it ahead of its request with the targets its
+    /// template worked out once.
+    pub(crate) fn arm_paths(paths: Vec<&Path>) -> Result<Option<Watch>, ArmFailure> {
         if paths.is_empty() {
             return Ok(None);
         }
@@ -171,6 +176,11 @@ impl Watch {
     /// (`init::close_all_but_watch`).
     pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
         self.inotify.as_raw_fd()
+    }
+
+    /// Every fd the watch holds (the inotify instance, the view's root).
+    pub(crate) fn fds(&self) -> [std::os::fd::RawFd; 2] {
+        [self.inotify.as_raw_fd(), self.root.as_raw_fd()]
     }
 
     /// Reads every queued event and looks again at the mounts they may
