@@ -351,6 +351,126 @@ fn canonical_prefix(p: &Path) -> PathBuf {
     }
 }
 
+/// Where opening `p` (absolute) leads on the host, resolved the way the
+/// kernel resolves it: every symlink on the way followed — a dangling one
+/// to the path it would create —, `..` taken after each link's target.
+/// Returns the path reached (no symlink in the part of it that exists) and
+/// each symlink passed, at its own resolved location, with its target as
+/// written. `None`: not absolute, or a loop (more than 40 links, the
+/// kernel's limit). Only lstat and readlink: nothing is opened.
+pub(crate) fn follow_links(p: &Path) -> Option<(PathBuf, Vec<(PathBuf, PathBuf)>)> {
+    use std::collections::VecDeque;
+    use std::ffi::OsString;
+    use std::path::Component;
+    fn comps(p: &Path) -> VecDeque<OsString> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::Normal(s) => Some(s.to_os_string()),
+                Component::ParentDir => Some(OsString::from("..")),
+                _ => None,
+            })
+            .collect()
+    }
+    if !p.is_absolute() {
+        return None;
+    }
+    let mut todo = comps(p);
+    let mut done = PathBuf::from("/");
+    let mut links = Vec::new();
+    let mut missing = false;
+    while let Some(c) = todo.pop_front() {
+        if c == ".." {
+            done.pop();
+            continue;
+        }
+        let here = done.join(&c);
+        if missing {
+            done = here;
+            continue;
+        }
+        match fs::symlink_metadata(&here) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if links.len() >= 40 {
+                    return None;
+                }
+                let t = fs::read_link(&here).ok()?;
+                if t.is_absolute() {
+                    done = PathBuf::from("/");
+                }
+                let mut front = comps(&t);
+                front.extend(todo.drain(..));
+                todo = front;
+                links.push((here, t));
+            }
+            Ok(_) => done = here,
+            Err(_) => {
+                missing = true;
+                done = here;
+            }
+        }
+    }
+    Some((done, links))
+}
+
+/// `p` with `.` and `..` taken lexically (Python's `os.path.normpath`,
+/// which Mercurial applies to an `%include` path).
+fn normalize_lexically(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A small config file's text (at most 1 MiB, a regular file: opened
+/// non-blocking, so a FIFO left in its place cannot hang the probe).
+fn read_config_file(p: &Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(p)
+        .ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.is_file() || meta.len() > 1 << 20 {
+        return None;
+    }
+    let mut text = String::new();
+    f.take(1 << 20).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// Records `p` (missing, beneath `root`, no symlink in it) for the sweep by
+/// its first missing component, only when every component before it is a
+/// real directory (the sweep never follows a symlink).
+fn sweep_first_missing(root: &Path, p: &Path, sr: &mut SweepRoot) {
+    let Ok(rel) = p.strip_prefix(root) else {
+        return;
+    };
+    let mut cur = PathBuf::new();
+    for c in rel.components() {
+        cur.push(c);
+        match lstat_kind(&root.join(&cur)) {
+            None => break,
+            Some(Kind::Dir) => {}
+            Some(_) => return,
+        }
+    }
+    if !cur.as_os_str().is_empty() && !sr.missing.contains(&cur) {
+        sr.missing.push(cur);
+    }
+}
+
 /// The paths `dir/rel` (for each `rel` of `rels`, `/`-separated) that may
 /// exist, found level by level: one listing of a directory answers for all
 /// its names (the protected list holds ≈ 200 names, most homes a few of
@@ -533,6 +653,30 @@ impl HostFacts {
         f.probe_workspace(policy, &passwd);
         f.probe_write_protected_in_grants(policy);
         mark("probe: workspace walk, grants");
+        // What a symlink the command leaves must not lead to (the sweep
+        // removes it): every protected path, the invoking user's missing
+        // ones too (`~/.ssh` made later), moat's state and host sockets.
+        let secrets: Vec<PathBuf> = f
+            .secrets
+            .keys()
+            .chain(f.home_protected.keys())
+            .chain(f.moat_hidden.keys())
+            .chain(f.sockets.keys())
+            .cloned()
+            .chain(PROTECTED_HOME_PATHS.iter().map(|r| policy.home.join(r)))
+            .chain(ETC_SECRETS.iter().map(PathBuf::from))
+            .collect();
+        // Less 50 ms: a file's ctime comes from the kernel's coarse clock,
+        // up to a tick behind the real-time clock read here.
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .and_then(|d| d.checked_sub(std::time::Duration::from_millis(50)))
+            .map(|d| (d.as_secs() as i64, i64::from(d.subsec_nanos())));
+        for sr in &mut f.sweep {
+            sr.secrets.clone_from(&secrets);
+            sr.links_since = since;
+        }
         f.workspace_missing = f
             .sweep
             .iter()
@@ -803,6 +947,7 @@ impl HostFacts {
         root: &Path,
         is_home: bool,
         nested_git: Option<&[PathBuf]>,
+        nested_vcs: &[PathBuf],
         listing: Option<&RootListing>,
     ) -> Result<(), String> {
         let mut sr = SweepRoot {
@@ -842,6 +987,12 @@ impl HostFacts {
             match kind {
                 Some(k) => {
                     self.workspace_write_protected.insert(root.join(n), k);
+                    // A link (`.vscode -> shared/vscode`, a dangling
+                    // `.envrc -> envs/dev`): the place the host's tool
+                    // opens through it is protected, and the link pinned.
+                    if k == Kind::Symlink {
+                        self.protect_reached(root, &root.join(n), &mut sr);
+                    }
                 }
                 None => sr.missing.push(PathBuf::from(n)),
             }
@@ -858,36 +1009,13 @@ impl HostFacts {
                 .chain(missing_protected)
             {
                 // Through a symlinked component (`~/.local` ->
-                // `dotfiles/local`) the command writes where the link
-                // leads: protect that place, by a path with no symlink in
-                // it (binds and the sweep never follow one).
-                let p = canonical_prefix(&root.join(rel));
-                if let Some(k) = lstat_kind(&p) {
-                    self.workspace_write_protected.insert(p, k);
-                    continue;
-                }
-                let rel = p.strip_prefix(root).unwrap_or(Path::new(rel));
-                // Sweep the first missing component (creating it is the
-                // first step towards the protected path), recorded only when
-                // every component before it is a real directory: the sweep
-                // then neutralises one that the command turned into a
-                // symlink, and never follows it.
-                let mut cur = PathBuf::new();
-                let mut real_dirs = true;
-                for c in rel.components() {
-                    cur.push(c);
-                    match lstat_kind(&root.join(&cur)) {
-                        None => break,
-                        Some(Kind::Dir) => {}
-                        Some(_) => {
-                            real_dirs = false;
-                            break;
-                        }
-                    }
-                }
-                if real_dirs && !sr.missing.contains(&cur) {
-                    sr.missing.push(cur);
-                }
+                // `dotfiles/local`, a dangling `~/.vimrc -> dotfiles/vimrc`)
+                // the command writes where the link leads: protect that
+                // place, by a path with no symlink in it (binds and the
+                // sweep never follow one), and pin the links on the way.
+                // Missing: the first missing component is swept (creating
+                // it is the first step towards the protected path).
+                self.protect_reached(root, &root.join(rel), &mut sr);
             }
         }
         // The walk saw every git dir below this root before the run: new
@@ -924,6 +1052,11 @@ impl HostFacts {
                     if let Ok(t) = fs::read_link(root.join(&gp.rel)) {
                         sr.git_links.insert(gp.rel.clone(), t);
                     }
+                    // A `.git/config -> ../project.gitconfig`, a dangling
+                    // `.git/hooks -> ../hooks`: git opens where it leads.
+                    if gp.protected {
+                        self.protect_reached(root, &root.join(&gp.rel), &mut sr);
+                    }
                 } else {
                     sr.git_existing.insert(gp.rel.clone());
                 }
@@ -939,8 +1072,138 @@ impl HostFacts {
             self.protect_config_named_paths(root, &rel, &mut sr)?;
             sr.gitdirs.push(rel);
         }
+        // Other VCSs' config (`.hg/hgrc`, `.jj/repo/config.toml`): in the
+        // root's own admin dirs and in every one the walk found below it.
+        let mut vcs_dirs: Vec<PathBuf> = Vec::new();
+        let own = moat_policy::WRITE_PROTECTED_VCS_PATHS
+            .iter()
+            .filter_map(|p| p.split('/').next())
+            .map(PathBuf::from);
+        let found = nested_vcs
+            .iter()
+            .filter_map(|d| d.strip_prefix(root).ok())
+            .map(Path::to_path_buf);
+        for d in own.chain(found) {
+            if !vcs_dirs.contains(&d) {
+                vcs_dirs.push(d);
+            }
+        }
+        for d in &vcs_dirs {
+            self.protect_vcs_dir(root, d, &mut sr);
+        }
+        sr.vcs_dirs = vcs_dirs;
         self.sweep.push(sr);
         Ok(())
+    }
+
+    /// Write-protects what the host's tool reaches when it opens `p` (a
+    /// path in `root` it loads code or config from): the end of the link
+    /// chain ([`follow_links`]), read-only when it exists, swept when it is
+    /// missing beneath `root`; and every symlink on the way inside `root`
+    /// pinned (the sweep moves one the command retargeted or replaced
+    /// aside). An end that is `root` itself or above it is left alone
+    /// (only a read-only root could protect it).
+    fn protect_reached(&mut self, root: &Path, p: &Path, sr: &mut SweepRoot) {
+        let Some((end, links)) = follow_links(p) else {
+            return;
+        };
+        for (l, t) in links {
+            if let Ok(rel) = l.strip_prefix(root) {
+                if !rel.as_os_str().is_empty() {
+                    sr.pinned_links.insert(rel.to_path_buf(), t);
+                }
+            }
+        }
+        if root.starts_with(&end) {
+            return;
+        }
+        match lstat_kind(&end) {
+            Some(k) => {
+                self.workspace_write_protected.insert(end, k);
+            }
+            None => sweep_first_missing(root, &end, sr),
+        }
+    }
+
+    /// The config parts ([`moat_policy::vcs_parts`]) of the VCS admin dir
+    /// at `rel`: existing ones read-only (through any symlink, pinned),
+    /// missing ones swept — only inside an admin dir that exists: a new one
+    /// (`hg init`, `jj git init`) is kept, its parts are checked by the
+    /// sweep. Mercurial's `%include`d files are protected like the `hgrc`
+    /// that names them.
+    fn protect_vcs_dir(&mut self, root: &Path, rel: &Path, sr: &mut SweepRoot) {
+        let Some(name) = rel.file_name().and_then(|n| n.to_str()) else {
+            return;
+        };
+        let dir = root.join(rel);
+        match lstat_kind(&dir) {
+            None => return,
+            Some(Kind::File) => {
+                sr.vcs_existing.insert(rel.to_path_buf());
+                return;
+            }
+            Some(_) => {}
+        }
+        for part in moat_policy::vcs_parts(name) {
+            let prel = rel.join(part);
+            // A non-directory on the way (a secondary jj workspace's
+            // `.jj/repo` file naming the repository) is the user's.
+            let mut cur = rel.to_path_buf();
+            for c in Path::new(part).components() {
+                cur.push(c);
+                match lstat_kind(&root.join(&cur)) {
+                    Some(Kind::Dir) => {}
+                    Some(Kind::File) => {
+                        sr.vcs_existing.insert(cur.clone());
+                        break;
+                    }
+                    _ => break,
+                }
+            }
+            let p = root.join(&prel);
+            if matches!(lstat_kind(&p), Some(Kind::File | Kind::Dir)) {
+                sr.vcs_existing.insert(prel.clone());
+            }
+            self.protect_reached(root, &p, sr);
+            if name == ".hg" && matches!(part, "hgrc" | "hgrc-not-shared") {
+                self.protect_hg_includes(root, &p, sr, 0);
+            }
+        }
+    }
+
+    /// Mercurial reads the files an `hgrc` names with `%include PATH`
+    /// (relative to the including file's directory, `~` expanded) exactly
+    /// like the `hgrc` itself, hooks included: each one is write-protected
+    /// like it, and the files it includes in turn.
+    fn protect_hg_includes(&mut self, root: &Path, rc: &Path, sr: &mut SweepRoot, depth: usize) {
+        if depth > 8 {
+            return;
+        }
+        let Some(text) = read_config_file(rc) else {
+            return;
+        };
+        let home = self
+            .env
+            .iter()
+            .find(|(k, _)| k == "HOME")
+            .map(|(_, v)| PathBuf::from(v));
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("%include") else {
+                continue;
+            };
+            if !rest.starts_with([' ', '\t']) {
+                continue;
+            }
+            let path = rest.trim();
+            let expanded = match (path.strip_prefix("~/"), &home) {
+                (Some(r), Some(h)) => h.join(r),
+                _ => PathBuf::from(path),
+            };
+            let base = rc.parent().unwrap_or(root);
+            let inc = normalize_lexically(&base.join(expanded));
+            self.protect_reached(root, &inc, sr);
+            self.protect_hg_includes(root, &inc, sr, depth + 1);
+        }
     }
 
     /// What the git dir at `rel`'s config names inside `root` — its
@@ -1022,9 +1285,16 @@ impl HostFacts {
     /// Also returns the workspace root's own entries with their kind (from
     /// the same listing), so the write-protected names there are looked up
     /// without a second listing or an lstat each.
-    fn walk_workspace(&mut self, ws: &Path) -> Result<(Vec<PathBuf>, Option<RootListing>), String> {
+    /// And every other VCS admin dir (`.hg`, `.jj`) at any depth, the
+    /// root's included.
+    #[allow(clippy::type_complexity)]
+    fn walk_workspace(
+        &mut self,
+        ws: &Path,
+    ) -> Result<(Vec<PathBuf>, Vec<PathBuf>, Option<RootListing>), String> {
         use std::os::unix::ffi::OsStrExt;
         let mut nested_git = Vec::new();
+        let mut nested_vcs = Vec::new();
         let mut root_listing = None;
         let mut stack = vec![ws.to_path_buf()];
         while let Some(dir) = stack.pop() {
@@ -1080,6 +1350,9 @@ impl HostFacts {
                     continue;
                 }
                 let Ok(ft) = e.file_type() else { continue };
+                if moat_policy::is_vcs_dir_name(&name.to_string_lossy()) {
+                    nested_vcs.push(e.path());
+                }
                 if nb == b".git" {
                     if dir != ws {
                         nested_git.push(e.path());
@@ -1100,7 +1373,7 @@ impl HostFacts {
                 root_listing = listing;
             }
         }
-        Ok((nested_git, root_listing))
+        Ok((nested_git, nested_vcs, root_listing))
     }
 
     fn probe_workspace(&mut self, policy: &Policy, passwd: &[(u32, PathBuf)]) {
@@ -1115,7 +1388,7 @@ impl HostFacts {
         passwd: &[(u32, PathBuf)],
     ) -> Result<(), String> {
         let ws = &policy.workspace;
-        let (nested_git, ws_listing) = self.walk_workspace(ws)?;
+        let (nested_git, nested_vcs, ws_listing) = self.walk_workspace(ws)?;
         self.workspace_nested_git.clone_from(&nested_git);
         // Directory grants outside the workspace get the workspace's
         // complete walk: `.env` files hidden, git configs redacted, and git
@@ -1127,8 +1400,11 @@ impl HostFacts {
         // repository's `.git/hooks` below it writable, nor keep a `git
         // init sub` with a hook the command planted). Read-only grants at
         // the levels that read the whole host show nothing new to read.
-        let mut grant_walks: BTreeMap<PathBuf, (Vec<PathBuf>, Option<RootListing>)> =
-            BTreeMap::new();
+        #[allow(clippy::type_complexity)]
+        let mut grant_walks: BTreeMap<
+            PathBuf,
+            (Vec<PathBuf>, Vec<PathBuf>, Option<RootListing>),
+        > = BTreeMap::new();
         for g in &policy.paths {
             let walked = policy.level == Level::WorkspaceContained || g.access == Access::ReadWrite;
             if !walked
@@ -1138,11 +1414,11 @@ impl HostFacts {
             {
                 continue;
             }
-            let (nested, listing) = self.walk_workspace(&g.path)?;
+            let (nested, vcs, listing) = self.walk_workspace(&g.path)?;
             self.workspace_nested_git.extend(nested.iter().cloned());
             // The grant's own checkout, read like the workspace's.
             self.workspace_nested_git.push(g.path.join(".git"));
-            grant_walks.insert(g.path.clone(), (nested, listing));
+            grant_walks.insert(g.path.clone(), (nested, vcs, listing));
         }
         // Roots the command may write: the workspace at the writable
         // levels, and every writable grant at any level (a grant, from the
@@ -1186,16 +1462,20 @@ impl HostFacts {
             // workspace's, a grant's own, or — for a root inside the
             // workspace that is not itself swept — the workspace's. A root
             // inside a swept workspace is covered by the workspace's sweep.
-            let (nested, listing) = if root == ws {
-                (Some(nested_git.as_slice()), ws_listing.as_ref())
-            } else if let Some((n, l)) = grant_walks.get(root) {
-                (Some(n.as_slice()), l.as_ref())
+            let (nested, vcs, listing) = if root == ws {
+                (
+                    Some(nested_git.as_slice()),
+                    nested_vcs.as_slice(),
+                    ws_listing.as_ref(),
+                )
+            } else if let Some((n, v, l)) = grant_walks.get(root) {
+                (Some(n.as_slice()), v.as_slice(), l.as_ref())
             } else if root.starts_with(ws) && !ws_is_root {
-                (Some(nested_git.as_slice()), None)
+                (Some(nested_git.as_slice()), nested_vcs.as_slice(), None)
             } else {
-                (None, None)
+                (None, &[][..], None)
             };
-            self.write_protected_at(root, *is_home, nested, listing)?;
+            self.write_protected_at(root, *is_home, nested, vcs, listing)?;
         }
         Ok(())
     }

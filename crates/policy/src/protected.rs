@@ -382,6 +382,43 @@ pub const WRITE_PROTECTED_HOME_PATHS: &[&str] = &[
 /// (`commondir`, per-worktree config).
 pub const WRITE_PROTECTED_GIT_PATHS: &[&str] = &["hooks", "config", "commondir", "config.worktree"];
 
+/// Other version control systems' config that their host tool runs code
+/// from or is redirected by, relative to the directory holding the VCS's
+/// admin dir: Mercurial's `.hg/hgrc` (`[hooks]`, `[extensions]`,
+/// `%include`), its share-safe `hgrc-not-shared`, and `sharedpath` (a
+/// share reads the source repository's `hgrc`); Jujutsu's repo and
+/// workspace config (`fix.tools`, `ui.pager`, `merge-tools`…: still read
+/// from the repository and migrated to jj's out-of-repo store when no
+/// `config-id` is there yet) and the `config-id`s that pick a stored
+/// config. Write-protected in every such admin dir at any depth of a
+/// writable root, like a git dir's [`WRITE_PROTECTED_GIT_PATHS`]; the
+/// admin dirs are the first components ([`is_vcs_dir_name`]).
+pub const WRITE_PROTECTED_VCS_PATHS: &[&str] = &[
+    ".hg/hgrc",
+    ".hg/hgrc-not-shared",
+    ".hg/sharedpath",
+    ".jj/repo/config.toml",
+    ".jj/repo/config-id",
+    ".jj/workspace-config.toml",
+    ".jj/workspace-config-id",
+];
+
+/// True for the name of an admin dir [`WRITE_PROTECTED_VCS_PATHS`] covers
+/// (`.hg`, `.jj`).
+pub fn is_vcs_dir_name(name: &str) -> bool {
+    WRITE_PROTECTED_VCS_PATHS
+        .iter()
+        .any(|p| p.split('/').next() == Some(name))
+}
+
+/// The parts of [`WRITE_PROTECTED_VCS_PATHS`] inside the admin dir `name`
+/// (`hgrc`, `repo/config.toml`…).
+pub fn vcs_parts(name: &str) -> impl Iterator<Item = &'static str> + '_ {
+    WRITE_PROTECTED_VCS_PATHS
+        .iter()
+        .filter_map(move |p| p.strip_prefix(name).and_then(|r| r.strip_prefix('/')))
+}
+
 /// Paths inside each linked worktree's admin dir (`.git/worktrees/NAME/`):
 /// `commondir` and `gitdir` redirect git, `config.worktree` is config.
 pub const WRITE_PROTECTED_GIT_WORKTREE_PATHS: &[&str] = &["commondir", "config.worktree", "gitdir"];
