@@ -646,3 +646,202 @@ fn push_to_a_read_only_local_remote_names_the_flag() {
         out.dump()
     );
 }
+
+/// Mercurial's `.hg/hgrc` and Jujutsu's repo and workspace config run
+/// programs on the host (`[hooks]`, `fix.tools`, `ui.pager`) exactly like
+/// `.git/config`: write-protected in every admin dir at any depth, and what
+/// the command creates there (a new repository's config, an admin dir's
+/// config where there was none) moved aside after the run while the
+/// repository itself is kept.
+#[test]
+fn hg_and_jj_config_at_any_depth_is_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        let existing = [
+            ".hg/hgrc",
+            "sub/.hg/hgrc",
+            "vendor/x/.jj/repo/config.toml",
+        ];
+        for p in existing {
+            write(fx.ws.join(p), "[ui]\n");
+        }
+        std::fs::create_dir_all(fx.ws.join("deep/er/.hg")).unwrap();
+        std::fs::create_dir_all(fx.ws.join("vendor/x/.jj/repo/store")).unwrap();
+        let created = [
+            "deep/er/.hg/hgrc",
+            "vendor/x/.jj/workspace-config.toml",
+            ".jj/repo/config.toml",
+            "new/a/.hg/hgrc",
+            "new/b/.jj/repo/config.toml",
+            "new/b/.jj/repo/config-id",
+        ];
+        let script = existing
+            .iter()
+            .map(|p| format!("printf '[hooks]\\npre-status = touch PWNED\\n' >> {p}; "))
+            .chain(created.iter().map(|p| {
+                format!(
+                    "mkdir -p $(dirname {p}); printf '[hooks]\\npre-status = touch PWNED\\n' > {p}; "
+                )
+            }))
+            .collect::<String>()
+            + "echo ran";
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        for p in existing.iter().chain(created.iter()) {
+            let text = read(fx.ws.join(p)).unwrap_or_default();
+            assert!(
+                !text.contains("PWNED"),
+                "{level}: {p} holds the hook the command wrote (the host's hg/jj would run it)\n{}",
+                out.dump()
+            );
+        }
+        // The repositories the command made are kept, only their config went.
+        for d in ["new/a/.hg", "new/b/.jj/repo", ".jj/repo"] {
+            assert!(
+                fx.ws.join(d).is_dir(),
+                "{level}: {d} itself was removed\n{}",
+                out.dump()
+            );
+        }
+    }
+}
+
+/// An `%include PATH` in an `.hg/hgrc` makes the included file (relative
+/// to the hgrc's directory) as live as the hgrc: its `[hooks]` run on the
+/// host's next `hg status`. Existing ones are read-only, one that does not
+/// exist yet is moved aside after the run if the command creates it.
+#[test]
+fn hgrc_included_file_in_the_workspace_is_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        write(
+            fx.ws.join(".hg/hgrc"),
+            "[ui]\n%include ../shared.hgrc\n%include ../conf/later.rc\n",
+        );
+        write(fx.ws.join("shared.hgrc"), "%include nested.rc\n");
+        write(fx.ws.join("nested.rc"), "[ui]\n");
+        std::fs::create_dir_all(fx.ws.join("conf")).unwrap();
+        let hook = "printf '[hooks]\\npre-status = touch PWNED\\n'";
+        let script = format!(
+            "{hook} >> shared.hgrc; {hook} >> nested.rc; {hook} > conf/later.rc; echo ran"
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        for p in ["shared.hgrc", "nested.rc", "conf/later.rc"] {
+            assert!(
+                !read(fx.ws.join(p)).unwrap_or_default().contains("PWNED"),
+                "{level}: {p}, included from .hg/hgrc, holds the hook the command wrote\n{}",
+                out.dump()
+            );
+        }
+    }
+}
+
+/// A write-protected path that is a symlink is protected where the host's
+/// tool will open it: the end of the chain is read-only (a `.git/config ->
+/// ../project.gitconfig`, a `.vscode -> editor/vscode`), a dangling link's
+/// target (`.git/hooks -> ../githooks`) is swept when the command creates
+/// it, and a link the command retargets or replaces is moved aside.
+#[test]
+fn symlinked_write_protected_paths_are_protected_where_they_lead() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+        std::fs::rename(fx.ws.join(".git/config"), fx.ws.join("project.gitconfig")).unwrap();
+        std::os::unix::fs::symlink("../project.gitconfig", fx.ws.join(".git/config")).unwrap();
+        std::fs::remove_dir_all(fx.ws.join(".git/hooks")).unwrap();
+        std::os::unix::fs::symlink("../githooks", fx.ws.join(".git/hooks")).unwrap();
+        std::fs::create_dir_all(fx.ws.join("editor/vscode")).unwrap();
+        std::os::unix::fs::symlink("editor/vscode", fx.ws.join(".vscode")).unwrap();
+        let marker = fx.root.join("PWNED");
+        let m = marker.display();
+        let script = format!(
+            "printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' >> project.gitconfig; \
+             mkdir -p githooks && printf '#!/bin/sh\\ntouch {m}\\n' > githooks/post-checkout && chmod +x githooks/post-checkout; \
+             echo '{{\"tasks\":[]}}' > editor/vscode/tasks.json; echo ran"
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(&fx.ws, &fx.home, &["status"]);
+        let _ = host_git(&fx.ws, &fx.home, &["checkout", "-q", "-b", "x"]);
+        assert!(
+            !exists(&marker),
+            "{level}: the host's git ran what the command wrote through a symlinked .git/config or .git/hooks\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(fx.ws.join("editor/vscode/tasks.json")),
+            "{level}: the command wrote tasks.json where the .vscode link leads\n{}",
+            out.dump()
+        );
+        // Retargeting the link instead.
+        let script = format!(
+            "printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' > evil.gitconfig; \
+             rm .git/config && ln -s ../evil.gitconfig .git/config; echo ran"
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(&fx.ws, &fx.home, &["status"]);
+        assert!(
+            !exists(&marker),
+            "{level}: the host's git ran the fsmonitor of a config the command relinked\n{}",
+            out.dump()
+        );
+    }
+}
+
+/// A symlink the command leaves in the workspace that leads to a secret,
+/// into one, to a directory holding one (the home, `/`) or a secret path
+/// that does not exist yet, or into `/proc` (a host tool's own environment)
+/// is removed after the run: a host tool or agent following it later would
+/// read what the sandbox hid. Other links stay, and so does a link the
+/// user made before the run.
+#[test]
+fn symlinks_left_to_secrets_are_removed_after_the_run() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        let h = fx.home.display();
+        std::os::unix::fs::symlink(fx.home.join(".ssh"), fx.ws.join("users-own")).unwrap();
+        let script = format!(
+            "mkdir -p d && ln -s {h}/.ssh d/key && ln -s {h} home && ln -s / root && \
+             ln -s {h}/.docker not-yet && ln -s /proc/self/environ env && ln -s d/key twice && \
+             ln -s ../README d/readme && ln -s /usr/share share && echo ran"
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        for l in ["d/key", "home", "root", "not-yet", "env", "twice"] {
+            assert!(
+                !exists(fx.ws.join(l)),
+                "{level}: the link {l} the command left to a secret is still there\n{}",
+                out.dump()
+            );
+        }
+        for l in ["d/readme", "share", "users-own"] {
+            assert!(
+                exists(fx.ws.join(l)),
+                "{level}: the harmless link {l} was removed\n{}",
+                out.dump()
+            );
+        }
+    }
+}

@@ -63,6 +63,10 @@ pub struct HostFacts {
     /// same for each directory grant (with the grant's own `.git`): their
     /// configs are redacted like the root's.
     pub workspace_nested_git: Vec<PathBuf>,
+    /// Every symlink the complete walks saw (workspace, walked grants),
+    /// with its target as written: the sweep removes only new links that
+    /// lead to a secret.
+    pub workspace_links: BTreeMap<PathBuf, PathBuf>,
     /// What the post-run sweep checks, per writable root, with the state
     /// before the run (missing write-protected paths, `.moat*` names
     /// present, git dirs and their executable parts).
@@ -666,16 +670,12 @@ impl HostFacts {
             .chain(PROTECTED_HOME_PATHS.iter().map(|r| policy.home.join(r)))
             .chain(ETC_SECRETS.iter().map(PathBuf::from))
             .collect();
-        // Less 50 ms: a file's ctime comes from the kernel's coarse clock,
-        // up to a tick behind the real-time clock read here.
-        let since = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()
-            .and_then(|d| d.checked_sub(std::time::Duration::from_millis(50)))
-            .map(|d| (d.as_secs() as i64, i64::from(d.subsec_nanos())));
+        let links = std::sync::Arc::new(std::mem::take(&mut f.workspace_links));
         for sr in &mut f.sweep {
             sr.secrets.clone_from(&secrets);
-            sr.links_since = since;
+            if sr.find_new_gitdirs {
+                sr.links_before = Some(links.clone());
+            }
         }
         f.workspace_missing = f
             .sweep
@@ -1350,6 +1350,11 @@ impl HostFacts {
                     continue;
                 }
                 let Ok(ft) = e.file_type() else { continue };
+                if ft.is_symlink() {
+                    if let Ok(t) = fs::read_link(e.path()) {
+                        self.workspace_links.insert(e.path(), t);
+                    }
+                }
                 if moat_policy::is_vcs_dir_name(&name.to_string_lossy()) {
                     nested_vcs.push(e.path());
                 }

@@ -87,10 +87,12 @@ pub struct SweepRoot {
     /// run (a host tool following it later would read the secret).
     #[serde(skip)]
     pub secrets: Vec<PathBuf>,
-    /// When the probe ran (`st_ctime` seconds and nanoseconds): a symlink
-    /// changed since then is the command's. `None`: no link is checked.
+    /// The symlinks below the root before the run (absolute path, target
+    /// as written), found by the same walk: one still pointing where it
+    /// pointed is the user's and stays. `None`: no link is checked (the
+    /// root had no complete walk).
     #[serde(skip)]
-    pub links_since: Option<(i64, i64)>,
+    pub links_before: Option<std::sync::Arc<std::collections::BTreeMap<PathBuf, PathBuf>>>,
 }
 
 /// Something the sweep neutralised.
@@ -431,7 +433,7 @@ impl Sweeper {
                     }
                 }
                 let is_link = e.file_type().map(|t| t.is_symlink()).unwrap_or(false);
-                if is_link && r.links_since.is_some() {
+                if is_link && r.links_before.is_some() {
                     self.drop_secret_link(r, &dir, &child, &name);
                 }
                 if is_vcs_dir_name(&name.to_string_lossy()) {
@@ -460,26 +462,24 @@ impl Sweeper {
     }
 
     /// Removes the symlink `name` (in `dir`, at `rel`) when the command
-    /// made or changed it during the run (its ctime) and it leads to a
+    /// made or changed it during the run (it was not there before with the
+    /// same target) and it leads to a
     /// protected path, into one, to a directory holding one (`~`, `/`), or
     /// into `/proc` (a host tool's own environment and fds): a host tool or
     /// agent following it after the run would read the secret. The link
     /// itself is unlinked from its directory fd, never followed: its target
     /// is only looked at (lstat and readlink on the host's paths).
     fn drop_secret_link(&mut self, r: &SweepRoot, dir: &OwnedFd, rel: &Path, name: &OsStr) {
-        let Some(since) = r.links_since else {
+        let Some(before) = &r.links_before else {
             return;
         };
-        let Ok(Some(st)) = lstat_at(dir, name) else {
-            return;
-        };
-        if kind_of(&st) != Kind::Symlink || (st.st_ctime, st.st_ctime_nsec) < since {
-            return;
-        }
         let Ok(target) = nix::fcntl::readlinkat(dir, name) else {
             return;
         };
         let abs = r.root.join(rel);
+        if before.get(&abs).is_some_and(|t| *t == Path::new(&target)) {
+            return;
+        }
         let joined = abs.parent().unwrap_or(&r.root).join(&target);
         let Some((reached, _)) = crate::probe::follow_links(&joined) else {
             return;
@@ -494,7 +494,8 @@ impl Sweeper {
                 path: abs,
                 moved_to: None,
                 detail: format!(
-                    "a symlink the command left leading to {} (a protected path, or a directory holding one): removed, so no host tool follows it",
+                    "a symlink the command left, to {}, leads to {} (a protected path, a directory holding one, or /proc): removed, so no host tool follows it",
+                    Path::new(&target).display(),
                     reached.display()
                 ),
             }),
