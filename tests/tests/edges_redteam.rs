@@ -691,7 +691,15 @@ fn hg_and_jj_config_at_any_depth_is_write_protected() {
             "control: the command ran\n{}",
             out.dump()
         );
-        for p in existing.iter().chain(created.iter()) {
+        for p in existing {
+            assert_eq!(
+                read(fx.ws.join(p)).as_deref(),
+                Some("[ui]\n"),
+                "{level}: the user's {p} changed or went\n{}",
+                out.dump()
+            );
+        }
+        for p in created {
             let text = read(fx.ws.join(p)).unwrap_or_default();
             assert!(
                 !text.contains("PWNED"),
@@ -759,7 +767,9 @@ fn symlinked_write_protected_paths_are_protected_where_they_lead() {
         std::os::unix::fs::symlink("../project.gitconfig", fx.ws.join(".git/config")).unwrap();
         std::fs::remove_dir_all(fx.ws.join(".git/hooks")).unwrap();
         std::os::unix::fs::symlink("../githooks", fx.ws.join(".git/hooks")).unwrap();
-        std::fs::create_dir_all(fx.ws.join("editor/vscode")).unwrap();
+        // Two links on the way: `.vscode -> editor/vscode`, `editor -> real-editor`.
+        std::fs::create_dir_all(fx.ws.join("real-editor/vscode")).unwrap();
+        std::os::unix::fs::symlink("real-editor", fx.ws.join("editor")).unwrap();
         std::os::unix::fs::symlink("editor/vscode", fx.ws.join(".vscode")).unwrap();
         let marker = fx.root.join("PWNED");
         let m = marker.display();
@@ -786,10 +796,11 @@ fn symlinked_write_protected_paths_are_protected_where_they_lead() {
             "{level}: the command wrote tasks.json where the .vscode link leads\n{}",
             out.dump()
         );
-        // Retargeting the link instead.
+        // Retargeting the links instead.
         let script = format!(
             "printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' > evil.gitconfig; \
-             rm .git/config && ln -s ../evil.gitconfig .git/config; echo ran"
+             rm .git/config && ln -s ../evil.gitconfig .git/config; \
+             mkdir -p evil/vscode && echo '{{\"tasks\":[]}}' > evil/vscode/tasks.json && rm editor && ln -s evil editor; echo ran"
         );
         let out = run(fx.sh(level, &["--no-audit"], &script));
         assert!(
@@ -801,6 +812,11 @@ fn symlinked_write_protected_paths_are_protected_where_they_lead() {
         assert!(
             !exists(&marker),
             "{level}: the host's git ran the fsmonitor of a config the command relinked\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(fx.ws.join(".vscode/tasks.json")),
+            "{level}: .vscode/tasks.json reaches the command's file through a link it relinked\n{}",
             out.dump()
         );
     }
