@@ -991,7 +991,7 @@ impl HostFacts {
                     // `.envrc -> envs/dev`): the place the host's tool
                     // opens through it is protected, and the link pinned.
                     if k == Kind::Symlink {
-                        self.protect_reached(root, &root.join(n), &mut sr);
+                        self.protect_reached(root, &root.join(n), &mut sr, false);
                     }
                 }
                 None => sr.missing.push(PathBuf::from(n)),
@@ -1015,7 +1015,7 @@ impl HostFacts {
                 // sweep never follow one), and pin the links on the way.
                 // Missing: the first missing component is swept (creating
                 // it is the first step towards the protected path).
-                self.protect_reached(root, &root.join(rel), &mut sr);
+                self.protect_reached(root, &root.join(rel), &mut sr, true);
             }
         }
         // The walk saw every git dir below this root before the run: new
@@ -1055,7 +1055,7 @@ impl HostFacts {
                     // A `.git/config -> ../project.gitconfig`, a dangling
                     // `.git/hooks -> ../hooks`: git opens where it leads.
                     if gp.protected {
-                        self.protect_reached(root, &root.join(&gp.rel), &mut sr);
+                        self.protect_reached(root, &root.join(&gp.rel), &mut sr, false);
                     }
                 } else {
                     sr.git_existing.insert(gp.rel.clone());
@@ -1102,8 +1102,11 @@ impl HostFacts {
     /// missing beneath `root`; and every symlink on the way inside `root`
     /// pinned (the sweep moves one the command retargeted or replaced
     /// aside). An end that is `root` itself or above it is left alone
-    /// (only a read-only root could protect it).
-    fn protect_reached(&mut self, root: &Path, p: &Path, sr: &mut SweepRoot) {
+    /// (only a read-only root could protect it), and so is one outside
+    /// `root` unless `outside` (a home path's: read-only wherever the view
+    /// shows it; a link elsewhere may lead to a secret, which has its
+    /// stand-in).
+    fn protect_reached(&mut self, root: &Path, p: &Path, sr: &mut SweepRoot, outside: bool) {
         let Some((end, links)) = follow_links(p) else {
             return;
         };
@@ -1114,7 +1117,7 @@ impl HostFacts {
                 }
             }
         }
-        if root.starts_with(&end) {
+        if root.starts_with(&end) || !(outside || end.starts_with(root)) {
             return;
         }
         match lstat_kind(&end) {
@@ -1164,7 +1167,7 @@ impl HostFacts {
             if matches!(lstat_kind(&p), Some(Kind::File | Kind::Dir)) {
                 sr.vcs_existing.insert(prel.clone());
             }
-            self.protect_reached(root, &p, sr);
+            self.protect_reached(root, &p, sr, false);
             if name == ".hg" && matches!(part, "hgrc" | "hgrc-not-shared") {
                 self.protect_hg_includes(root, &p, sr, 0);
             }
@@ -1201,7 +1204,7 @@ impl HostFacts {
             };
             let base = rc.parent().unwrap_or(root);
             let inc = normalize_lexically(&base.join(expanded));
-            self.protect_reached(root, &inc, sr);
+            self.protect_reached(root, &inc, sr, false);
             self.protect_hg_includes(root, &inc, sr, depth + 1);
         }
     }
