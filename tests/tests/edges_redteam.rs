@@ -861,3 +861,48 @@ fn symlinks_left_to_secrets_are_removed_after_the_run() {
         }
     }
 }
+
+/// mise runs `[hooks] enter` and `[env] _.source` on `cd` from every
+/// project config it reads, not only `mise.toml`: `mise.local.toml`,
+/// `.mise/config.toml`, `.config/mise.toml`, `.config/mise/config.toml`…
+/// An existing one stays as it was, a new one goes after the run.
+#[test]
+fn mise_project_configs_are_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        write(fx.ws.join("mise.local.toml"), "[tools]\n");
+        let hook = "printf '[hooks]\\nenter = \"touch PWNED\"\\n'";
+        let created = [
+            ".mise.local.toml",
+            ".mise/config.toml",
+            "mise/config.toml",
+            ".config/mise.toml",
+            ".config/mise/config.toml",
+        ];
+        let script = format!("{hook} >> mise.local.toml; ")
+            + &created
+                .iter()
+                .map(|p| format!("mkdir -p $(dirname {p}); {hook} > {p}; "))
+                .collect::<String>()
+            + "echo ran";
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(fx.ws.join("mise.local.toml")).as_deref(),
+            Some("[tools]\n"),
+            "{level}: mise.local.toml was changed\n{}",
+            out.dump()
+        );
+        for p in created {
+            assert!(
+                !read(fx.ws.join(p)).unwrap_or_default().contains("PWNED"),
+                "{level}: a new {p} with a hook survived the run\n{}",
+                out.dump()
+            );
+        }
+    }
+}

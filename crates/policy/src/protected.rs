@@ -276,9 +276,20 @@ pub const WRITE_PROTECTED_WORKSPACE_NAMES: &[&str] = &[
     "opencode.json",
     "opencode.jsonc",
     ".opencode",
-    // mise: `[hooks] enter`/`[env] _.source` run on `cd` under `mise activate`.
+    // mise: `[hooks] enter`/`[env] _.source` run on `cd` under `mise activate`,
+    // from every file it reads in a project directory (a trusted
+    // `mise.toml`'s directory, or a `trusted_config_paths` prefix, makes the
+    // others live too).
     "mise.toml",
     ".mise.toml",
+    "mise.local.toml",
+    ".mise.local.toml",
+    ".mise",
+    "mise/config.toml",
+    "mise/config.local.toml",
+    ".config/mise",
+    ".config/mise.toml",
+    ".config/mise.local.toml",
     // Git hook managers: the commands the host's next `git commit` or
     // `git push` runs, once their hook is installed in `.git/hooks` (or
     // `core.hooksPath` points at `.husky/_`). husky: `.husky/pre-commit`…
