@@ -657,11 +657,7 @@ fn push_to_a_read_only_local_remote_names_the_flag() {
 fn hg_and_jj_config_at_any_depth_is_write_protected() {
     for level in ["workspace-write", "workspace-contained"] {
         let fx = Fixture::new();
-        let existing = [
-            ".hg/hgrc",
-            "sub/.hg/hgrc",
-            "vendor/x/.jj/repo/config.toml",
-        ];
+        let existing = [".hg/hgrc", "sub/.hg/hgrc", "vendor/x/.jj/repo/config.toml"];
         for p in existing {
             write(fx.ws.join(p), "[ui]\n");
         }
@@ -734,9 +730,8 @@ fn hgrc_included_file_in_the_workspace_is_write_protected() {
         write(fx.ws.join("nested.rc"), "[ui]\n");
         std::fs::create_dir_all(fx.ws.join("conf")).unwrap();
         let hook = "printf '[hooks]\\npre-status = touch PWNED\\n'";
-        let script = format!(
-            "{hook} >> shared.hgrc; {hook} >> nested.rc; {hook} > conf/later.rc; echo ran"
-        );
+        let script =
+            format!("{hook} >> shared.hgrc; {hook} >> nested.rc; {hook} > conf/later.rc; echo ran");
         let out = run(fx.sh(level, &["--no-audit"], &script));
         assert!(
             out.stdout.contains("ran"),

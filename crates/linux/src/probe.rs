@@ -1574,4 +1574,59 @@ mod tests {
         let _ = fs::remove_dir_all(&home);
         let _ = fs::remove_dir_all(&elsewhere);
     }
+
+    /// `follow_links` resolves the way the kernel does: a chain of links
+    /// (relative, absolute, `..` after a link), a dangling one to the path
+    /// it would create, every link passed reported where it is; a loop is
+    /// `None`.
+    #[test]
+    fn follow_links_follows_chains_and_dangling_links() {
+        use std::os::unix::fs::symlink;
+        let d = std::env::temp_dir().join(format!("moat-follow-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(d.join("real/sub")).unwrap();
+        symlink("real", d.join("a")).unwrap();
+        symlink(d.join("a/sub"), d.join("b")).unwrap();
+        symlink("../a/sub/x", d.join("real/up")).unwrap();
+        symlink("missing/y", d.join("dang")).unwrap();
+        symlink("loop2", d.join("loop1")).unwrap();
+        symlink("loop1", d.join("loop2")).unwrap();
+        let (end, links) = follow_links(&d.join("b/f")).unwrap();
+        let (end_up, _) = follow_links(&d.join("a/up")).unwrap();
+        let (end_dang, _) = follow_links(&d.join("dang")).unwrap();
+        let looped = follow_links(&d.join("loop1/z"));
+        let _ = fs::remove_dir_all(&d);
+        assert_eq!(end, d.join("real/sub/f"));
+        assert_eq!(
+            links.iter().map(|(l, _)| l.clone()).collect::<Vec<_>>(),
+            vec![d.join("b"), d.join("a")]
+        );
+        assert_eq!(end_up, d.join("real/sub/x"));
+        assert_eq!(end_dang, d.join("missing/y"));
+        assert_eq!(looped, None);
+    }
+
+    /// What a link may not lead to: a secret, inside one, a directory
+    /// holding one, or `/proc`; a sibling of a secret is fine.
+    #[test]
+    fn leads_to_secret_covers_the_secret_its_ancestors_and_proc() {
+        let secrets = [PathBuf::from("/home/u/.ssh")];
+        let yes = [
+            "/home/u/.ssh",
+            "/home/u/.ssh/id_rsa",
+            "/home/u",
+            "/",
+            "/proc/1/environ",
+        ];
+        let no = ["/home/u/.sshx", "/home/u/proj", "/usr/share"];
+        for p in yes {
+            assert!(crate::sweep::leads_to_secret(Path::new(p), &secrets), "{p}");
+        }
+        for p in no {
+            assert!(
+                !crate::sweep::leads_to_secret(Path::new(p), &secrets),
+                "{p}"
+            );
+        }
+    }
 }
