@@ -360,8 +360,10 @@ fn canonical_prefix(p: &Path) -> PathBuf {
 /// to the path it would create —, `..` taken after each link's target.
 /// Returns the path reached (no symlink in the part of it that exists) and
 /// each symlink passed, at its own resolved location, with its target as
-/// written. `None`: not absolute, or a loop (more than 40 links, the
-/// kernel's limit). Only lstat and readlink: nothing is opened.
+/// written. `None`: not absolute, a loop (more than 40 links, the
+/// kernel's limit), or more than 4096 components looked at in all (links
+/// whose targets are thousands of components long would make each one
+/// cost thousands of lstats). Only lstat and readlink: nothing is opened.
 pub(crate) fn follow_links(p: &Path) -> Option<(PathBuf, Vec<(PathBuf, PathBuf)>)> {
     use std::collections::VecDeque;
     use std::ffi::OsString;
@@ -382,7 +384,12 @@ pub(crate) fn follow_links(p: &Path) -> Option<(PathBuf, Vec<(PathBuf, PathBuf)>
     let mut done = PathBuf::from("/");
     let mut links = Vec::new();
     let mut missing = false;
+    let mut steps = 0usize;
     while let Some(c) = todo.pop_front() {
+        steps += 1;
+        if steps > 4096 {
+            return None;
+        }
         if c == ".." {
             done.pop();
             continue;

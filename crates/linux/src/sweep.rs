@@ -481,12 +481,16 @@ impl Sweeper {
             return;
         }
         let joined = abs.parent().unwrap_or(&r.root).join(&target);
-        let Some((reached, _)) = crate::probe::follow_links(&joined) else {
-            return;
+        // One that cannot be resolved (a loop, an absurdly long chain) is
+        // removed too: nothing shows it harmless, and no one needs it.
+        let why = match crate::probe::follow_links(&joined) {
+            Some((reached, _)) if !leads_to_secret(&reached, &r.secrets) => return,
+            Some((reached, _)) => format!(
+                "leads to {} (a protected path, a directory holding one, or /proc)",
+                reached.display()
+            ),
+            None => "cannot be resolved (a loop, or a chain too long)".to_string(),
         };
-        if !leads_to_secret(&reached, &r.secrets) {
-            return;
-        }
         self.grant_access(dir, 0o300);
         let err = nix::unistd::unlinkat(dir, name, UnlinkatFlags::NoRemoveDir).err();
         match lstat_at(dir, name) {
@@ -494,16 +498,14 @@ impl Sweeper {
                 path: abs,
                 moved_to: None,
                 detail: format!(
-                    "a symlink the command left, to {}, leads to {} (a protected path, a directory holding one, or /proc): removed, so no host tool follows it",
-                    Path::new(&target).display(),
-                    reached.display()
+                    "a symlink the command left, to {}, {why}: removed, so no host tool follows it",
+                    Path::new(&target).display()
                 ),
             }),
             Ok(Some(_)) => self.fail(
                 &abs,
                 format!(
-                    "a symlink leading to {} still present after deleting it ({})",
-                    reached.display(),
+                    "a symlink that {why} is still present after deleting it ({})",
                     err.map(|e| e.to_string())
                         .unwrap_or_else(|| "no error reported".into())
                 ),
