@@ -901,3 +901,44 @@ fn mise_project_configs_are_write_protected() {
         }
     }
 }
+
+/// Dotfiles kept in a repository: the home's startup files are symlinks
+/// into the workspace (`~/.bashrc -> ~/dotfiles/bashrc`). The home is
+/// outside the workspace, so read-only, but the host's next shell opens
+/// what the link leads to: that file is write-protected in the workspace
+/// (read-only, or moved aside when the link dangles and the command
+/// creates it).
+#[test]
+fn home_startup_files_linked_into_the_workspace_are_write_protected() {
+    use std::os::unix::fs::symlink;
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        write(fx.ws.join("bashrc"), "# rc\n");
+        std::fs::create_dir_all(fx.ws.join("nvim")).unwrap();
+        symlink(fx.ws.join("bashrc"), fx.home.join(".bashrc")).unwrap();
+        symlink(fx.ws.join("profile"), fx.home.join(".profile")).unwrap();
+        std::fs::create_dir_all(fx.home.join(".config")).unwrap();
+        symlink(fx.ws.join("nvim"), fx.home.join(".config/nvim")).unwrap();
+        let script = "echo 'touch PWNED' >> bashrc; echo 'touch PWNED' > profile; \
+                      echo 'os.execute(\"touch PWNED\")' > nvim/init.lua; echo ran";
+        let out = run(fx.sh(level, &["--no-audit"], script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(fx.home.join(".bashrc")).as_deref(),
+            Some("# rc\n"),
+            "{level}: ~/.bashrc (a link into the workspace) was changed\n{}",
+            out.dump()
+        );
+        for p in [".profile", ".config/nvim/init.lua"] {
+            assert!(
+                !read(fx.home.join(p)).unwrap_or_default().contains("PWNED"),
+                "{level}: ~/{p} reaches what the command wrote in the workspace\n{}",
+                out.dump()
+            );
+        }
+    }
+}

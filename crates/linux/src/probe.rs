@@ -1492,7 +1492,47 @@ impl HostFacts {
             };
             self.write_protected_at(root, *is_home, nested, vcs, listing)?;
         }
+        if !all.iter().any(|(r, _)| policy.home.starts_with(r)) {
+            self.protect_home_links_into_roots(&policy.home);
+        }
         Ok(())
+    }
+
+    /// The invoking user's home lies outside every writable root, so its
+    /// startup files are read-only to the command — unless one is a
+    /// symlink into a root (dotfiles kept in a repository: `~/.bashrc ->
+    /// ~/dotfiles/bashrc`, the workspace `~/dotfiles`). The host's next
+    /// shell opens what the link leads to, so that place is write-protected
+    /// in its root like a path of the home itself (read-only, or swept when
+    /// missing), and the links on the way inside the root are pinned.
+    fn protect_home_links_into_roots(&mut self, home: &Path) {
+        if home == Path::new("/") {
+            return;
+        }
+        let rels = WRITE_PROTECTED_WORKSPACE_NAMES
+            .iter()
+            .filter(|n| !n.ends_with('*'))
+            .chain(moat_policy::WRITE_PROTECTED_HOME_PATHS.iter());
+        for rel in rels {
+            let p = home.join(rel);
+            let Some((end, links)) = follow_links(&p) else {
+                continue;
+            };
+            if links.is_empty() {
+                continue;
+            }
+            let Some(i) = self
+                .sweep
+                .iter()
+                .position(|r| end.starts_with(&r.root) && end != r.root)
+            else {
+                continue;
+            };
+            let mut sr = std::mem::take(&mut self.sweep[i]);
+            let root = sr.root.clone();
+            self.protect_reached(&root, &p, &mut sr, false);
+            self.sweep[i] = sr;
+        }
     }
 }
 

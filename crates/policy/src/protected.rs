@@ -356,6 +356,12 @@ pub const WRITE_PROTECTED_HOME_PATHS: &[&str] = &[
     ".curlrc",
     ".wgetrc",
     ".hgrc",
+    // Mercurial's XDG config and Jujutsu's user config: hooks, pagers,
+    // `fix.tools`; `~/.config/jj/repos/*` also holds every repository's
+    // out-of-repo config (jj's "secure config").
+    ".config/hg",
+    ".jjconfig.toml",
+    ".config/jj",
     ".mailcap",
     ".lesskey",
     ".direnvrc",
