@@ -942,3 +942,41 @@ fn home_startup_files_linked_into_the_workspace_are_write_protected() {
         }
     }
 }
+
+/// A config a repository includes through a symlink (`include.path =
+/// ../shared.gitconfig`, `shared.gitconfig -> team/git.conf`) is read where
+/// the link leads; a command that retargets the link to a file of its own
+/// has the link moved aside after the run, so the host's git never reads
+/// the new target.
+#[test]
+fn relinked_include_of_a_git_config_is_moved_aside() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+        write(fx.ws.join("team/git.conf"), "[user]\n\tname = a\n");
+        std::os::unix::fs::symlink("team/git.conf", fx.ws.join("shared.gitconfig")).unwrap();
+        git_ok(
+            &fx.ws,
+            &fx.home,
+            &["config", "include.path", "../shared.gitconfig"],
+        );
+        let marker = fx.root.join("PWNED");
+        let script = format!(
+            "printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' > evil.conf; \
+             rm shared.gitconfig && ln -s evil.conf shared.gitconfig; echo ran",
+            m = marker.display()
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(&fx.ws, &fx.home, &["status"]);
+        assert!(
+            !exists(&marker),
+            "{level}: the host's git ran the fsmonitor of an included config the command relinked\n{}",
+            out.dump()
+        );
+    }
+}

@@ -1246,43 +1246,24 @@ impl HostFacts {
             .map(|p| (p, "core.hooksPath"))
             .chain(named.includes.iter().map(|p| (p, "include.path")));
         for (p, key) in all {
-            let p = canonical_prefix(p);
-            if !p.starts_with(root) {
+            // Where git opens it, through any symlink (a dangling one too).
+            let Some((end, _)) = follow_links(p) else {
+                continue;
+            };
+            if !end.starts_with(root) {
                 continue;
             }
-            if p == root {
+            if end == root {
                 return Err(format!(
                     "the git config in {} sets {key} to {}, the root of a directory the command may write: moat cannot keep what git runs from there read-only without making all of it read-only. Point {key} at a subdirectory (git config {key} .githooks), or run at --policy read-only",
                     git_dir.display(),
-                    p.display()
+                    end.display()
                 ));
             }
-            if let Some(k) = lstat_kind(&p) {
-                self.workspace_write_protected.insert(p, k);
-                continue;
-            }
-            // Missing: the first missing component is swept, recorded only
-            // when every component before it is a real directory (as for
-            // the home paths above).
-            let Ok(prel) = p.strip_prefix(root) else {
-                continue;
-            };
-            let mut cur = PathBuf::new();
-            let mut real_dirs = true;
-            for c in prel.components() {
-                cur.push(c);
-                match lstat_kind(&root.join(&cur)) {
-                    None => break,
-                    Some(Kind::Dir) => {}
-                    Some(_) => {
-                        real_dirs = false;
-                        break;
-                    }
-                }
-            }
-            if real_dirs && !sr.missing.contains(&cur) {
-                sr.missing.push(cur);
-            }
+            // Read-only when it exists, its first missing component swept
+            // when not, and the links on the way pinned (one the command
+            // retargets is moved aside after the run).
+            self.protect_reached(root, p, sr, false);
         }
         Ok(())
     }
