@@ -331,30 +331,6 @@ impl Resolver {
     }
 }
 
-/// `p` with its longest existing prefix resolved (symlinks followed) and
-/// the missing rest appended; `p` itself when that prefix cannot be
-/// resolved.
-fn canonical_prefix(p: &Path) -> PathBuf {
-    let mut rest = Vec::new();
-    let mut cur = p;
-    loop {
-        if cur.symlink_metadata().is_ok() {
-            let Ok(mut c) = fs::canonicalize(cur) else {
-                return p.to_path_buf();
-            };
-            c.extend(rest.iter().rev());
-            return c;
-        }
-        match (cur.parent(), cur.file_name()) {
-            (Some(parent), Some(name)) => {
-                rest.push(name.to_os_string());
-                cur = parent;
-            }
-            _ => return p.to_path_buf(),
-        }
-    }
-}
-
 /// Where opening `p` (absolute) leads on the host, resolved the way the
 /// kernel resolves it: every symlink on the way followed — a dangling one
 /// to the path it would create —, `..` taken after each link's target.
@@ -884,13 +860,24 @@ impl HostFacts {
                 .map(|r| (*r, true))
                 .chain(PROTECTED_HOME_PATHS.iter().map(|r| (*r, false)));
             for (rel, write_protected) in rels {
-                // Through a symlinked component (`~/.local` -> `dotfiles/local`)
-                // the command writes where the link leads: protect that
-                // place, by a path with no symlink in it (binds and the
-                // sweep never follow one).
-                let p = canonical_prefix(&home.join(rel));
+                // Through a symlinked component (`~/.local` -> `dotfiles/local`,
+                // a dangling `~/.config/nvim -> dotfiles/nvim`) the command
+                // writes where the link leads: protect that place, by a
+                // path with no symlink in it (binds and the sweep never
+                // follow one), and pin the links on the way in the grant.
+                let Some((p, links)) = follow_links(&home.join(rel)) else {
+                    continue;
+                };
                 if p == g.path || !p.starts_with(&g.path) {
                     continue;
+                }
+                let i = self.sweep_root_index(&g.path);
+                for (l, t) in links {
+                    if let Ok(lrel) = l.strip_prefix(&g.path) {
+                        if !lrel.as_os_str().is_empty() {
+                            self.sweep[i].pinned_links.insert(lrel.to_path_buf(), t);
+                        }
+                    }
                 }
                 match lstat_kind(&p) {
                     Some(k) if write_protected => {
@@ -898,45 +885,24 @@ impl HostFacts {
                     }
                     // An existing protected path is a secret: a stand-in.
                     Some(_) => {}
-                    None => {
-                        // The first missing component, swept from the
-                        // grant's root, recorded only when every component
-                        // before it is a real directory (the sweep never
-                        // follows a symlink).
-                        let Ok(below) = p.strip_prefix(&g.path) else {
-                            continue;
-                        };
-                        let mut cur = PathBuf::new();
-                        let mut real_dirs = true;
-                        for c in below.components() {
-                            cur.push(c);
-                            match lstat_kind(&g.path.join(&cur)) {
-                                None => break,
-                                Some(Kind::Dir) => {}
-                                Some(_) => {
-                                    real_dirs = false;
-                                    break;
-                                }
-                            }
-                        }
-                        if !real_dirs {
-                            continue;
-                        }
-                        let i = match self.sweep.iter().position(|r| r.root == g.path) {
-                            Some(i) => i,
-                            None => {
-                                self.sweep.push(SweepRoot {
-                                    root: g.path.clone(),
-                                    ..Default::default()
-                                });
-                                self.sweep.len() - 1
-                            }
-                        };
-                        if !self.sweep[i].missing.contains(&cur) {
-                            self.sweep[i].missing.push(cur);
-                        }
-                    }
+                    // The first missing component, swept from the grant's
+                    // root.
+                    None => sweep_first_missing(&g.path, &p, &mut self.sweep[i]),
                 }
+            }
+        }
+    }
+
+    /// The index of `root`'s record in `self.sweep`, made when missing.
+    fn sweep_root_index(&mut self, root: &Path) -> usize {
+        match self.sweep.iter().position(|r| r.root == root) {
+            Some(i) => i,
+            None => {
+                self.sweep.push(SweepRoot {
+                    root: root.to_path_buf(),
+                    ..Default::default()
+                });
+                self.sweep.len() - 1
             }
         }
     }
