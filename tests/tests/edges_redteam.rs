@@ -980,3 +980,33 @@ fn relinked_include_of_a_git_config_is_moved_aside() {
         );
     }
 }
+
+/// A writable grant of a home directory's part (`--rw ~/.config`) keeps
+/// the editor and shell configs in it read-only — also where a dangling
+/// symlink (`~/.config/nvim -> nvim-real`, not made yet) leads: what the
+/// command creates there is moved aside after the run.
+#[test]
+fn dangling_link_to_a_home_config_in_a_writable_grant_is_swept() {
+    let fx = Fixture::new();
+    let cfg = fx.home.join(".config");
+    std::fs::create_dir_all(&cfg).unwrap();
+    std::os::unix::fs::symlink("nvim-real", cfg.join("nvim")).unwrap();
+    let script = format!(
+        "mkdir -p {c}/nvim-real && echo 'os.execute(\"touch PWNED\")' > {c}/nvim-real/init.lua; echo ran",
+        c = cfg.display()
+    );
+    let grant = cfg.display().to_string();
+    let out = run(fx.sh("workspace-write", &["--no-audit", "--rw", &grant], &script));
+    assert!(
+        out.stdout.contains("ran"),
+        "control: the command ran\n{}",
+        out.dump()
+    );
+    assert!(
+        !read(cfg.join("nvim/init.lua"))
+            .unwrap_or_default()
+            .contains("PWNED"),
+        "~/.config/nvim/init.lua reaches what the command wrote through a dangling link\n{}",
+        out.dump()
+    );
+}
