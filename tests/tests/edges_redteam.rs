@@ -661,6 +661,9 @@ fn hg_and_jj_config_at_any_depth_is_write_protected() {
         for p in existing {
             write(fx.ws.join(p), "[ui]\n");
         }
+        // A secondary jj workspace: `.jj/repo` is a file naming the
+        // repository jj reads its config from.
+        write(fx.ws.join("second/.jj/repo"), "/nonexistent/.jj/repo\n");
         std::fs::create_dir_all(fx.ws.join("deep/er/.hg")).unwrap();
         std::fs::create_dir_all(fx.ws.join("vendor/x/.jj/repo/store")).unwrap();
         let created = [
@@ -680,11 +683,18 @@ fn hg_and_jj_config_at_any_depth_is_write_protected() {
                 )
             }))
             .collect::<String>()
-            + "echo ran";
+            + "mkdir -p evil && printf '[hooks]\\npre-status = touch PWNED\\n' > evil/config.toml; \
+               echo \"$PWD/evil\" > second/.jj/repo; echo ran";
         let out = run(fx.sh(level, &["--no-audit"], &script));
         assert!(
             out.stdout.contains("ran"),
             "control: the command ran\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(fx.ws.join("second/.jj/repo")).as_deref(),
+            Some("/nonexistent/.jj/repo\n"),
+            "{level}: the command repointed a jj workspace at a repository of its own\n{}",
             out.dump()
         );
         for p in existing {

@@ -1122,8 +1122,10 @@ impl HostFacts {
         }
         for part in moat_policy::vcs_parts(name) {
             let prel = rel.join(part);
-            // A non-directory on the way (a secondary jj workspace's
-            // `.jj/repo` file naming the repository) is the user's.
+            // A file on the way (a secondary jj workspace's `.jj/repo`
+            // naming the repository jj reads its config from) is the
+            // user's: kept, and read-only, so the command cannot point it
+            // at a repository of its own.
             let mut cur = rel.to_path_buf();
             for c in Path::new(part).components() {
                 cur.push(c);
@@ -1131,6 +1133,8 @@ impl HostFacts {
                     Some(Kind::Dir) => {}
                     Some(Kind::File) => {
                         sr.vcs_existing.insert(cur.clone());
+                        self.workspace_write_protected
+                            .insert(root.join(&cur), Kind::File);
                         break;
                     }
                     _ => break,
