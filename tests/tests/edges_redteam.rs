@@ -831,7 +831,9 @@ fn symlinked_write_protected_paths_are_protected_where_they_lead() {
 /// into one, to a directory holding one (the home, `/`) or a secret path
 /// that does not exist yet, or into `/proc` (a host tool's own environment)
 /// is removed after the run: a host tool or agent following it later would
-/// read what the sandbox hid. Other links stay, and so does a link the
+/// read what the sandbox hid. So is one to a write-protected file of the
+/// home (`~/.bashrc`): an agent writing "a project file" through it would
+/// change the shell's startup file. Other links stay, and so does a link the
 /// user made before the run.
 #[test]
 fn symlinks_left_to_secrets_are_removed_after_the_run() {
@@ -842,6 +844,7 @@ fn symlinks_left_to_secrets_are_removed_after_the_run() {
         let script = format!(
             "mkdir -p d && ln -s {h}/.ssh d/key && ln -s {h} home && ln -s / root && \
              ln -s {h}/.docker not-yet && ln -s /proc/self/environ env && ln -s d/key twice && \
+             ln -s {h}/.bashrc rc && \
              ln -s ../README d/readme && ln -s /usr/share share && echo ran"
         );
         let out = run(fx.sh(level, &["--no-audit"], &script));
@@ -850,7 +853,7 @@ fn symlinks_left_to_secrets_are_removed_after_the_run() {
             "control: the command ran\n{}",
             out.dump()
         );
-        for l in ["d/key", "home", "root", "not-yet", "env", "twice"] {
+        for l in ["d/key", "home", "root", "not-yet", "env", "twice", "rc"] {
             assert!(
                 !exists(fx.ws.join(l)),
                 "{level}: the link {l} the command left to a secret is still there\n{}",

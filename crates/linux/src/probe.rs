@@ -642,17 +642,43 @@ impl HostFacts {
         mark("probe: workspace walk, grants");
         // What a symlink the command leaves must not lead to (the sweep
         // removes it): every protected path, the invoking user's missing
-        // ones too (`~/.ssh` made later), moat's state and host sockets.
-        let secrets: Vec<PathBuf> = f
-            .secrets
-            .keys()
-            .chain(f.home_protected.keys())
-            .chain(f.moat_hidden.keys())
-            .chain(f.sockets.keys())
-            .cloned()
-            .chain(PROTECTED_HOME_PATHS.iter().map(|r| policy.home.join(r)))
-            .chain(ETC_SECRETS.iter().map(PathBuf::from))
-            .collect();
+        // ones too (`~/.ssh` made later), moat's state and host sockets;
+        // and the invoking user's write-protected files (`~/.bashrc`,
+        // `~/.local/bin`): a host tool writing "a project file" through
+        // the link would change them.
+        // Only when a root will be walked after the run (the links are
+        // looked at there).
+        let mut secrets: Vec<PathBuf> = Vec::new();
+        if f.sweep.iter().any(|r| r.find_new_gitdirs) {
+            secrets.extend(
+                f.secrets
+                    .keys()
+                    .chain(f.home_protected.keys())
+                    .chain(f.moat_hidden.keys())
+                    .chain(f.sockets.keys())
+                    .cloned()
+                    .chain(ETC_SECRETS.iter().map(PathBuf::from)),
+            );
+            if policy.home != Path::new("/") {
+                secrets.extend(PROTECTED_HOME_PATHS.iter().map(|r| policy.home.join(r)));
+                // A write-protected file that is itself a link (dotfiles:
+                // `~/.bashrc -> dotfiles/bashrc`) is written where it leads.
+                let write_protected = moat_policy::WRITE_PROTECTED_HOME_PATHS.iter().chain(
+                    WRITE_PROTECTED_WORKSPACE_NAMES
+                        .iter()
+                        .filter(|n| !n.ends_with('*')),
+                );
+                for r in write_protected {
+                    let p = policy.home.join(r);
+                    if lstat_kind(&p) == Some(Kind::Symlink) {
+                        if let Some((end, _)) = follow_links(&p) {
+                            secrets.push(end);
+                        }
+                    }
+                    secrets.push(p);
+                }
+            }
+        }
         let links = std::sync::Arc::new(std::mem::take(&mut f.workspace_links));
         for sr in &mut f.sweep {
             sr.secrets.clone_from(&secrets);

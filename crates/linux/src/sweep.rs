@@ -486,7 +486,7 @@ impl Sweeper {
         let why = match crate::probe::follow_links(&joined) {
             Some((reached, _)) if !leads_to_secret(&reached, &r.secrets) => return,
             Some((reached, _)) => format!(
-                "leads to {} (a protected path, a directory holding one, or /proc)",
+                "leads to {} (a protected or write-protected path, a directory holding one, or /proc)",
                 reached.display()
             ),
             None => "cannot be resolved (a loop, or a chain too long)".to_string(),
