@@ -1023,3 +1023,56 @@ fn dangling_link_to_a_home_config_in_a_writable_grant_is_swept() {
         out.dump()
     );
 }
+
+/// The user's global git and hg config may pull in a file kept in the
+/// workspace (a dotfiles repository: `[include] path =
+/// ~/dotfiles/git.local`, `%include ~/dotfiles/hgrc.local`): what the
+/// command writes there would run in every repository on the host. Such a
+/// file is write-protected in the workspace, existing or not.
+#[test]
+fn global_config_includes_from_the_workspace_are_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+        write(fx.ws.join("git.local"), "[user]\n\tname = a\n");
+        write(
+            fx.home.join(".gitconfig"),
+            &format!(
+                "[include]\n\tpath = {}\n[includeIf \"gitdir:/\"]\n\tpath = {}\n",
+                fx.ws.join("git.local").display(),
+                fx.ws.join("later/git.conf").display()
+            ),
+        );
+        write(
+            fx.home.join(".hgrc"),
+            &format!("%include {}\n", fx.ws.join("hgrc.local").display()),
+        );
+        std::fs::create_dir_all(fx.ws.join("later")).unwrap();
+        let marker = fx.root.join("PWNED");
+        let script = format!(
+            "printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' >> git.local; \
+             printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' > later/git.conf; \
+             printf '[hooks]\\npre-status = touch {m}\\n' > hgrc.local; echo ran",
+            m = marker.display()
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(&fx.ws, &fx.home, &["status"]);
+        assert!(
+            !exists(&marker),
+            "{level}: the host's git ran an fsmonitor the command wrote into a file the global config includes\n{}",
+            out.dump()
+        );
+        assert!(
+            !read(fx.ws.join("hgrc.local"))
+                .unwrap_or_default()
+                .contains("PWNED"),
+            "{level}: hgrc.local, included by ~/.hgrc, holds the command's hook\n{}",
+            out.dump()
+        );
+    }
+}

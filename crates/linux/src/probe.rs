@@ -1471,8 +1471,108 @@ impl HostFacts {
         }
         if !all.iter().any(|(r, _)| policy.home.starts_with(r)) {
             self.protect_home_links_into_roots(&policy.home);
+            self.protect_home_config_includes(&policy.home);
         }
         Ok(())
+    }
+
+    /// The invoking user's global git and hg config may pull in a file that
+    /// lies in a writable root (`[include] path = ~/dotfiles/git.local`,
+    /// `%include ~/dotfiles/hgrc.local`, `core.hooksPath =
+    /// ~/dotfiles/hooks`): what is written there runs in every repository
+    /// on the host. Each such file (includes followed, 8 deep) is
+    /// write-protected in its root like a path of the home itself.
+    fn protect_home_config_includes(&mut self, home: &Path) {
+        if home == Path::new("/") {
+            return;
+        }
+        let expand = |v: &str, base: &Path| -> Option<PathBuf> {
+            if let Some(r) = v.strip_prefix("~/") {
+                Some(home.join(r))
+            } else if v.starts_with('~') || v.contains('$') {
+                None
+            } else {
+                Some(normalize_lexically(&base.join(v)))
+            }
+        };
+        let mut named: Vec<PathBuf> = Vec::new();
+        // git: includes relative to the including file; a relative global
+        // hooksPath names a directory in every repository (not followed).
+        let mut queue: Vec<(PathBuf, usize)> = [".gitconfig", ".config/git/config"]
+            .iter()
+            .map(|r| (home.join(r), 0))
+            .collect();
+        while let Some((file, depth)) = queue.pop() {
+            let Some(text) = read_config_file(&file) else {
+                continue;
+            };
+            let Ok(entries) = moat_policy::gitconfig::parse(&text) else {
+                continue;
+            };
+            let base = file.parent().unwrap_or(home);
+            for e in entries {
+                let Some(v) = e.value.as_deref().filter(|v| !v.is_empty()) else {
+                    continue;
+                };
+                let include = e.key == "path"
+                    && ((e.section == "include" && e.subsection.is_none())
+                        || e.section == "includeif");
+                let hooks = e.section == "core" && e.subsection.is_none() && e.key == "hookspath";
+                if include {
+                    if let Some(p) = expand(v, base) {
+                        if depth < 8 && !named.contains(&p) {
+                            queue.push((p.clone(), depth + 1));
+                        }
+                        named.push(p);
+                    }
+                } else if hooks && (v.starts_with('/') || v.starts_with("~/")) {
+                    if let Some(p) = expand(v, base) {
+                        named.push(p);
+                    }
+                }
+            }
+        }
+        // hg: `%include PATH`, relative to the including file.
+        let mut queue: Vec<(PathBuf, usize)> = [".hgrc", ".config/hg/hgrc"]
+            .iter()
+            .map(|r| (home.join(r), 0))
+            .collect();
+        while let Some((file, depth)) = queue.pop() {
+            let Some(text) = read_config_file(&file) else {
+                continue;
+            };
+            let base = file.parent().unwrap_or(home);
+            for line in text.lines() {
+                let Some(rest) = line.strip_prefix("%include") else {
+                    continue;
+                };
+                if !rest.starts_with([' ', '\t']) {
+                    continue;
+                }
+                if let Some(p) = expand(rest.trim(), base) {
+                    if depth < 8 && !named.contains(&p) {
+                        queue.push((p.clone(), depth + 1));
+                    }
+                    named.push(p);
+                }
+            }
+        }
+        for p in named {
+            let Some((end, _)) = follow_links(&p) else {
+                continue;
+            };
+            let Some(i) = self
+                .sweep
+                .iter()
+                .position(|r| end.starts_with(&r.root) && end != r.root)
+            else {
+                continue;
+            };
+            let mut sr = std::mem::take(&mut self.sweep[i]);
+            let root = sr.root.clone();
+            self.protect_reached(&root, &p, &mut sr, false);
+            self.sweep[i] = sr;
+        }
     }
 
     /// The invoking user's home lies outside every writable root, so its
