@@ -646,3 +646,433 @@ fn push_to_a_read_only_local_remote_names_the_flag() {
         out.dump()
     );
 }
+
+/// Mercurial's `.hg/hgrc` and Jujutsu's repo and workspace config run
+/// programs on the host (`[hooks]`, `fix.tools`, `ui.pager`) exactly like
+/// `.git/config`: write-protected in every admin dir at any depth, and what
+/// the command creates there (a new repository's config, an admin dir's
+/// config where there was none) moved aside after the run while the
+/// repository itself is kept.
+#[test]
+fn hg_and_jj_config_at_any_depth_is_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        let existing = [".hg/hgrc", "sub/.hg/hgrc", "vendor/x/.jj/repo/config.toml"];
+        for p in existing {
+            write(fx.ws.join(p), "[ui]\n");
+        }
+        // A secondary jj workspace: `.jj/repo` is a file naming the
+        // repository jj reads its config from.
+        write(fx.ws.join("second/.jj/repo"), "/nonexistent/.jj/repo\n");
+        std::fs::create_dir_all(fx.ws.join("deep/er/.hg")).unwrap();
+        std::fs::create_dir_all(fx.ws.join("vendor/x/.jj/repo/store")).unwrap();
+        let created = [
+            "deep/er/.hg/hgrc",
+            "vendor/x/.jj/workspace-config.toml",
+            ".jj/repo/config.toml",
+            "new/a/.hg/hgrc",
+            "new/b/.jj/repo/config.toml",
+            "new/b/.jj/repo/config-id",
+        ];
+        let script = existing
+            .iter()
+            .map(|p| format!("printf '[hooks]\\npre-status = touch PWNED\\n' >> {p}; "))
+            .chain(created.iter().map(|p| {
+                format!(
+                    "mkdir -p $(dirname {p}); printf '[hooks]\\npre-status = touch PWNED\\n' > {p}; "
+                )
+            }))
+            .collect::<String>()
+            + "mkdir -p evil && printf '[hooks]\\npre-status = touch PWNED\\n' > evil/config.toml; \
+               echo \"$PWD/evil\" > second/.jj/repo; echo ran";
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(fx.ws.join("second/.jj/repo")).as_deref(),
+            Some("/nonexistent/.jj/repo\n"),
+            "{level}: the command repointed a jj workspace at a repository of its own\n{}",
+            out.dump()
+        );
+        for p in existing {
+            assert_eq!(
+                read(fx.ws.join(p)).as_deref(),
+                Some("[ui]\n"),
+                "{level}: the user's {p} changed or went\n{}",
+                out.dump()
+            );
+        }
+        for p in created {
+            let text = read(fx.ws.join(p)).unwrap_or_default();
+            assert!(
+                !text.contains("PWNED"),
+                "{level}: {p} holds the hook the command wrote (the host's hg/jj would run it)\n{}",
+                out.dump()
+            );
+        }
+        // The repositories the command made are kept, only their config went.
+        for d in ["new/a/.hg", "new/b/.jj/repo", ".jj/repo"] {
+            assert!(
+                fx.ws.join(d).is_dir(),
+                "{level}: {d} itself was removed\n{}",
+                out.dump()
+            );
+        }
+    }
+}
+
+/// An `%include PATH` in an `.hg/hgrc` makes the included file (relative
+/// to the hgrc's directory) as live as the hgrc: its `[hooks]` run on the
+/// host's next `hg status`. Existing ones are read-only, one that does not
+/// exist yet is moved aside after the run if the command creates it.
+#[test]
+fn hgrc_included_file_in_the_workspace_is_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        write(
+            fx.ws.join(".hg/hgrc"),
+            "[ui]\n%include ../shared.hgrc\n%include ../conf/later.rc\n",
+        );
+        write(fx.ws.join("shared.hgrc"), "%include nested.rc\n");
+        write(fx.ws.join("nested.rc"), "[ui]\n");
+        std::fs::create_dir_all(fx.ws.join("conf")).unwrap();
+        let hook = "printf '[hooks]\\npre-status = touch PWNED\\n'";
+        let script =
+            format!("{hook} >> shared.hgrc; {hook} >> nested.rc; {hook} > conf/later.rc; echo ran");
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        for p in ["shared.hgrc", "nested.rc", "conf/later.rc"] {
+            assert!(
+                !read(fx.ws.join(p)).unwrap_or_default().contains("PWNED"),
+                "{level}: {p}, included from .hg/hgrc, holds the hook the command wrote\n{}",
+                out.dump()
+            );
+        }
+    }
+}
+
+/// A write-protected path that is a symlink is protected where the host's
+/// tool will open it: the end of the chain is read-only (a `.git/config ->
+/// ../project.gitconfig`, a `.vscode -> editor/vscode`), a dangling link's
+/// target (`.git/hooks -> ../githooks`) is swept when the command creates
+/// it, and a link the command retargets or replaces is moved aside.
+#[test]
+fn symlinked_write_protected_paths_are_protected_where_they_lead() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+        std::fs::rename(fx.ws.join(".git/config"), fx.ws.join("project.gitconfig")).unwrap();
+        std::os::unix::fs::symlink("../project.gitconfig", fx.ws.join(".git/config")).unwrap();
+        std::fs::remove_dir_all(fx.ws.join(".git/hooks")).unwrap();
+        std::os::unix::fs::symlink("../githooks", fx.ws.join(".git/hooks")).unwrap();
+        // Two links on the way: `.vscode -> editor/vscode`, `editor -> real-editor`.
+        std::fs::create_dir_all(fx.ws.join("real-editor/vscode")).unwrap();
+        std::os::unix::fs::symlink("real-editor", fx.ws.join("editor")).unwrap();
+        std::os::unix::fs::symlink("editor/vscode", fx.ws.join(".vscode")).unwrap();
+        let marker = fx.root.join("PWNED");
+        let m = marker.display();
+        let script = format!(
+            "printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' >> project.gitconfig; \
+             mkdir -p githooks && printf '#!/bin/sh\\ntouch {m}\\n' > githooks/post-checkout && chmod +x githooks/post-checkout; \
+             echo '{{\"tasks\":[]}}' > editor/vscode/tasks.json; echo ran"
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(&fx.ws, &fx.home, &["status"]);
+        let _ = host_git(&fx.ws, &fx.home, &["checkout", "-q", "-b", "x"]);
+        assert!(
+            !exists(&marker),
+            "{level}: the host's git ran what the command wrote through a symlinked .git/config or .git/hooks\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(fx.ws.join("editor/vscode/tasks.json")),
+            "{level}: the command wrote tasks.json where the .vscode link leads\n{}",
+            out.dump()
+        );
+        // Retargeting the links instead.
+        let script = format!(
+            "printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' > evil.gitconfig; \
+             rm .git/config && ln -s ../evil.gitconfig .git/config; \
+             mkdir -p evil/vscode && echo '{{\"tasks\":[]}}' > evil/vscode/tasks.json && rm editor && ln -s evil editor; echo ran"
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(&fx.ws, &fx.home, &["status"]);
+        assert!(
+            !exists(&marker),
+            "{level}: the host's git ran the fsmonitor of a config the command relinked\n{}",
+            out.dump()
+        );
+        assert!(
+            !exists(fx.ws.join(".vscode/tasks.json")),
+            "{level}: .vscode/tasks.json reaches the command's file through a link it relinked\n{}",
+            out.dump()
+        );
+    }
+}
+
+/// A symlink the command leaves in the workspace that leads to a secret,
+/// into one, to a directory holding one (the home, `/`) or a secret path
+/// that does not exist yet, or into `/proc` (a host tool's own environment)
+/// is removed after the run: a host tool or agent following it later would
+/// read what the sandbox hid. So is one to a write-protected file of the
+/// home (`~/.bashrc`): an agent writing "a project file" through it would
+/// change the shell's startup file. Other links stay, and so does a link the
+/// user made before the run.
+#[test]
+fn symlinks_left_to_secrets_are_removed_after_the_run() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        let h = fx.home.display();
+        std::os::unix::fs::symlink(fx.home.join(".ssh"), fx.ws.join("users-own")).unwrap();
+        let script = format!(
+            "mkdir -p d && ln -s {h}/.ssh d/key && ln -s {h} home && ln -s / root && \
+             ln -s {h}/.docker not-yet && ln -s /proc/self/environ env && ln -s d/key twice && \
+             ln -s {h}/.bashrc rc && \
+             ln -s ../README d/readme && ln -s /usr/share share && echo ran"
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        for l in ["d/key", "home", "root", "not-yet", "env", "twice", "rc"] {
+            assert!(
+                !exists(fx.ws.join(l)),
+                "{level}: the link {l} the command left to a secret is still there\n{}",
+                out.dump()
+            );
+        }
+        for l in ["d/readme", "share", "users-own"] {
+            assert!(
+                exists(fx.ws.join(l)),
+                "{level}: the harmless link {l} was removed\n{}",
+                out.dump()
+            );
+        }
+    }
+}
+
+/// mise runs `[hooks] enter` and `[env] _.source` on `cd` from every
+/// project config it reads, not only `mise.toml`: `mise.local.toml`,
+/// `.mise/config.toml`, `.config/mise.toml`, `.config/mise/config.toml`…
+/// An existing one stays as it was, a new one goes after the run.
+#[test]
+fn mise_project_configs_are_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        write(fx.ws.join("mise.local.toml"), "[tools]\n");
+        let hook = "printf '[hooks]\\nenter = \"touch PWNED\"\\n'";
+        let created = [
+            ".mise.local.toml",
+            ".mise/config.toml",
+            "mise/config.toml",
+            ".config/mise.toml",
+            ".config/mise/config.toml",
+        ];
+        let script = format!("{hook} >> mise.local.toml; ")
+            + &created
+                .iter()
+                .map(|p| format!("mkdir -p $(dirname {p}); {hook} > {p}; "))
+                .collect::<String>()
+            + "echo ran";
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(fx.ws.join("mise.local.toml")).as_deref(),
+            Some("[tools]\n"),
+            "{level}: mise.local.toml was changed\n{}",
+            out.dump()
+        );
+        for p in created {
+            assert!(
+                !read(fx.ws.join(p)).unwrap_or_default().contains("PWNED"),
+                "{level}: a new {p} with a hook survived the run\n{}",
+                out.dump()
+            );
+        }
+    }
+}
+
+/// Dotfiles kept in a repository: the home's startup files are symlinks
+/// into the workspace (`~/.bashrc -> ~/dotfiles/bashrc`). The home is
+/// outside the workspace, so read-only, but the host's next shell opens
+/// what the link leads to: that file is write-protected in the workspace
+/// (read-only, or moved aside when the link dangles and the command
+/// creates it).
+#[test]
+fn home_startup_files_linked_into_the_workspace_are_write_protected() {
+    use std::os::unix::fs::symlink;
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        write(fx.ws.join("bashrc"), "# rc\n");
+        std::fs::create_dir_all(fx.ws.join("nvim")).unwrap();
+        symlink(fx.ws.join("bashrc"), fx.home.join(".bashrc")).unwrap();
+        symlink(fx.ws.join("profile"), fx.home.join(".profile")).unwrap();
+        std::fs::create_dir_all(fx.home.join(".config")).unwrap();
+        symlink(fx.ws.join("nvim"), fx.home.join(".config/nvim")).unwrap();
+        let script = "echo 'touch PWNED' >> bashrc; echo 'touch PWNED' > profile; \
+                      echo 'os.execute(\"touch PWNED\")' > nvim/init.lua; echo ran";
+        let out = run(fx.sh(level, &["--no-audit"], script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(fx.home.join(".bashrc")).as_deref(),
+            Some("# rc\n"),
+            "{level}: ~/.bashrc (a link into the workspace) was changed\n{}",
+            out.dump()
+        );
+        for p in [".profile", ".config/nvim/init.lua"] {
+            assert!(
+                !read(fx.home.join(p)).unwrap_or_default().contains("PWNED"),
+                "{level}: ~/{p} reaches what the command wrote in the workspace\n{}",
+                out.dump()
+            );
+        }
+    }
+}
+
+/// A config a repository includes through a symlink (`include.path =
+/// ../shared.gitconfig`, `shared.gitconfig -> team/git.conf`) is read where
+/// the link leads; a command that retargets the link to a file of its own
+/// has the link moved aside after the run, so the host's git never reads
+/// the new target.
+#[test]
+fn relinked_include_of_a_git_config_is_moved_aside() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+        write(fx.ws.join("team/git.conf"), "[user]\n\tname = a\n");
+        std::os::unix::fs::symlink("team/git.conf", fx.ws.join("shared.gitconfig")).unwrap();
+        git_ok(
+            &fx.ws,
+            &fx.home,
+            &["config", "include.path", "../shared.gitconfig"],
+        );
+        let marker = fx.root.join("PWNED");
+        let script = format!(
+            "printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' > evil.conf; \
+             rm shared.gitconfig && ln -s evil.conf shared.gitconfig; echo ran",
+            m = marker.display()
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(&fx.ws, &fx.home, &["status"]);
+        assert!(
+            !exists(&marker),
+            "{level}: the host's git ran the fsmonitor of an included config the command relinked\n{}",
+            out.dump()
+        );
+    }
+}
+
+/// A writable grant of a home directory's part (`--rw ~/.config`) keeps
+/// the editor and shell configs in it read-only — also where a dangling
+/// symlink (`~/.config/nvim -> nvim-real`, not made yet) leads: what the
+/// command creates there is moved aside after the run.
+#[test]
+fn dangling_link_to_a_home_config_in_a_writable_grant_is_swept() {
+    let fx = Fixture::new();
+    let cfg = fx.home.join(".config");
+    std::fs::create_dir_all(&cfg).unwrap();
+    std::os::unix::fs::symlink("nvim-real", cfg.join("nvim")).unwrap();
+    let script = format!(
+        "mkdir -p {c}/nvim-real && echo 'os.execute(\"touch PWNED\")' > {c}/nvim-real/init.lua; echo ran",
+        c = cfg.display()
+    );
+    let grant = cfg.display().to_string();
+    let out = run(fx.sh("workspace-write", &["--no-audit", "--rw", &grant], &script));
+    assert!(
+        out.stdout.contains("ran"),
+        "control: the command ran\n{}",
+        out.dump()
+    );
+    assert!(
+        !read(cfg.join("nvim/init.lua"))
+            .unwrap_or_default()
+            .contains("PWNED"),
+        "~/.config/nvim/init.lua reaches what the command wrote through a dangling link\n{}",
+        out.dump()
+    );
+}
+
+/// The user's global git and hg config may pull in a file kept in the
+/// workspace (a dotfiles repository: `[include] path =
+/// ~/dotfiles/git.local`, `%include ~/dotfiles/hgrc.local`): what the
+/// command writes there would run in every repository on the host. Such a
+/// file is write-protected in the workspace, existing or not.
+#[test]
+fn global_config_includes_from_the_workspace_are_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+        write(fx.ws.join("git.local"), "[user]\n\tname = a\n");
+        write(
+            fx.home.join(".gitconfig"),
+            &format!(
+                "[include]\n\tpath = {}\n[includeIf \"gitdir:/\"]\n\tpath = {}\n",
+                fx.ws.join("git.local").display(),
+                fx.ws.join("later/git.conf").display()
+            ),
+        );
+        write(
+            fx.home.join(".hgrc"),
+            &format!("%include {}\n", fx.ws.join("hgrc.local").display()),
+        );
+        std::fs::create_dir_all(fx.ws.join("later")).unwrap();
+        let marker = fx.root.join("PWNED");
+        let script = format!(
+            "printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' >> git.local; \
+             printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' > later/git.conf; \
+             printf '[hooks]\\npre-status = touch {m}\\n' > hgrc.local; echo ran",
+            m = marker.display()
+        );
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        let _ = host_git(&fx.ws, &fx.home, &["status"]);
+        assert!(
+            !exists(&marker),
+            "{level}: the host's git ran an fsmonitor the command wrote into a file the global config includes\n{}",
+            out.dump()
+        );
+        assert!(
+            !read(fx.ws.join("hgrc.local"))
+                .unwrap_or_default()
+                .contains("PWNED"),
+            "{level}: hgrc.local, included by ~/.hgrc, holds the command's hook\n{}",
+            out.dump()
+        );
+    }
+}

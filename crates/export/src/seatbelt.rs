@@ -105,6 +105,9 @@ fn write_protected(policy: &Policy, view: &View) -> (Vec<PathBuf>, Vec<String>) 
         for n in WRITE_PROTECTED_GIT_PATHS {
             paths.push(ws.join(".git").join(n));
         }
+        for n in moat_policy::WRITE_PROTECTED_VCS_PATHS {
+            paths.push(ws.join(n));
+        }
         regexes.push(regex_prefix(ws, "/\\.moat"));
     }
     paths.sort();

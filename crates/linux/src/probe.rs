@@ -111,6 +111,10 @@ pub struct HostFacts {
     /// same for each directory grant (with the grant's own `.git`): their
     /// configs are redacted like the root's.
     pub workspace_nested_git: Vec<PathBuf>,
+    /// Every symlink the complete walks saw (workspace, walked grants),
+    /// with its target as written: the sweep removes only new links that
+    /// lead to a secret.
+    pub workspace_links: BTreeMap<PathBuf, PathBuf>,
     /// What the post-run sweep checks, per writable root, with the state
     /// before the run (missing write-protected paths, `.moat*` names
     /// present, git dirs and their executable parts).
@@ -375,27 +379,130 @@ impl Resolver {
     }
 }
 
-/// `p` with its longest existing prefix resolved (symlinks followed) and
-/// the missing rest appended; `p` itself when that prefix cannot be
-/// resolved.
-fn canonical_prefix(p: &Path) -> PathBuf {
-    let mut rest = Vec::new();
-    let mut cur = p;
-    loop {
-        if cur.symlink_metadata().is_ok() {
-            let Ok(mut c) = fs::canonicalize(cur) else {
-                return p.to_path_buf();
-            };
-            c.extend(rest.iter().rev());
-            return c;
+/// Where opening `p` (absolute) leads on the host, resolved the way the
+/// kernel resolves it: every symlink on the way followed — a dangling one
+/// to the path it would create —, `..` taken after each link's target.
+/// Returns the path reached (no symlink in the part of it that exists) and
+/// each symlink passed, at its own resolved location, with its target as
+/// written. `None`: not absolute, a loop (more than 40 links, the
+/// kernel's limit), or more than 4096 components looked at in all (links
+/// whose targets are thousands of components long would make each one
+/// cost thousands of lstats). Only lstat and readlink: nothing is opened.
+pub(crate) fn follow_links(p: &Path) -> Option<(PathBuf, Vec<(PathBuf, PathBuf)>)> {
+    use std::collections::VecDeque;
+    use std::ffi::OsString;
+    use std::path::Component;
+    fn comps(p: &Path) -> VecDeque<OsString> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::Normal(s) => Some(s.to_os_string()),
+                Component::ParentDir => Some(OsString::from("..")),
+                _ => None,
+            })
+            .collect()
+    }
+    if !p.is_absolute() {
+        return None;
+    }
+    let mut todo = comps(p);
+    let mut done = PathBuf::from("/");
+    let mut links = Vec::new();
+    let mut missing = false;
+    let mut steps = 0usize;
+    while let Some(c) = todo.pop_front() {
+        steps += 1;
+        if steps > 4096 {
+            return None;
         }
-        match (cur.parent(), cur.file_name()) {
-            (Some(parent), Some(name)) => {
-                rest.push(name.to_os_string());
-                cur = parent;
+        if c == ".." {
+            done.pop();
+            continue;
+        }
+        let here = done.join(&c);
+        if missing {
+            done = here;
+            continue;
+        }
+        match fs::symlink_metadata(&here) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if links.len() >= 40 {
+                    return None;
+                }
+                let t = fs::read_link(&here).ok()?;
+                if t.is_absolute() {
+                    done = PathBuf::from("/");
+                }
+                let mut front = comps(&t);
+                front.extend(todo.drain(..));
+                todo = front;
+                links.push((here, t));
             }
-            _ => return p.to_path_buf(),
+            Ok(_) => done = here,
+            Err(_) => {
+                missing = true;
+                done = here;
+            }
         }
+    }
+    Some((done, links))
+}
+
+/// `p` with `.` and `..` taken lexically (Python's `os.path.normpath`,
+/// which Mercurial applies to an `%include` path).
+fn normalize_lexically(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A small config file's text (at most 1 MiB, a regular file: opened
+/// non-blocking, so a FIFO left in its place cannot hang the probe).
+fn read_config_file(p: &Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(p)
+        .ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.is_file() || meta.len() > 1 << 20 {
+        return None;
+    }
+    let mut text = String::new();
+    f.take(1 << 20).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// Records `p` (missing, beneath `root`, no symlink in it) for the sweep by
+/// its first missing component, only when every component before it is a
+/// real directory (the sweep never follows a symlink).
+fn sweep_first_missing(root: &Path, p: &Path, sr: &mut SweepRoot) {
+    let Ok(rel) = p.strip_prefix(root) else {
+        return;
+    };
+    let mut cur = PathBuf::new();
+    for c in rel.components() {
+        cur.push(c);
+        match lstat_kind(&root.join(&cur)) {
+            None => break,
+            Some(Kind::Dir) => {}
+            Some(_) => return,
+        }
+    }
+    if !cur.as_os_str().is_empty() && !sr.missing.contains(&cur) {
+        sr.missing.push(cur);
     }
 }
 
@@ -581,6 +688,52 @@ impl HostFacts {
         f.probe_workspace(policy, &passwd);
         f.probe_write_protected_in_grants(policy);
         mark("probe: workspace walk, grants");
+        // What a symlink the command leaves must not lead to (the sweep
+        // removes it): every protected path, the invoking user's missing
+        // ones too (`~/.ssh` made later), moat's state and host sockets;
+        // and the invoking user's write-protected files (`~/.bashrc`,
+        // `~/.local/bin`): a host tool writing "a project file" through
+        // the link would change them.
+        // Only when a root will be walked after the run (the links are
+        // looked at there).
+        let mut secrets: Vec<PathBuf> = Vec::new();
+        if f.sweep.iter().any(|r| r.find_new_gitdirs) {
+            secrets.extend(
+                f.secrets
+                    .keys()
+                    .chain(f.home_protected.keys())
+                    .chain(f.moat_hidden.keys())
+                    .chain(f.sockets.keys())
+                    .cloned()
+                    .chain(ETC_SECRETS.iter().map(PathBuf::from)),
+            );
+            if policy.home != Path::new("/") {
+                secrets.extend(PROTECTED_HOME_PATHS.iter().map(|r| policy.home.join(r)));
+                // A write-protected file that is itself a link (dotfiles:
+                // `~/.bashrc -> dotfiles/bashrc`) is written where it leads.
+                let write_protected = moat_policy::WRITE_PROTECTED_HOME_PATHS.iter().chain(
+                    WRITE_PROTECTED_WORKSPACE_NAMES
+                        .iter()
+                        .filter(|n| !n.ends_with('*')),
+                );
+                for r in write_protected {
+                    let p = policy.home.join(r);
+                    if lstat_kind(&p) == Some(Kind::Symlink) {
+                        if let Some((end, _)) = follow_links(&p) {
+                            secrets.push(end);
+                        }
+                    }
+                    secrets.push(p);
+                }
+            }
+        }
+        let links = std::sync::Arc::new(std::mem::take(&mut f.workspace_links));
+        for sr in &mut f.sweep {
+            sr.secrets.clone_from(&secrets);
+            if sr.find_new_gitdirs {
+                sr.links_before = Some(links.clone());
+            }
+        }
         f.workspace_missing = f
             .sweep
             .iter()
@@ -792,13 +945,24 @@ impl HostFacts {
                 .map(|r| (*r, true))
                 .chain(PROTECTED_HOME_PATHS.iter().map(|r| (*r, false)));
             for (rel, write_protected) in rels {
-                // Through a symlinked component (`~/.local` -> `dotfiles/local`)
-                // the command writes where the link leads: protect that
-                // place, by a path with no symlink in it (binds and the
-                // sweep never follow one).
-                let p = canonical_prefix(&home.join(rel));
+                // Through a symlinked component (`~/.local` -> `dotfiles/local`,
+                // a dangling `~/.config/nvim -> dotfiles/nvim`) the command
+                // writes where the link leads: protect that place, by a
+                // path with no symlink in it (binds and the sweep never
+                // follow one), and pin the links on the way in the grant.
+                let Some((p, links)) = follow_links(&home.join(rel)) else {
+                    continue;
+                };
                 if p == g.path || !p.starts_with(&g.path) {
                     continue;
+                }
+                let i = self.sweep_root_index(&g.path);
+                for (l, t) in links {
+                    if let Ok(lrel) = l.strip_prefix(&g.path) {
+                        if !lrel.as_os_str().is_empty() {
+                            self.sweep[i].pinned_links.insert(lrel.to_path_buf(), t);
+                        }
+                    }
                 }
                 match lstat_kind(&p) {
                     Some(k) if write_protected => {
@@ -806,45 +970,24 @@ impl HostFacts {
                     }
                     // An existing protected path is a secret: a stand-in.
                     Some(_) => {}
-                    None => {
-                        // The first missing component, swept from the
-                        // grant's root, recorded only when every component
-                        // before it is a real directory (the sweep never
-                        // follows a symlink).
-                        let Ok(below) = p.strip_prefix(&g.path) else {
-                            continue;
-                        };
-                        let mut cur = PathBuf::new();
-                        let mut real_dirs = true;
-                        for c in below.components() {
-                            cur.push(c);
-                            match lstat_kind(&g.path.join(&cur)) {
-                                None => break,
-                                Some(Kind::Dir) => {}
-                                Some(_) => {
-                                    real_dirs = false;
-                                    break;
-                                }
-                            }
-                        }
-                        if !real_dirs {
-                            continue;
-                        }
-                        let i = match self.sweep.iter().position(|r| r.root == g.path) {
-                            Some(i) => i,
-                            None => {
-                                self.sweep.push(SweepRoot {
-                                    root: g.path.clone(),
-                                    ..Default::default()
-                                });
-                                self.sweep.len() - 1
-                            }
-                        };
-                        if !self.sweep[i].missing.contains(&cur) {
-                            self.sweep[i].missing.push(cur);
-                        }
-                    }
+                    // The first missing component, swept from the grant's
+                    // root.
+                    None => sweep_first_missing(&g.path, &p, &mut self.sweep[i]),
                 }
+            }
+        }
+    }
+
+    /// The index of `root`'s record in `self.sweep`, made when missing.
+    fn sweep_root_index(&mut self, root: &Path) -> usize {
+        match self.sweep.iter().position(|r| r.root == root) {
+            Some(i) => i,
+            None => {
+                self.sweep.push(SweepRoot {
+                    root: root.to_path_buf(),
+                    ..Default::default()
+                });
+                self.sweep.len() - 1
             }
         }
     }
@@ -862,6 +1005,7 @@ impl HostFacts {
         root: &Path,
         is_home: bool,
         nested_git: Option<&[PathBuf]>,
+        nested_vcs: &[PathBuf],
         listing: Option<&RootListing>,
     ) -> Result<(), String> {
         let mut sr = SweepRoot {
@@ -901,6 +1045,12 @@ impl HostFacts {
             match kind {
                 Some(k) => {
                     self.workspace_write_protected.insert(root.join(n), k);
+                    // A link (`.vscode -> shared/vscode`, a dangling
+                    // `.envrc -> envs/dev`): the place the host's tool
+                    // opens through it is protected, and the link pinned.
+                    if k == Kind::Symlink {
+                        self.protect_reached(root, &root.join(n), &mut sr, false);
+                    }
                 }
                 None => sr.missing.push(PathBuf::from(n)),
             }
@@ -917,36 +1067,13 @@ impl HostFacts {
                 .chain(missing_protected)
             {
                 // Through a symlinked component (`~/.local` ->
-                // `dotfiles/local`) the command writes where the link
-                // leads: protect that place, by a path with no symlink in
-                // it (binds and the sweep never follow one).
-                let p = canonical_prefix(&root.join(rel));
-                if let Some(k) = lstat_kind(&p) {
-                    self.workspace_write_protected.insert(p, k);
-                    continue;
-                }
-                let rel = p.strip_prefix(root).unwrap_or(Path::new(rel));
-                // Sweep the first missing component (creating it is the
-                // first step towards the protected path), recorded only when
-                // every component before it is a real directory: the sweep
-                // then neutralises one that the command turned into a
-                // symlink, and never follows it.
-                let mut cur = PathBuf::new();
-                let mut real_dirs = true;
-                for c in rel.components() {
-                    cur.push(c);
-                    match lstat_kind(&root.join(&cur)) {
-                        None => break,
-                        Some(Kind::Dir) => {}
-                        Some(_) => {
-                            real_dirs = false;
-                            break;
-                        }
-                    }
-                }
-                if real_dirs && !sr.missing.contains(&cur) {
-                    sr.missing.push(cur);
-                }
+                // `dotfiles/local`, a dangling `~/.vimrc -> dotfiles/vimrc`)
+                // the command writes where the link leads: protect that
+                // place, by a path with no symlink in it (binds and the
+                // sweep never follow one), and pin the links on the way.
+                // Missing: the first missing component is swept (creating
+                // it is the first step towards the protected path).
+                self.protect_reached(root, &root.join(rel), &mut sr, true);
             }
         }
         // The walk saw every git dir below this root before the run: new
@@ -983,6 +1110,11 @@ impl HostFacts {
                     if let Ok(t) = fs::read_link(root.join(&gp.rel)) {
                         sr.git_links.insert(gp.rel.clone(), t);
                     }
+                    // A `.git/config -> ../project.gitconfig`, a dangling
+                    // `.git/hooks -> ../hooks`: git opens where it leads.
+                    if gp.protected {
+                        self.protect_reached(root, &root.join(&gp.rel), &mut sr, false);
+                    }
                 } else {
                     sr.git_existing.insert(gp.rel.clone());
                 }
@@ -998,8 +1130,145 @@ impl HostFacts {
             self.protect_config_named_paths(root, &rel, &mut sr)?;
             sr.gitdirs.push(rel);
         }
+        // Other VCSs' config (`.hg/hgrc`, `.jj/repo/config.toml`): in the
+        // root's own admin dirs and in every one the walk found below it.
+        let mut vcs_dirs: Vec<PathBuf> = Vec::new();
+        let own = moat_policy::WRITE_PROTECTED_VCS_PATHS
+            .iter()
+            .filter_map(|p| p.split('/').next())
+            .map(PathBuf::from);
+        let found = nested_vcs
+            .iter()
+            .filter_map(|d| d.strip_prefix(root).ok())
+            .map(Path::to_path_buf);
+        for d in own.chain(found) {
+            if !vcs_dirs.contains(&d) {
+                vcs_dirs.push(d);
+            }
+        }
+        for d in &vcs_dirs {
+            self.protect_vcs_dir(root, d, &mut sr);
+        }
+        sr.vcs_dirs = vcs_dirs;
         self.sweep.push(sr);
         Ok(())
+    }
+
+    /// Write-protects what the host's tool reaches when it opens `p` (a
+    /// path in `root` it loads code or config from): the end of the link
+    /// chain ([`follow_links`]), read-only when it exists, swept when it is
+    /// missing beneath `root`; and every symlink on the way inside `root`
+    /// pinned (the sweep moves one the command retargeted or replaced
+    /// aside). An end that is `root` itself or above it is left alone
+    /// (only a read-only root could protect it), and so is one outside
+    /// `root` unless `outside` (a home path's: read-only wherever the view
+    /// shows it; a link elsewhere may lead to a secret, which has its
+    /// stand-in).
+    fn protect_reached(&mut self, root: &Path, p: &Path, sr: &mut SweepRoot, outside: bool) {
+        let Some((end, links)) = follow_links(p) else {
+            return;
+        };
+        for (l, t) in links {
+            if let Ok(rel) = l.strip_prefix(root) {
+                if !rel.as_os_str().is_empty() {
+                    sr.pinned_links.insert(rel.to_path_buf(), t);
+                }
+            }
+        }
+        if root.starts_with(&end) || !(outside || end.starts_with(root)) {
+            return;
+        }
+        match lstat_kind(&end) {
+            Some(k) => {
+                self.workspace_write_protected.insert(end, k);
+            }
+            None => sweep_first_missing(root, &end, sr),
+        }
+    }
+
+    /// The config parts ([`moat_policy::vcs_parts`]) of the VCS admin dir
+    /// at `rel`: existing ones read-only (through any symlink, pinned),
+    /// missing ones swept — only inside an admin dir that exists: a new one
+    /// (`hg init`, `jj git init`) is kept, its parts are checked by the
+    /// sweep. Mercurial's `%include`d files are protected like the `hgrc`
+    /// that names them.
+    fn protect_vcs_dir(&mut self, root: &Path, rel: &Path, sr: &mut SweepRoot) {
+        let Some(name) = rel.file_name().and_then(|n| n.to_str()) else {
+            return;
+        };
+        let dir = root.join(rel);
+        match lstat_kind(&dir) {
+            None => return,
+            Some(Kind::File) => {
+                sr.vcs_existing.insert(rel.to_path_buf());
+                return;
+            }
+            Some(_) => {}
+        }
+        for part in moat_policy::vcs_parts(name) {
+            let prel = rel.join(part);
+            // A file on the way (a secondary jj workspace's `.jj/repo`
+            // naming the repository jj reads its config from) is the
+            // user's: kept, and read-only, so the command cannot point it
+            // at a repository of its own.
+            let mut cur = rel.to_path_buf();
+            for c in Path::new(part).components() {
+                cur.push(c);
+                match lstat_kind(&root.join(&cur)) {
+                    Some(Kind::Dir) => {}
+                    Some(Kind::File) => {
+                        sr.vcs_existing.insert(cur.clone());
+                        self.workspace_write_protected
+                            .insert(root.join(&cur), Kind::File);
+                        break;
+                    }
+                    _ => break,
+                }
+            }
+            let p = root.join(&prel);
+            if matches!(lstat_kind(&p), Some(Kind::File | Kind::Dir)) {
+                sr.vcs_existing.insert(prel.clone());
+            }
+            self.protect_reached(root, &p, sr, false);
+            if name == ".hg" && matches!(part, "hgrc" | "hgrc-not-shared") {
+                self.protect_hg_includes(root, &p, sr, 0);
+            }
+        }
+    }
+
+    /// Mercurial reads the files an `hgrc` names with `%include PATH`
+    /// (relative to the including file's directory, `~` expanded) exactly
+    /// like the `hgrc` itself, hooks included: each one is write-protected
+    /// like it, and the files it includes in turn.
+    fn protect_hg_includes(&mut self, root: &Path, rc: &Path, sr: &mut SweepRoot, depth: usize) {
+        if depth > 8 {
+            return;
+        }
+        let Some(text) = read_config_file(rc) else {
+            return;
+        };
+        let home = self
+            .env
+            .iter()
+            .find(|(k, _)| k == "HOME")
+            .map(|(_, v)| PathBuf::from(v));
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("%include") else {
+                continue;
+            };
+            if !rest.starts_with([' ', '\t']) {
+                continue;
+            }
+            let path = rest.trim();
+            let expanded = match (path.strip_prefix("~/"), &home) {
+                (Some(r), Some(h)) => h.join(r),
+                _ => PathBuf::from(path),
+            };
+            let base = rc.parent().unwrap_or(root);
+            let inc = normalize_lexically(&base.join(expanded));
+            self.protect_reached(root, &inc, sr, false);
+            self.protect_hg_includes(root, &inc, sr, depth + 1);
+        }
     }
 
     /// What the git dir at `rel`'s config names inside `root` — its
@@ -1032,43 +1301,24 @@ impl HostFacts {
             .map(|p| (p, "core.hooksPath"))
             .chain(named.includes.iter().map(|p| (p, "include.path")));
         for (p, key) in all {
-            let p = canonical_prefix(p);
-            if !p.starts_with(root) {
+            // Where git opens it, through any symlink (a dangling one too).
+            let Some((end, _)) = follow_links(p) else {
+                continue;
+            };
+            if !end.starts_with(root) {
                 continue;
             }
-            if p == root {
+            if end == root {
                 return Err(format!(
                     "the git config in {} sets {key} to {}, the root of a directory the command may write: moat cannot keep what git runs from there read-only without making all of it read-only. Point {key} at a subdirectory (git config {key} .githooks), or run at --policy read-only",
                     git_dir.display(),
-                    p.display()
+                    end.display()
                 ));
             }
-            if let Some(k) = lstat_kind(&p) {
-                self.workspace_write_protected.insert(p, k);
-                continue;
-            }
-            // Missing: the first missing component is swept, recorded only
-            // when every component before it is a real directory (as for
-            // the home paths above).
-            let Ok(prel) = p.strip_prefix(root) else {
-                continue;
-            };
-            let mut cur = PathBuf::new();
-            let mut real_dirs = true;
-            for c in prel.components() {
-                cur.push(c);
-                match lstat_kind(&root.join(&cur)) {
-                    None => break,
-                    Some(Kind::Dir) => {}
-                    Some(_) => {
-                        real_dirs = false;
-                        break;
-                    }
-                }
-            }
-            if real_dirs && !sr.missing.contains(&cur) {
-                sr.missing.push(cur);
-            }
+            // Read-only when it exists, its first missing component swept
+            // when not, and the links on the way pinned (one the command
+            // retargets is moved aside after the run).
+            self.protect_reached(root, p, sr, false);
         }
         Ok(())
     }
@@ -1081,9 +1331,16 @@ impl HostFacts {
     /// Also returns the workspace root's own entries with their kind (from
     /// the same listing), so the write-protected names there are looked up
     /// without a second listing or an lstat each.
-    fn walk_workspace(&mut self, ws: &Path) -> Result<(Vec<PathBuf>, Option<RootListing>), String> {
+    /// And every other VCS admin dir (`.hg`, `.jj`) at any depth, the
+    /// root's included.
+    #[allow(clippy::type_complexity)]
+    fn walk_workspace(
+        &mut self,
+        ws: &Path,
+    ) -> Result<(Vec<PathBuf>, Vec<PathBuf>, Option<RootListing>), String> {
         use std::os::unix::ffi::OsStrExt;
         let mut nested_git = Vec::new();
+        let mut nested_vcs = Vec::new();
         let mut root_listing = None;
         let mut stack = vec![ws.to_path_buf()];
         while let Some(dir) = stack.pop() {
@@ -1139,6 +1396,14 @@ impl HostFacts {
                     continue;
                 }
                 let Ok(ft) = e.file_type() else { continue };
+                if ft.is_symlink() {
+                    if let Ok(t) = fs::read_link(e.path()) {
+                        self.workspace_links.insert(e.path(), t);
+                    }
+                }
+                if moat_policy::is_vcs_dir_name(&name.to_string_lossy()) {
+                    nested_vcs.push(e.path());
+                }
                 if nb == b".git" {
                     if dir != ws {
                         nested_git.push(e.path());
@@ -1159,7 +1424,7 @@ impl HostFacts {
                 root_listing = listing;
             }
         }
-        Ok((nested_git, root_listing))
+        Ok((nested_git, nested_vcs, root_listing))
     }
 
     fn probe_workspace(&mut self, policy: &Policy, passwd: &[(u32, PathBuf)]) {
@@ -1174,7 +1439,7 @@ impl HostFacts {
         passwd: &[(u32, PathBuf)],
     ) -> Result<(), String> {
         let ws = &policy.workspace;
-        let (nested_git, ws_listing) = self.walk_workspace(ws)?;
+        let (nested_git, nested_vcs, ws_listing) = self.walk_workspace(ws)?;
         self.workspace_nested_git.clone_from(&nested_git);
         // Directory grants outside the workspace get the workspace's
         // complete walk: `.env` files hidden, git configs redacted, and git
@@ -1186,8 +1451,11 @@ impl HostFacts {
         // repository's `.git/hooks` below it writable, nor keep a `git
         // init sub` with a hook the command planted). Read-only grants at
         // the levels that read the whole host show nothing new to read.
-        let mut grant_walks: BTreeMap<PathBuf, (Vec<PathBuf>, Option<RootListing>)> =
-            BTreeMap::new();
+        #[allow(clippy::type_complexity)]
+        let mut grant_walks: BTreeMap<
+            PathBuf,
+            (Vec<PathBuf>, Vec<PathBuf>, Option<RootListing>),
+        > = BTreeMap::new();
         for g in &policy.paths {
             let walked = policy.level == Level::WorkspaceContained || g.access == Access::ReadWrite;
             if !walked
@@ -1197,11 +1465,11 @@ impl HostFacts {
             {
                 continue;
             }
-            let (nested, listing) = self.walk_workspace(&g.path)?;
+            let (nested, vcs, listing) = self.walk_workspace(&g.path)?;
             self.workspace_nested_git.extend(nested.iter().cloned());
             // The grant's own checkout, read like the workspace's.
             self.workspace_nested_git.push(g.path.join(".git"));
-            grant_walks.insert(g.path.clone(), (nested, listing));
+            grant_walks.insert(g.path.clone(), (nested, vcs, listing));
         }
         // Roots the command may write: the workspace at the writable
         // levels, and every writable grant at any level (a grant, from the
@@ -1245,18 +1513,162 @@ impl HostFacts {
             // workspace's, a grant's own, or — for a root inside the
             // workspace that is not itself swept — the workspace's. A root
             // inside a swept workspace is covered by the workspace's sweep.
-            let (nested, listing) = if root == ws {
-                (Some(nested_git.as_slice()), ws_listing.as_ref())
-            } else if let Some((n, l)) = grant_walks.get(root) {
-                (Some(n.as_slice()), l.as_ref())
+            let (nested, vcs, listing) = if root == ws {
+                (
+                    Some(nested_git.as_slice()),
+                    nested_vcs.as_slice(),
+                    ws_listing.as_ref(),
+                )
+            } else if let Some((n, v, l)) = grant_walks.get(root) {
+                (Some(n.as_slice()), v.as_slice(), l.as_ref())
             } else if root.starts_with(ws) && !ws_is_root {
-                (Some(nested_git.as_slice()), None)
+                (Some(nested_git.as_slice()), nested_vcs.as_slice(), None)
             } else {
-                (None, None)
+                (None, &[][..], None)
             };
-            self.write_protected_at(root, *is_home, nested, listing)?;
+            self.write_protected_at(root, *is_home, nested, vcs, listing)?;
+        }
+        if !all.iter().any(|(r, _)| policy.home.starts_with(r)) {
+            self.protect_home_links_into_roots(&policy.home);
+            self.protect_home_config_includes(&policy.home);
         }
         Ok(())
+    }
+
+    /// The invoking user's global git and hg config may pull in a file that
+    /// lies in a writable root (`[include] path = ~/dotfiles/git.local`,
+    /// `%include ~/dotfiles/hgrc.local`, `core.hooksPath =
+    /// ~/dotfiles/hooks`): what is written there runs in every repository
+    /// on the host. Each such file (includes followed, 8 deep) is
+    /// write-protected in its root like a path of the home itself.
+    fn protect_home_config_includes(&mut self, home: &Path) {
+        if home == Path::new("/") {
+            return;
+        }
+        let expand = |v: &str, base: &Path| -> Option<PathBuf> {
+            if let Some(r) = v.strip_prefix("~/") {
+                Some(home.join(r))
+            } else if v.starts_with('~') || v.contains('$') {
+                None
+            } else {
+                Some(normalize_lexically(&base.join(v)))
+            }
+        };
+        let mut named: Vec<PathBuf> = Vec::new();
+        // git: includes relative to the including file; a relative global
+        // hooksPath names a directory in every repository (not followed).
+        let mut queue: Vec<(PathBuf, usize)> = [".gitconfig", ".config/git/config"]
+            .iter()
+            .map(|r| (home.join(r), 0))
+            .collect();
+        while let Some((file, depth)) = queue.pop() {
+            let Some(text) = read_config_file(&file) else {
+                continue;
+            };
+            let Ok(entries) = moat_policy::gitconfig::parse(&text) else {
+                continue;
+            };
+            let base = file.parent().unwrap_or(home);
+            for e in entries {
+                let Some(v) = e.value.as_deref().filter(|v| !v.is_empty()) else {
+                    continue;
+                };
+                let include = e.key == "path"
+                    && ((e.section == "include" && e.subsection.is_none())
+                        || e.section == "includeif");
+                let hooks = e.section == "core" && e.subsection.is_none() && e.key == "hookspath";
+                if include {
+                    if let Some(p) = expand(v, base) {
+                        if depth < 8 && !named.contains(&p) {
+                            queue.push((p.clone(), depth + 1));
+                        }
+                        named.push(p);
+                    }
+                } else if hooks && (v.starts_with('/') || v.starts_with("~/")) {
+                    if let Some(p) = expand(v, base) {
+                        named.push(p);
+                    }
+                }
+            }
+        }
+        // hg: `%include PATH`, relative to the including file.
+        let mut queue: Vec<(PathBuf, usize)> = [".hgrc", ".config/hg/hgrc"]
+            .iter()
+            .map(|r| (home.join(r), 0))
+            .collect();
+        while let Some((file, depth)) = queue.pop() {
+            let Some(text) = read_config_file(&file) else {
+                continue;
+            };
+            let base = file.parent().unwrap_or(home);
+            for line in text.lines() {
+                let Some(rest) = line.strip_prefix("%include") else {
+                    continue;
+                };
+                if !rest.starts_with([' ', '\t']) {
+                    continue;
+                }
+                if let Some(p) = expand(rest.trim(), base) {
+                    if depth < 8 && !named.contains(&p) {
+                        queue.push((p.clone(), depth + 1));
+                    }
+                    named.push(p);
+                }
+            }
+        }
+        for p in named {
+            let Some((end, _)) = follow_links(&p) else {
+                continue;
+            };
+            let Some(i) = self
+                .sweep
+                .iter()
+                .position(|r| end.starts_with(&r.root) && end != r.root)
+            else {
+                continue;
+            };
+            let mut sr = std::mem::take(&mut self.sweep[i]);
+            let root = sr.root.clone();
+            self.protect_reached(&root, &p, &mut sr, false);
+            self.sweep[i] = sr;
+        }
+    }
+
+    /// The invoking user's home lies outside every writable root, so its
+    /// startup files are read-only to the command — unless one is a
+    /// symlink into a root (dotfiles kept in a repository: `~/.bashrc ->
+    /// ~/dotfiles/bashrc`, the workspace `~/dotfiles`). The host's next
+    /// shell opens what the link leads to, so that place is write-protected
+    /// in its root like a path of the home itself (read-only, or swept when
+    /// missing), and the links on the way inside the root are pinned.
+    fn protect_home_links_into_roots(&mut self, home: &Path) {
+        if home == Path::new("/") {
+            return;
+        }
+        let rels = WRITE_PROTECTED_WORKSPACE_NAMES
+            .iter()
+            .filter(|n| !n.ends_with('*'))
+            .chain(moat_policy::WRITE_PROTECTED_HOME_PATHS.iter());
+        for rel in rels {
+            let p = home.join(rel);
+            let Some((end, links)) = follow_links(&p) else {
+                continue;
+            };
+            if links.is_empty() {
+                continue;
+            }
+            let Some(i) = self
+                .sweep
+                .iter()
+                .position(|r| end.starts_with(&r.root) && end != r.root)
+            else {
+                continue;
+            };
+            let mut sr = std::mem::take(&mut self.sweep[i]);
+            let root = sr.root.clone();
+            self.protect_reached(&root, &p, &mut sr, false);
+            self.sweep[i] = sr;
+        }
     }
 }
 
@@ -1344,5 +1756,60 @@ mod tests {
         fs::set_permissions(home.join(".aws"), fs::Permissions::from_mode(0o755)).unwrap();
         let _ = fs::remove_dir_all(&home);
         let _ = fs::remove_dir_all(&elsewhere);
+    }
+
+    /// `follow_links` resolves the way the kernel does: a chain of links
+    /// (relative, absolute, `..` after a link), a dangling one to the path
+    /// it would create, every link passed reported where it is; a loop is
+    /// `None`.
+    #[test]
+    fn follow_links_follows_chains_and_dangling_links() {
+        use std::os::unix::fs::symlink;
+        let d = std::env::temp_dir().join(format!("moat-follow-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(d.join("real/sub")).unwrap();
+        symlink("real", d.join("a")).unwrap();
+        symlink(d.join("a/sub"), d.join("b")).unwrap();
+        symlink("../a/sub/x", d.join("real/up")).unwrap();
+        symlink("missing/y", d.join("dang")).unwrap();
+        symlink("loop2", d.join("loop1")).unwrap();
+        symlink("loop1", d.join("loop2")).unwrap();
+        let (end, links) = follow_links(&d.join("b/f")).unwrap();
+        let (end_up, _) = follow_links(&d.join("a/up")).unwrap();
+        let (end_dang, _) = follow_links(&d.join("dang")).unwrap();
+        let looped = follow_links(&d.join("loop1/z"));
+        let _ = fs::remove_dir_all(&d);
+        assert_eq!(end, d.join("real/sub/f"));
+        assert_eq!(
+            links.iter().map(|(l, _)| l.clone()).collect::<Vec<_>>(),
+            vec![d.join("b"), d.join("a")]
+        );
+        assert_eq!(end_up, d.join("real/sub/x"));
+        assert_eq!(end_dang, d.join("missing/y"));
+        assert_eq!(looped, None);
+    }
+
+    /// What a link may not lead to: a secret, inside one, a directory
+    /// holding one, or `/proc`; a sibling of a secret is fine.
+    #[test]
+    fn leads_to_secret_covers_the_secret_its_ancestors_and_proc() {
+        let secrets = [PathBuf::from("/home/u/.ssh")];
+        let yes = [
+            "/home/u/.ssh",
+            "/home/u/.ssh/id_rsa",
+            "/home/u",
+            "/",
+            "/proc/1/environ",
+        ];
+        let no = ["/home/u/.sshx", "/home/u/proj", "/usr/share"];
+        for p in yes {
+            assert!(crate::sweep::leads_to_secret(Path::new(p), &secrets), "{p}");
+        }
+        for p in no {
+            assert!(
+                !crate::sweep::leads_to_secret(Path::new(p), &secrets),
+                "{p}"
+            );
+        }
     }
 }

@@ -24,7 +24,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use moat_policy::{
-    gitconfig, is_inert_hook_name, WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_GIT_WORKTREE_PATHS,
+    gitconfig, is_inert_hook_name, is_vcs_dir_name, vcs_parts, WRITE_PROTECTED_GIT_PATHS,
+    WRITE_PROTECTED_GIT_WORKTREE_PATHS,
 };
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, RenameFlags};
@@ -66,6 +67,32 @@ pub struct SweepRoot {
     /// below it (`git clone`, `git init sub`): set for the workspace, whose
     /// git dirs were all recorded by the complete walk before the run.
     pub find_new_gitdirs: bool,
+    /// Other VCSs' admin dirs (`.hg`, `.jj`: [`moat_policy::is_vcs_dir_name`])
+    /// whose config parts are checked: the root's own, existing or not, and
+    /// every one the walk found below it. New ones are found by the walk
+    /// after the run (`find_new_gitdirs`).
+    pub vcs_dirs: Vec<PathBuf>,
+    /// Their parts, and non-directories on the way to them (a secondary jj
+    /// workspace's `.jj/repo` file), that existed before the run: left alone.
+    pub vcs_existing: BTreeSet<PathBuf>,
+    /// Symlinks on the way to a write-protected path inside the root (a
+    /// `.vscode -> shared/vscode`, a `.git/config -> ../project.gitconfig`,
+    /// a dangling `.git/hooks -> ../hooks`), with their targets as written:
+    /// the place they lead is protected, so one the command retargeted or
+    /// replaced is moved aside after the run.
+    pub pinned_links: std::collections::BTreeMap<PathBuf, PathBuf>,
+    /// Protected host paths, existing or not (canonical where they exist):
+    /// a symlink the command created below the root that leads to one, into
+    /// one, to a directory holding one, or into `/proc` is removed after the
+    /// run (a host tool following it later would read the secret).
+    #[serde(skip)]
+    pub secrets: Vec<PathBuf>,
+    /// The symlinks below the root before the run (absolute path, target
+    /// as written), found by the same walk: one still pointing where it
+    /// pointed is the user's and stays. `None`: no link is checked (the
+    /// root had no complete walk).
+    #[serde(skip)]
+    pub links_before: Option<std::sync::Arc<std::collections::BTreeMap<PathBuf, PathBuf>>>,
 }
 
 /// Something the sweep neutralised.
@@ -230,6 +257,15 @@ fn read_small(dir: &OwnedFd, name: &OsStr, limit: u64) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Whether a path a symlink reaches (`reached`, resolved on the host) is a
+/// secret, inside one, a directory holding one, or inside `/proc`.
+pub(crate) fn leads_to_secret(reached: &Path, secrets: &[PathBuf]) -> bool {
+    reached.starts_with("/proc")
+        || secrets
+            .iter()
+            .any(|s| s.starts_with(reached) || reached.starts_with(s))
+}
+
 struct Sweeper {
     tag: String,
     report: SweepReport,
@@ -270,13 +306,20 @@ impl Sweeper {
 
     fn sweep_root(&mut self, r: &SweepRoot, root: &OwnedFd) {
         self.current_root = root.try_clone().ok().map(|fd| (r.root.clone(), fd));
+        self.check_pinned_links(r, root);
         for rel in &r.gitdirs {
             self.sanitize_gitdir(r, root, rel, false, 0);
         }
+        let mut vcs: BTreeSet<PathBuf> = r.vcs_dirs.iter().cloned().collect();
         if r.find_new_gitdirs {
-            for rel in self.new_gitdirs(r, root) {
+            let (gitdirs, vcs_dirs) = self.new_gitdirs(r, root);
+            for rel in gitdirs {
                 self.sanitize_gitdir(r, root, &rel, false, 0);
             }
+            vcs.extend(vcs_dirs);
+        }
+        for rel in &vcs {
+            self.sanitize_vcs_dir(r, root, rel);
         }
         // A name directly in the root (most of them: `.bashrc`, `.vscode`…)
         // is looked up from the root's own fd, not a duplicate per name;
@@ -338,8 +381,12 @@ impl Sweeper {
     /// Every `.git` below the root that was not there before the run, by
     /// the same rules as the walk before it (no symlink or mount followed,
     /// `node_modules` and git dirs' insides skipped; readdir's d_type only).
-    fn new_gitdirs(&mut self, r: &SweepRoot, root: &OwnedFd) -> Vec<PathBuf> {
+    /// Also returns every other VCS admin dir (`.hg`, `.jj`) found, and
+    /// removes the symlinks the command left that lead to a secret
+    /// ([`Self::drop_secret_link`]).
+    fn new_gitdirs(&mut self, r: &SweepRoot, root: &OwnedFd) -> (Vec<PathBuf>, Vec<PathBuf>) {
         let mut found = Vec::new();
+        let mut vcs = Vec::new();
         let mut stack = vec![PathBuf::new()];
         while let Some(rel) = stack.pop() {
             let dir = if rel.as_os_str().is_empty() {
@@ -385,6 +432,13 @@ impl Sweeper {
                         markers.push((m, crate::probe::dirent_kind(&t)));
                     }
                 }
+                let is_link = e.file_type().map(|t| t.is_symlink()).unwrap_or(false);
+                if is_link && r.links_before.is_some() {
+                    self.drop_secret_link(r, &dir, &child, &name);
+                }
+                if is_vcs_dir_name(&name.to_string_lossy()) {
+                    vcs.push(child.clone());
+                }
                 if name == ".git" {
                     let known = r.git_existing.contains(&child) || r.git_links.contains_key(&child);
                     if !rel.as_os_str().is_empty() && !known {
@@ -404,7 +458,170 @@ impl Sweeper {
                 found.push(rel);
             }
         }
-        found
+        (found, vcs)
+    }
+
+    /// Removes the symlink `name` (in `dir`, at `rel`) when the command
+    /// made or changed it during the run (it was not there before with the
+    /// same target) and it leads to a
+    /// protected path, into one, to a directory holding one (`~`, `/`), or
+    /// into `/proc` (a host tool's own environment and fds): a host tool or
+    /// agent following it after the run would read the secret. The link
+    /// itself is unlinked from its directory fd, never followed: its target
+    /// is only looked at (lstat and readlink on the host's paths).
+    fn drop_secret_link(&mut self, r: &SweepRoot, dir: &OwnedFd, rel: &Path, name: &OsStr) {
+        let Some(before) = &r.links_before else {
+            return;
+        };
+        let Ok(target) = nix::fcntl::readlinkat(dir, name) else {
+            return;
+        };
+        let abs = r.root.join(rel);
+        if before.get(&abs).is_some_and(|t| *t == Path::new(&target)) {
+            return;
+        }
+        let joined = abs.parent().unwrap_or(&r.root).join(&target);
+        // One that cannot be resolved (a loop, an absurdly long chain) is
+        // removed too: nothing shows it harmless, and no one needs it.
+        let why = match crate::probe::follow_links(&joined) {
+            Some((reached, _)) if !leads_to_secret(&reached, &r.secrets) => return,
+            Some((reached, _)) => format!(
+                "leads to {} (a protected or write-protected path, a directory holding one, or /proc)",
+                reached.display()
+            ),
+            None => "cannot be resolved (a loop, or a chain too long)".to_string(),
+        };
+        self.grant_access(dir, 0o300);
+        let err = nix::unistd::unlinkat(dir, name, UnlinkatFlags::NoRemoveDir).err();
+        match lstat_at(dir, name) {
+            Ok(None) => self.report.swept.push(Swept {
+                path: abs,
+                moved_to: None,
+                detail: format!(
+                    "a symlink the command left, to {}, {why}: removed, so no host tool follows it",
+                    Path::new(&target).display()
+                ),
+            }),
+            Ok(Some(_)) => self.fail(
+                &abs,
+                format!(
+                    "a symlink that {why} is still present after deleting it ({})",
+                    err.map(|e| e.to_string())
+                        .unwrap_or_else(|| "no error reported".into())
+                ),
+            ),
+            Err(e) => self.fail(&abs, format!("cannot verify it is gone: {e}")),
+        }
+    }
+
+    /// Moves aside each recorded symlink on the way to a write-protected
+    /// path that no longer points where it pointed before the run (or is
+    /// no longer a symlink): the place it led was protected, a new target
+    /// was not.
+    fn check_pinned_links(&mut self, r: &SweepRoot, root: &OwnedFd) {
+        for (rel, target) in &r.pinned_links {
+            let Some((parent, name)) = self.open_parent(r, root, rel) else {
+                continue;
+            };
+            self.grant_access(&parent, 0o100);
+            let abs = r.root.join(rel);
+            match lstat_at(&parent, &name) {
+                Ok(None) => {}
+                Ok(Some(st)) => {
+                    let same = kind_of(&st) == Kind::Symlink
+                        && nix::fcntl::readlinkat(&parent, name.as_os_str())
+                            .is_ok_and(|t| Path::new(&t) == target);
+                    if !same {
+                        self.neutralise(
+                            &parent,
+                            &abs,
+                            &name,
+                            "a symlink on the way to a write-protected path, retargeted or replaced by the command",
+                        );
+                    }
+                }
+                Err(e) => self.fail(&abs, format!("cannot stat it: {e}")),
+            }
+        }
+    }
+
+    /// The config parts of the VCS admin dir at `rel` (`.hg/hgrc`,
+    /// `.jj/repo/config.toml`…) that did not exist before the run are moved
+    /// aside; the repository itself is kept. An admin dir the command made
+    /// a symlink or file (sending the tool elsewhere) is moved aside whole,
+    /// and so is a non-directory it put on the way to a part.
+    fn sanitize_vcs_dir(&mut self, r: &SweepRoot, root: &OwnedFd, rel: &Path) {
+        let Some(dname) = rel.file_name().and_then(|n| n.to_str()) else {
+            return;
+        };
+        let Some((parent, name)) = self.open_parent(r, root, rel) else {
+            return;
+        };
+        self.grant_access(&parent, 0o100);
+        let abs = r.root.join(rel);
+        match lstat_at(&parent, &name) {
+            Ok(None) => return,
+            Ok(Some(st)) if kind_of(&st) == Kind::Dir => {}
+            Ok(Some(_)) => {
+                if !r.pinned_links.contains_key(rel) && !r.vcs_existing.contains(rel) {
+                    self.neutralise(
+                        &parent,
+                        &abs,
+                        &name,
+                        "a VCS admin dir redirect (symlink or file) created by the command",
+                    );
+                }
+                return;
+            }
+            Err(e) => return self.fail(&abs, format!("cannot stat it: {e}")),
+        }
+        let dir = match open_dir(&parent, &name) {
+            Ok(fd) => fd,
+            Err(e) => return self.fail(&abs, format!("cannot open it: {e}")),
+        };
+        for part in vcs_parts(dname) {
+            let comps: Vec<&OsStr> = Path::new(part).iter().collect();
+            let Ok(mut cur) = dir.try_clone() else {
+                continue;
+            };
+            let mut prel = rel.to_path_buf();
+            for (i, c) in comps.iter().enumerate() {
+                prel.push(c);
+                let pabs = r.root.join(&prel);
+                self.grant_access(&cur, 0o100);
+                let st = match lstat_at(&cur, c) {
+                    Ok(None) => break,
+                    Ok(Some(st)) => st,
+                    Err(e) => {
+                        self.fail(&pabs, format!("cannot stat it: {e}"));
+                        break;
+                    }
+                };
+                // There before the run (read-only during it), or a pinned
+                // symlink (checked on its own).
+                if r.vcs_existing.contains(&prel) || r.pinned_links.contains_key(&prel) {
+                    break;
+                }
+                let last = i + 1 == comps.len();
+                if !last && kind_of(&st) == Kind::Dir {
+                    match open_dir(&cur, c) {
+                        Ok(fd) => cur = fd,
+                        Err(e) => {
+                            self.fail(&pabs, format!("cannot open it: {e}"));
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                let why = if last {
+                    "VCS config created by the command (the host's hg or jj would run what it names)"
+                } else {
+                    "replaced a directory on the way to a write-protected path"
+                };
+                self.neutralise(&cur, &pabs, c, why);
+                break;
+            }
+        }
     }
 
     /// Opens the parent of `rel` component by component. An intermediate

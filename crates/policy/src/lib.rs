@@ -38,9 +38,9 @@ pub use env::{
 pub use limits::{parse_count, parse_size, CountError, Limits, LimitsMode, SizeError};
 pub use nested::{covers, Widening};
 pub use protected::{
-    is_inert_hook_name, is_protected_workspace_name, is_write_protected_name, PROTECTED_HOME_PATHS,
-    WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_GIT_WORKTREE_PATHS, WRITE_PROTECTED_HOME_PATHS,
-    WRITE_PROTECTED_WORKSPACE_NAMES,
+    is_inert_hook_name, is_protected_workspace_name, is_vcs_dir_name, is_write_protected_name,
+    vcs_parts, PROTECTED_HOME_PATHS, WRITE_PROTECTED_GIT_PATHS, WRITE_PROTECTED_GIT_WORKTREE_PATHS,
+    WRITE_PROTECTED_HOME_PATHS, WRITE_PROTECTED_VCS_PATHS, WRITE_PROTECTED_WORKSPACE_NAMES,
 };
 pub use toolchains::{toolchain_containing, toolchain_entries, HomeToolchain, HOME_TOOLCHAINS};
 

@@ -276,9 +276,20 @@ pub const WRITE_PROTECTED_WORKSPACE_NAMES: &[&str] = &[
     "opencode.json",
     "opencode.jsonc",
     ".opencode",
-    // mise: `[hooks] enter`/`[env] _.source` run on `cd` under `mise activate`.
+    // mise: `[hooks] enter`/`[env] _.source` run on `cd` under `mise activate`,
+    // from every file it reads in a project directory (a trusted
+    // `mise.toml`'s directory, or a `trusted_config_paths` prefix, makes the
+    // others live too).
     "mise.toml",
     ".mise.toml",
+    "mise.local.toml",
+    ".mise.local.toml",
+    ".mise",
+    "mise/config.toml",
+    "mise/config.local.toml",
+    ".config/mise",
+    ".config/mise.toml",
+    ".config/mise.local.toml",
     // Git hook managers: the commands the host's next `git commit` or
     // `git push` runs, once their hook is installed in `.git/hooks` (or
     // `core.hooksPath` points at `.husky/_`). husky: `.husky/pre-commit`…
@@ -345,6 +356,12 @@ pub const WRITE_PROTECTED_HOME_PATHS: &[&str] = &[
     ".curlrc",
     ".wgetrc",
     ".hgrc",
+    // Mercurial's XDG config and Jujutsu's user config: hooks, pagers,
+    // `fix.tools`; `~/.config/jj/repos/*` also holds every repository's
+    // out-of-repo config (jj's "secure config").
+    ".config/hg",
+    ".jjconfig.toml",
+    ".config/jj",
     ".mailcap",
     ".lesskey",
     ".direnvrc",
@@ -381,6 +398,43 @@ pub const WRITE_PROTECTED_HOME_PATHS: &[&str] = &[
 /// later, or redirect git to a config or hooks directory elsewhere
 /// (`commondir`, per-worktree config).
 pub const WRITE_PROTECTED_GIT_PATHS: &[&str] = &["hooks", "config", "commondir", "config.worktree"];
+
+/// Other version control systems' config that their host tool runs code
+/// from or is redirected by, relative to the directory holding the VCS's
+/// admin dir: Mercurial's `.hg/hgrc` (`[hooks]`, `[extensions]`,
+/// `%include`), its share-safe `hgrc-not-shared`, and `sharedpath` (a
+/// share reads the source repository's `hgrc`); Jujutsu's repo and
+/// workspace config (`fix.tools`, `ui.pager`, `merge-tools`…: still read
+/// from the repository and migrated to jj's out-of-repo store when no
+/// `config-id` is there yet) and the `config-id`s that pick a stored
+/// config. Write-protected in every such admin dir at any depth of a
+/// writable root, like a git dir's [`WRITE_PROTECTED_GIT_PATHS`]; the
+/// admin dirs are the first components ([`is_vcs_dir_name`]).
+pub const WRITE_PROTECTED_VCS_PATHS: &[&str] = &[
+    ".hg/hgrc",
+    ".hg/hgrc-not-shared",
+    ".hg/sharedpath",
+    ".jj/repo/config.toml",
+    ".jj/repo/config-id",
+    ".jj/workspace-config.toml",
+    ".jj/workspace-config-id",
+];
+
+/// True for the name of an admin dir [`WRITE_PROTECTED_VCS_PATHS`] covers
+/// (`.hg`, `.jj`).
+pub fn is_vcs_dir_name(name: &str) -> bool {
+    WRITE_PROTECTED_VCS_PATHS
+        .iter()
+        .any(|p| p.split('/').next() == Some(name))
+}
+
+/// The parts of [`WRITE_PROTECTED_VCS_PATHS`] inside the admin dir `name`
+/// (`hgrc`, `repo/config.toml`…).
+pub fn vcs_parts(name: &str) -> impl Iterator<Item = &'static str> + '_ {
+    WRITE_PROTECTED_VCS_PATHS
+        .iter()
+        .filter_map(move |p| p.strip_prefix(name).and_then(|r| r.strip_prefix('/')))
+}
 
 /// Paths inside each linked worktree's admin dir (`.git/worktrees/NAME/`):
 /// `commondir` and `gitdir` redirect git, `config.worktree` is config.

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use moat_policy::{
     gitconfig::GIT_CONFIG_ALLOWED_KEYS, PROTECTED_HOME_PATHS, WRITE_PROTECTED_GIT_PATHS,
-    WRITE_PROTECTED_GIT_WORKTREE_PATHS, WRITE_PROTECTED_HOME_PATHS,
+    WRITE_PROTECTED_GIT_WORKTREE_PATHS, WRITE_PROTECTED_HOME_PATHS, WRITE_PROTECTED_VCS_PATHS,
     WRITE_PROTECTED_WORKSPACE_NAMES,
 };
 
@@ -57,6 +57,7 @@ fn readme_protected_lists_equal_the_code() {
         ),
         ("write-protected-home", "~/", WRITE_PROTECTED_HOME_PATHS),
         ("write-protected-git", ".git/", WRITE_PROTECTED_GIT_PATHS),
+        ("write-protected-vcs", "", WRITE_PROTECTED_VCS_PATHS),
         (
             "write-protected-git-worktree",
             ".git/worktrees/*/",
