@@ -112,6 +112,14 @@ fn summary(section: &str) -> Option<(u32, u32)> {
     ok.then_some((passed, failed))
 }
 
+/// The nested suite's output, each line behind `  | `: dumped in this
+/// case's failure, its `test X ... ok` lines must not read as this run's
+/// own (scripts/testlog.py counts the cases that pass against the no-op
+/// stand-in from libtest's lines at the start of a line).
+fn nested(text: &str) -> String {
+    text.lines().map(|l| format!("  | {l}\n")).collect()
+}
+
 /// Runs each executable inside the container and asserts its summary.
 fn run_inside(fx: &Fixture, tag: &str, names: &[&str], seccomp: Option<serde_json::Value>) {
     let (dir, exes) = suite_dir(fx, names);
@@ -144,7 +152,7 @@ fn run_inside(fx: &Fixture, tag: &str, names: &[&str], seccomp: Option<serde_jso
         return;
     };
     let mut sections = out.stdout.split("=== SUITE ").skip(1).collect::<Vec<_>>();
-    assert_eq!(sections.len(), names.len(), "{}", out.dump());
+    assert_eq!(sections.len(), names.len(), "{}", nested(&out.dump()));
     for (exe, test, why) in NOT_INSIDE.iter().filter(|(e, _, _)| names.contains(e)) {
         println!("{tag}: not run inside: {exe} {test}: {why}");
     }
@@ -161,12 +169,17 @@ fn run_inside(fx: &Fixture, tag: &str, names: &[&str], seccomp: Option<serde_jso
         );
         let Some((passed, failed)) = result else {
             panic!(
-                "{name} inside the container did not pass:\n{section}\n{}",
-                out.stderr
+                "{name} inside the container did not pass:\n{}\n{}",
+                nested(section),
+                nested(&out.stderr)
             );
         };
-        assert!(passed > 0 && failed == 0, "{name}: {section}");
-        assert!(section.contains("=== EXIT 0"), "{name}: {section}");
+        assert!(passed > 0 && failed == 0, "{name}: {}", nested(section));
+        assert!(
+            section.contains("=== EXIT 0"),
+            "{name}: {}",
+            nested(section)
+        );
     }
 }
 
