@@ -1076,3 +1076,51 @@ fn global_config_includes_from_the_workspace_are_write_protected() {
         );
     }
 }
+
+/// Editors that run what the project's own config names: Helix starts
+/// each language server's `command` in `.helix/languages.toml` when the
+/// user opens a file of the project; Neovim's and Vim's `exrc` sources
+/// `.nvim.lua`, `.nvimrc`, `.exrc` (Vim: `.vimrc`…) from the directory it
+/// starts in. An existing one stays as it was, a new one goes after the
+/// run.
+#[test]
+fn editor_project_configs_are_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        let langs = "[[language]]\nname = \"rust\"\n";
+        write(fx.ws.join(".helix/languages.toml"), langs);
+        let created = [
+            ".helix/config.toml",
+            ".nvim.lua",
+            ".nvimrc",
+            ".exrc",
+            ".vimrc",
+        ];
+        let script = "printf '[language-server.x]\\ncommand = \"sh\"\\nargs = [\"-c\", \"touch PWNED\"]\\n' >> .helix/languages.toml; "
+            .to_string()
+            + &created
+                .iter()
+                .map(|p| format!("echo 'PWNED' > {p}; "))
+                .collect::<String>()
+            + "echo ran";
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(fx.ws.join(".helix/languages.toml")).as_deref(),
+            Some(langs),
+            "{level}: .helix/languages.toml was changed\n{}",
+            out.dump()
+        );
+        for p in created {
+            assert!(
+                !read(fx.ws.join(p)).unwrap_or_default().contains("PWNED"),
+                "{level}: a new {p} survived the run\n{}",
+                out.dump()
+            );
+        }
+    }
+}

@@ -270,6 +270,21 @@ pub const WRITE_PROTECTED_WORKSPACE_NAMES: &[&str] = &[
     ".kiro",
     // Zed: `.zed/tasks.json` and `.zed/settings.json` context servers.
     ".zed",
+    // Helix: `.helix/languages.toml` names each language server's and
+    // formatter's `command`, which Helix starts when the user opens a file
+    // of the project; `.helix/config.toml` (shell, keymaps running `:sh`).
+    ".helix",
+    // Neovim's and Vim's `exrc`: the editor sources `.nvim.lua`, `.nvimrc`,
+    // `.exrc` (Vim: `.vimrc`, `_vimrc`, `.gvimrc`, `_exrc`) from the
+    // directory it starts in (Neovim once the user trusted the file: a
+    // changed one asks again, but the prompt shows no diff).
+    ".nvim.lua",
+    ".nvimrc",
+    ".exrc",
+    ".vimrc",
+    "_vimrc",
+    ".gvimrc",
+    "_exrc",
     // Amazon Q Developer: `.amazonq/mcp.json`.
     ".amazonq",
     // opencode: project `opencode.json(c)` `mcp.*.command`, `.opencode/` plugins (JS it loads).
