@@ -1124,3 +1124,67 @@ fn editor_project_configs_are_write_protected() {
         }
     }
 }
+
+/// Hook managers install hooks as symlinks into the work tree
+/// (`.git/hooks/pre-commit -> ../../scripts/pre-commit`, the same in a
+/// `core.hooksPath` directory): the hooks directory is read-only, but the
+/// host's next `git commit` runs the file the link leads to. That file is
+/// write-protected like the hook.
+#[test]
+fn hook_links_into_the_workspace_protect_their_targets() {
+    for level in ["workspace-write", "workspace-contained"] {
+        for hooks_path in [None, Some(".githooks")] {
+            let fx = Fixture::new();
+            git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+            let body = "#!/bin/sh\nexit 0\n";
+            write(fx.ws.join("scripts/pre-commit"), body);
+            let chmod = Command::new("chmod")
+                .arg("+x")
+                .arg(fx.ws.join("scripts/pre-commit"))
+                .status()
+                .expect("chmod");
+            assert!(chmod.success());
+            let (dir, target) = match hooks_path {
+                None => (fx.ws.join(".git/hooks"), "../../scripts/pre-commit"),
+                Some(h) => {
+                    git_ok(&fx.ws, &fx.home, &["config", "core.hooksPath", h]);
+                    (fx.ws.join(h), "../scripts/pre-commit")
+                }
+            };
+            std::fs::create_dir_all(&dir).expect("hooks dir");
+            std::os::unix::fs::symlink(target, dir.join("pre-commit")).expect("hook link");
+            let marker = fx.root.join("PWNED");
+            let script = format!(
+                "printf '#!/bin/sh\\ntouch {}\\n' > scripts/pre-commit; echo ran",
+                marker.display()
+            );
+            let out = run(fx.sh(level, &["--no-audit"], &script));
+            assert!(
+                out.stdout.contains("ran"),
+                "control: the command ran\n{}",
+                out.dump()
+            );
+            let commit = host_git(
+                &fx.ws,
+                &fx.home,
+                &["commit", "-q", "--allow-empty", "-m", "x"],
+            );
+            assert!(
+                commit.status.success(),
+                "control: the host's commit ran its hook\n{}",
+                String::from_utf8_lossy(&commit.stderr)
+            );
+            assert!(
+                !exists(&marker),
+                "{level} {hooks_path:?}: the host's `git commit` ran what the command wrote through the hook's link\n{}",
+                out.dump()
+            );
+            assert_eq!(
+                read(fx.ws.join("scripts/pre-commit")).as_deref(),
+                Some(body),
+                "{level} {hooks_path:?}: the hook's target was changed\n{}",
+                out.dump()
+            );
+        }
+    }
+}

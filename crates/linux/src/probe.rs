@@ -1118,6 +1118,9 @@ impl HostFacts {
                 } else {
                     sr.git_existing.insert(gp.rel.clone());
                 }
+                if gp.protected && gp.rel.file_name() == Some(std::ffi::OsStr::new("hooks")) {
+                    self.protect_hook_links(root, &root.join(&gp.rel), &mut sr);
+                }
                 // `.git` itself: a dir is bound read-write over itself (a
                 // mount point cannot be renamed away with its protected
                 // children); a gitfile or symlink stays as it is.
@@ -1183,6 +1186,31 @@ impl HostFacts {
                 self.workspace_write_protected.insert(end, k);
             }
             None => sweep_first_missing(root, &end, sr),
+        }
+    }
+
+    /// The hooks a hooks directory (`.git/hooks`, a `core.hooksPath`)
+    /// holds as symlinks, as hook managers install them (`pre-commit ->
+    /// ../../scripts/pre-commit`): the host's git runs the file the link
+    /// leads to, so that file is write-protected like the hook itself
+    /// (read-only, swept when missing, the links on the way pinned). The
+    /// directory is read-only during the run, so the set of links is the
+    /// one seen here. Samples are skipped (git never runs them).
+    fn protect_hook_links(&mut self, root: &Path, hooks: &Path, sr: &mut SweepRoot) {
+        let Some((dir, _)) = follow_links(hooks) else {
+            return;
+        };
+        let Ok(rd) = fs::read_dir(&dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name();
+            if moat_policy::is_inert_hook_name(&name.to_string_lossy()) {
+                continue;
+            }
+            if e.file_type().is_ok_and(|t| t.is_symlink()) {
+                self.protect_reached(root, &dir.join(&name), sr, false);
+            }
         }
     }
 
@@ -1319,6 +1347,9 @@ impl HostFacts {
             // when not, and the links on the way pinned (one the command
             // retargets is moved aside after the run).
             self.protect_reached(root, p, sr, false);
+            if key == "core.hooksPath" {
+                self.protect_hook_links(root, p, sr);
+            }
         }
         Ok(())
     }
