@@ -1188,3 +1188,52 @@ fn hook_links_into_the_workspace_protect_their_targets() {
         }
     }
 }
+
+/// On the Landlock backend a write-protected path is a read-only rule
+/// inside the writable workspace, and the directory holding it is
+/// list-only (Landlock cannot allow new entries beside it while refusing
+/// it). Both refusals are EACCES to the command; moat's report names which
+/// it is, not "outside the workspace" or nothing.
+#[test]
+fn landlock_refusals_name_write_protected_and_list_only() {
+    let fx = Fixture::new();
+    git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+    write(fx.ws.join(".vscode/tasks.json"), "{}\n");
+    let out = run(fx.sh(
+        "workspace-write",
+        &["--no-audit", "--backend", "landlock"],
+        "echo x > .vscode/tasks.json; echo x > .git/hooks/pre-commit; echo x > newfile; echo ran",
+    ));
+    assert!(
+        out.stdout.contains("ran"),
+        "control: the command ran\n{}",
+        out.dump()
+    );
+    assert_eq!(
+        read(fx.ws.join(".vscode/tasks.json")).as_deref(),
+        Some("{}\n"),
+        "the command changed .vscode/tasks.json\n{}",
+        out.dump()
+    );
+    for p in [".vscode/tasks.json", ".git/hooks/pre-commit"] {
+        let line = format!("{} (write-protected", fx.ws.join(p).display());
+        assert!(
+            out.stderr
+                .lines()
+                .any(|l| l.starts_with("moat: denied") && l.contains(&line)),
+            "the refusal of {p} does not say write-protected\n{}",
+            out.dump()
+        );
+    }
+    let line = format!("{} (", fx.ws.join("newfile").display());
+    let said = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("moat: denied") && l.contains(&line))
+        .unwrap_or_default();
+    assert!(
+        said.contains("list-only") && said.contains("--backend"),
+        "the refusal of a new file in the list-only workspace root does not name why: {said:?}\n{}",
+        out.dump()
+    );
+}

@@ -128,6 +128,16 @@ pub fn landlock_spec(
     spec
 }
 
+/// Whether this backend keeps the writable directory `dir` list-only
+/// (the test [`split`] makes): something less reachable than writable
+/// (hidden, read-only, write-protected) lies beneath it. A refusal to
+/// create an entry directly in it is explained by this.
+pub fn list_only(view: &View, dir: &Path) -> bool {
+    desired(view, Path::new("/"))
+        .iter()
+        .any(|(p, r)| *r < 2 && p != dir && p.starts_with(dir) && p != Path::new("/dev"))
+}
+
 /// Depth guard: a view never needs more than this many levels of splitting.
 const MAX_SPLIT_DEPTH: usize = 64;
 

@@ -32,6 +32,10 @@ pub enum DenyReason {
     /// The workspace's git config holding credentials: a redacted copy in
     /// a mount namespace, refused on the Landlock backend (no copy there).
     GitCredentials,
+    /// A new (or removed) entry directly in a writable directory that the
+    /// Landlock backend keeps list-only, because a protected or
+    /// write-protected entry lies beneath it.
+    ListOnlyDir,
 }
 
 impl DenyReason {
@@ -45,6 +49,7 @@ impl DenyReason {
             DenyReason::ReadOnlyGrant => "read_only_grant",
             DenyReason::MoatBuilt => "moat_built",
             DenyReason::GitCredentials => "git_credentials",
+            DenyReason::ListOnlyDir => "list_only_dir",
         }
     }
 
@@ -73,6 +78,9 @@ impl DenyReason {
             }
             DenyReason::GitCredentials => {
                 "a git config holding credentials (a token in a URL, an extraheader, a credential helper); moat shows a redacted copy where it can mount one, the Landlock backend cannot, so it is refused; opt in with --ro PATH to show the raw file".into()
+            }
+            DenyReason::ListOnlyDir => {
+                "its directory holds a protected or write-protected entry, so --backend landlock keeps it list-only (no entries created or removed directly in it); use an existing subdirectory, or --backend namespaces where user namespaces are available".into()
             }
         }
     }
@@ -113,6 +121,22 @@ pub fn absolute(cwd: &Path, p: &str) -> PathBuf {
         }
     }
     out
+}
+
+/// Whether the area around the write-protected entry at `p` is writable:
+/// the mode of the nearest enclosing entry that is not write-protected.
+/// On the Landlock backend the writable workspace is split into per-entry
+/// rules around it, so the plan's write rules hold no prefix of `p`.
+fn region_writable(plan: &Plan, p: &Path) -> bool {
+    let mut cur = p.parent();
+    while let Some(c) = cur {
+        match plan.view.mode_at(c) {
+            Some(y) if y.mode == Mode::WriteProtected => cur = y.path.parent(),
+            Some(y) => return y.mode == Mode::Write,
+            None => return plan.landlock.write.iter().any(|w| c.starts_with(w)),
+        }
+    }
+    false
 }
 
 /// Explains a refusal of `path` with `errno` ("EROFS", "EACCES", "EPERM",
@@ -171,10 +195,23 @@ pub fn explain(
                 Some(x) if x.mode == Mode::Read && x.why == Why::Grant => {
                     Some(DenyReason::ReadOnlyGrant)
                 }
-                Some(x) if x.mode == Mode::WriteProtected && writable => {
+                Some(x)
+                    if x.mode == Mode::WriteProtected
+                        && (writable || region_writable(plan, &x.path)) =>
+                {
                     Some(DenyReason::WriteProtected)
                 }
                 _ if !writable && errno != "EPERM" => Some(DenyReason::OutsideWritable),
+                // A writable path refused on the Landlock backend: its
+                // directory is split into per-entry rules (list-only).
+                _ if errno == "EACCES"
+                    && plan.landlock_only()
+                    && abs
+                        .parent()
+                        .is_some_and(|d| crate::backend::list_only(view, d)) =>
+                {
+                    Some(DenyReason::ListOnlyDir)
+                }
                 _ => None,
             }
         }
