@@ -1237,3 +1237,65 @@ fn landlock_refusals_name_write_protected_and_list_only() {
         out.dump()
     );
 }
+
+/// Mercurial runs what a protected hgrc's `[hooks]` and `[extensions]`
+/// name, relative to the repository's root: a shell hook's script
+/// (`./hooks/check.sh`), a Python hook's file (`python:hooks/x.py:run`),
+/// an extension's file (`mine = ./ext/mine.py`), also from a nested
+/// repository and from an `%include`d file. Existing ones are read-only;
+/// one that does not exist yet is moved aside after the run if the
+/// command creates it.
+#[test]
+fn hgrc_hook_and_extension_files_are_write_protected() {
+    for level in ["workspace-write", "workspace-contained"] {
+        let fx = Fixture::new();
+        write(
+            fx.ws.join(".hg/hgrc"),
+            "%include ../inc.rc\n[hooks]\nprecommit = ./hooks/check.sh --fast\npretxncommit.x = python:hooks/x.py:run\n[extensions]\nmine = ./ext/mine.py\n",
+        );
+        write(
+            fx.ws.join("inc.rc"),
+            "[hooks]\nchangegroup = sh tools/notify.sh\n",
+        );
+        write(
+            fx.ws.join("sub/.hg/hgrc"),
+            "[hooks]\npre-status = ./lint.sh\n",
+        );
+        let files = [
+            "hooks/check.sh",
+            "hooks/x.py",
+            "tools/notify.sh",
+            "sub/lint.sh",
+        ];
+        for f in files {
+            write(fx.ws.join(f), "true\n");
+        }
+        let script = files
+            .iter()
+            .chain(["ext/mine.py"].iter())
+            .map(|f| format!("mkdir -p $(dirname {f}); echo PWNED > {f}; "))
+            .collect::<String>()
+            + "echo ran";
+        let out = run(fx.sh(level, &["--no-audit"], &script));
+        assert!(
+            out.stdout.contains("ran"),
+            "control: the command ran\n{}",
+            out.dump()
+        );
+        for f in files {
+            assert_eq!(
+                read(fx.ws.join(f)).as_deref(),
+                Some("true\n"),
+                "{level}: {f}, which an hgrc's hook runs, was changed\n{}",
+                out.dump()
+            );
+        }
+        assert!(
+            !read(fx.ws.join("ext/mine.py"))
+                .unwrap_or_default()
+                .contains("PWNED"),
+            "{level}: ext/mine.py, an extension the hgrc loads, survived the run\n{}",
+            out.dump()
+        );
+    }
+}

@@ -447,6 +447,66 @@ pub(crate) fn follow_links(p: &Path) -> Option<(PathBuf, Vec<(PathBuf, PathBuf)>
     Some((done, links))
 }
 
+/// The files an hgrc's `[hooks]` and `[extensions]` make Mercurial run,
+/// as written (relative ones are relative to the repository's root):
+/// an extension's path (`ext = ./ext.py`, a package directory), a Python
+/// hook's file (`python:hooks/check.py:fn`), a shell hook's program when
+/// it is a path (`./hooks/x.sh`), each with `true` (protected even when
+/// missing: creating it is planting the program); and the other words of
+/// a shell hook that look like paths (`sh hooks/x.sh`), with `false`
+/// (protected only when they exist: one may be an output file).
+/// Continuation lines, `!`-disabled extensions, module names
+/// (`python:mod.fn`, `ext =`) and `$VAR`s are not followed.
+pub(crate) fn hg_named_programs(text: &str) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    let mut section = String::new();
+    for line in text.lines() {
+        if line.starts_with([' ', '\t']) {
+            continue;
+        }
+        let l = line.trim_end();
+        if let Some(rest) = l.strip_prefix('[') {
+            if let Some(end) = rest.find(']') {
+                section = rest[..end].trim().to_string();
+            }
+            continue;
+        }
+        if l.starts_with(['#', ';', '%']) {
+            continue;
+        }
+        let Some((_, value)) = l.split_once('=') else {
+            continue;
+        };
+        let value = value.trim();
+        if value.is_empty() || value.contains('$') {
+            continue;
+        }
+        match section.as_str() {
+            "extensions" if !value.starts_with('!') => out.push((value.to_string(), true)),
+            "hooks" => {
+                if let Some(p) = value.strip_prefix("python:") {
+                    // `python:PATH:FUNC`; `python:module.func` has one part.
+                    if let Some((path, _)) = p.rsplit_once(':') {
+                        out.push((path.to_string(), true));
+                    }
+                    continue;
+                }
+                for (i, w) in value.split_whitespace().enumerate() {
+                    let w = w.trim_matches(['\'', '"']);
+                    let script = [".sh", ".py", ".pl", ".rb", ".js"]
+                        .iter()
+                        .any(|x| w.ends_with(x));
+                    if (w.contains('/') || (i > 0 && script)) && !w.starts_with('-') {
+                        out.push((w.to_string(), i == 0));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 /// `p` with `.` and `..` taken lexically (Python's `os.path.normpath`,
 /// which Mercurial applies to an `%include` path).
 fn normalize_lexically(p: &Path) -> PathBuf {
@@ -1259,7 +1319,8 @@ impl HostFacts {
             }
             self.protect_reached(root, &p, sr, false);
             if name == ".hg" && matches!(part, "hgrc" | "hgrc-not-shared") {
-                self.protect_hg_includes(root, &p, sr, 0);
+                let repo = dir.parent().unwrap_or(root).to_path_buf();
+                self.protect_hg_includes(root, &repo, &p, sr, 0);
             }
         }
     }
@@ -1267,8 +1328,18 @@ impl HostFacts {
     /// Mercurial reads the files an `hgrc` names with `%include PATH`
     /// (relative to the including file's directory, `~` expanded) exactly
     /// like the `hgrc` itself, hooks included: each one is write-protected
-    /// like it, and the files it includes in turn.
-    fn protect_hg_includes(&mut self, root: &Path, rc: &Path, sr: &mut SweepRoot, depth: usize) {
+    /// like it, and the files it includes in turn. So are the programs its
+    /// `[hooks]` and `[extensions]` name in the repository `repo`
+    /// ([`hg_named_programs`], relative to the repository's root, where hg
+    /// runs hooks).
+    fn protect_hg_includes(
+        &mut self,
+        root: &Path,
+        repo: &Path,
+        rc: &Path,
+        sr: &mut SweepRoot,
+        depth: usize,
+    ) {
         if depth > 8 {
             return;
         }
@@ -1280,6 +1351,13 @@ impl HostFacts {
             .iter()
             .find(|(k, _)| k == "HOME")
             .map(|(_, v)| PathBuf::from(v));
+        let expand = |path: &str, base: &Path| -> PathBuf {
+            let expanded = match (path.strip_prefix("~/"), &home) {
+                (Some(r), Some(h)) => h.join(r),
+                _ => PathBuf::from(path),
+            };
+            normalize_lexically(&base.join(expanded))
+        };
         for line in text.lines() {
             let Some(rest) = line.strip_prefix("%include") else {
                 continue;
@@ -1287,15 +1365,18 @@ impl HostFacts {
             if !rest.starts_with([' ', '\t']) {
                 continue;
             }
-            let path = rest.trim();
-            let expanded = match (path.strip_prefix("~/"), &home) {
-                (Some(r), Some(h)) => h.join(r),
-                _ => PathBuf::from(path),
-            };
-            let base = rc.parent().unwrap_or(root);
-            let inc = normalize_lexically(&base.join(expanded));
+            let inc = expand(rest.trim(), rc.parent().unwrap_or(root));
             self.protect_reached(root, &inc, sr, false);
-            self.protect_hg_includes(root, &inc, sr, depth + 1);
+            self.protect_hg_includes(root, repo, &inc, sr, depth + 1);
+        }
+        for (path, may_be_missing) in hg_named_programs(&text) {
+            let p = expand(&path, repo);
+            // A word of a shell hook that names nothing yet may be any
+            // argument (an output file): only the program itself is
+            // swept when missing.
+            if may_be_missing || matches!(lstat_kind(&p), Some(Kind::File | Kind::Symlink)) {
+                self.protect_reached(root, &p, sr, false);
+            }
         }
     }
 
@@ -1793,6 +1874,36 @@ mod tests {
     /// (relative, absolute, `..` after a link), a dangling one to the path
     /// it would create, every link passed reported where it is; a loop is
     /// `None`.
+    #[test]
+    fn hg_named_programs_reads_hooks_and_extensions() {
+        let rc = "[hooks]\n\
+                  precommit = ./hooks/check.sh --fast\n\
+                  pretxncommit.py = python:hooks/x.py:run\n\
+                  incoming = python:hgext.mod.fn\n\
+                  changegroup = python3 scripts/notify.py out/log\n\
+                  # commented = ./no.sh\n\
+                  \n\
+                  [extensions]\n\
+                  rebase =\n\
+                  mine = ./ext/mine.py\n\
+                  off = !./off.py\n\
+                  env = $HOME/x.py\n\
+                  [ui]\n\
+                  editor = ./not-a-hook.sh\n";
+        let got = hg_named_programs(rc);
+        let want: Vec<(String, bool)> = [
+            ("./hooks/check.sh", true),
+            ("hooks/x.py", true),
+            ("scripts/notify.py", false),
+            ("out/log", false),
+            ("./ext/mine.py", true),
+        ]
+        .iter()
+        .map(|(p, m)| (p.to_string(), *m))
+        .collect();
+        assert_eq!(got, want);
+    }
+
     #[test]
     fn follow_links_follows_chains_and_dangling_links() {
         use std::os::unix::fs::symlink;
