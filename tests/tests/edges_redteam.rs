@@ -1045,14 +1045,21 @@ fn global_config_includes_from_the_workspace_are_write_protected() {
         );
         write(
             fx.home.join(".hgrc"),
-            &format!("%include {}\n", fx.ws.join("hgrc.local").display()),
+            &format!(
+                "%include {}\n[hooks]\npre-status = {} --all\n[extensions]\nmine = {}\n",
+                fx.ws.join("hgrc.local").display(),
+                fx.ws.join("hghooks/status.sh").display(),
+                fx.ws.join("hgext/mine.py").display()
+            ),
         );
+        write(fx.ws.join("hghooks/status.sh"), "true\n");
         std::fs::create_dir_all(fx.ws.join("later")).unwrap();
         let marker = fx.root.join("PWNED");
         let script = format!(
             "printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' >> git.local; \
              printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' > later/git.conf; \
-             printf '[hooks]\\npre-status = touch {m}\\n' > hgrc.local; echo ran",
+             printf '[hooks]\\npre-status = touch {m}\\n' > hgrc.local; \
+             echo 'touch {m}' > hghooks/status.sh; mkdir -p hgext; echo PWNED > hgext/mine.py; echo ran",
             m = marker.display()
         );
         let out = run(fx.sh(level, &["--no-audit"], &script));
@@ -1072,6 +1079,19 @@ fn global_config_includes_from_the_workspace_are_write_protected() {
                 .unwrap_or_default()
                 .contains("PWNED"),
             "{level}: hgrc.local, included by ~/.hgrc, holds the command's hook\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(fx.ws.join("hghooks/status.sh")).as_deref(),
+            Some("true\n"),
+            "{level}: hghooks/status.sh, a hook of ~/.hgrc, was changed\n{}",
+            out.dump()
+        );
+        assert!(
+            !read(fx.ws.join("hgext/mine.py"))
+                .unwrap_or_default()
+                .contains("PWNED"),
+            "{level}: hgext/mine.py, an extension of ~/.hgrc, survived the run\n{}",
             out.dump()
         );
     }

@@ -1727,6 +1727,20 @@ impl HostFacts {
                     named.push(p);
                 }
             }
+            // Its hooks' and extensions' files named by an absolute or
+            // `~` path (a relative one names a file in every repository,
+            // like a relative global hooksPath: not followed).
+            for (path, may_be_missing) in hg_named_programs(&text) {
+                if !(path.starts_with('/') || path.starts_with("~/")) {
+                    continue;
+                }
+                if let Some(p) = expand(&path, base) {
+                    if may_be_missing || matches!(lstat_kind(&p), Some(Kind::File | Kind::Symlink))
+                    {
+                        named.push(p);
+                    }
+                }
+            }
         }
         for p in named {
             let Some((end, _)) = follow_links(&p) else {
