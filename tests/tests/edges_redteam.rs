@@ -1038,11 +1038,20 @@ fn global_config_includes_from_the_workspace_are_write_protected() {
         write(
             fx.home.join(".gitconfig"),
             &format!(
-                "[include]\n\tpath = {}\n[includeIf \"gitdir:/\"]\n\tpath = {}\n",
+                "[include]\n\tpath = {}\n[includeIf \"gitdir:/\"]\n\tpath = {}\n[core]\n\thooksPath = {}\n",
                 fx.ws.join("git.local").display(),
-                fx.ws.join("later/git.conf").display()
+                fx.ws.join("later/git.conf").display(),
+                fx.home.join("githooks").display()
             ),
         );
+        // A global hooks directory whose hook links into the workspace.
+        write(fx.ws.join("scripts/pc.sh"), "true\n");
+        std::fs::create_dir_all(fx.home.join("githooks")).unwrap();
+        std::os::unix::fs::symlink(
+            fx.ws.join("scripts/pc.sh"),
+            fx.home.join("githooks/pre-commit"),
+        )
+        .unwrap();
         write(
             fx.home.join(".hgrc"),
             &format!(
@@ -1059,7 +1068,8 @@ fn global_config_includes_from_the_workspace_are_write_protected() {
             "printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' >> git.local; \
              printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' > later/git.conf; \
              printf '[hooks]\\npre-status = touch {m}\\n' > hgrc.local; \
-             echo 'touch {m}' > hghooks/status.sh; mkdir -p hgext; echo PWNED > hgext/mine.py; echo ran",
+             echo 'touch {m}' > hghooks/status.sh; mkdir -p hgext; echo PWNED > hgext/mine.py; \
+             echo 'touch {m}' > scripts/pc.sh; echo ran",
             m = marker.display()
         );
         let out = run(fx.sh(level, &["--no-audit"], &script));
@@ -1085,6 +1095,12 @@ fn global_config_includes_from_the_workspace_are_write_protected() {
             read(fx.ws.join("hghooks/status.sh")).as_deref(),
             Some("true\n"),
             "{level}: hghooks/status.sh, a hook of ~/.hgrc, was changed\n{}",
+            out.dump()
+        );
+        assert_eq!(
+            read(fx.ws.join("scripts/pc.sh")).as_deref(),
+            Some("true\n"),
+            "{level}: scripts/pc.sh, a hook the global core.hooksPath links to, was changed\n{}",
             out.dump()
         );
         assert!(

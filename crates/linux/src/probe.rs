@@ -1698,6 +1698,19 @@ impl HostFacts {
                     }
                 } else if hooks && (v.starts_with('/') || v.starts_with("~/")) {
                     if let Some(p) = expand(v, base) {
+                        // Its hooks that are symlinks: git runs where
+                        // they lead (a shared hooks directory linking
+                        // into a dotfiles repository).
+                        if let Some((dir, _)) = follow_links(&p) {
+                            for e in fs::read_dir(&dir).into_iter().flatten().flatten() {
+                                let n = e.file_name();
+                                if !moat_policy::is_inert_hook_name(&n.to_string_lossy())
+                                    && e.file_type().is_ok_and(|t| t.is_symlink())
+                                {
+                                    named.push(dir.join(n));
+                                }
+                            }
+                        }
                         named.push(p);
                     }
                 }
