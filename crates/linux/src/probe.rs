@@ -43,9 +43,27 @@ fn not_own(path: &Path) -> bool {
     }
 }
 
+/// Whether `path` cannot be looked at because a directory on the way that
+/// is the caller's own refuses the search (mode 000): the caller, or a
+/// command where the view has that directory writable, can chmod it back.
+fn behind_own_directory(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match fs::symlink_metadata(path) {
+        // The deepest ancestor that can be looked at (followed, as the
+        // path's resolution does) is the directory refusing the search.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => path
+            .ancestors()
+            .skip(1)
+            .find_map(|a| fs::metadata(a).ok())
+            .is_some_and(|m| m.uid() == nix::unistd::geteuid().as_raw()),
+        _ => false,
+    }
+}
+
 /// Whether the kernel itself keeps the secret at `path` from this
 /// (unprivileged) process: reading it is refused (a directory: both
-/// listing and entering it), and it is not the caller's own. The sandbox
+/// listing and entering it), and it is not the caller's own nor behind a
+/// directory of the caller's that refuses the search. The sandbox
 /// has no more rights over host files than its caller, so it needs no
 /// stand-in for it (`/etc/shadow` 0640 root:shadow, another user's 0600
 /// `.netrc`).
@@ -55,7 +73,7 @@ pub fn kernel_keeps_from_user(path: &Path, kind: Kind) -> bool {
         Kind::Dir => refused(path, A::R_OK) && refused(path, A::X_OK),
         _ => refused(path, A::R_OK),
     };
-    kept && not_own(path)
+    kept && not_own(path) && !behind_own_directory(path)
 }
 
 /// Whether the kernel itself refuses this process every use of `path`
@@ -1713,6 +1731,80 @@ fn unenterable(dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A secret under a directory the caller owns but cannot search (mode
+    /// 000) is not one the kernel keeps from it: its owner can chmod the
+    /// directory back (the command too, where the view has it writable),
+    /// so it keeps its stand-in. One under another user's unsearchable
+    /// directory is kept (`/etc/shadow`'s case, one level down). Runs as
+    /// an unprivileged uid (a forked child of a root run drops to 65534).
+    #[test]
+    fn a_secret_under_the_callers_own_unsearchable_directory_keeps_its_stand_in() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("moat-probe-keeps-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        fs::create_dir_all(base.join("own/gh")).unwrap();
+        fs::write(base.join("own/gh/hosts.yml"), "t").unwrap();
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
+        let root = nix::unistd::geteuid().is_root();
+        let user = if root {
+            65534
+        } else {
+            nix::unistd::geteuid().as_raw()
+        };
+        if root {
+            for p in ["own", "own/gh", "own/gh/hosts.yml"] {
+                std::os::unix::fs::chown(base.join(p), Some(user), Some(user)).unwrap();
+            }
+            // Another user's unsearchable directory, for the other half.
+            fs::create_dir_all(base.join("theirs")).unwrap();
+            fs::write(base.join("theirs/key"), "t").unwrap();
+            fs::set_permissions(base.join("theirs"), fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        fs::set_permissions(base.join("own"), fs::Permissions::from_mode(0o000)).unwrap();
+        let check = || -> i32 {
+            let mut code = 0;
+            if kernel_keeps_from_user(&base.join("own/gh/hosts.yml"), Kind::File) {
+                code |= 1;
+            }
+            if kernel_keeps_from_user(&base.join("own/gh"), Kind::Dir) {
+                code |= 2;
+            }
+            if root && !kernel_keeps_from_user(&base.join("theirs/key"), Kind::File) {
+                code |= 4;
+            }
+            code
+        };
+        let code = if root {
+            // SAFETY: the child only checks paths and leaves by _exit.
+            match unsafe { libc::fork() } {
+                0 => {
+                    // SAFETY: the forked child drops to an unprivileged uid.
+                    let dropped = unsafe {
+                        libc::setresgid(user, user, user) == 0
+                            && libc::setresuid(user, user, user) == 0
+                    };
+                    let code = if dropped { check() } else { 8 };
+                    // SAFETY: leaves the child without running the harness.
+                    unsafe { libc::_exit(code) }
+                }
+                pid => {
+                    let mut status = 0;
+                    // SAFETY: waits for the child forked above.
+                    unsafe { libc::waitpid(pid, &mut status, 0) };
+                    libc::WEXITSTATUS(status)
+                }
+            }
+        } else {
+            check()
+        };
+        fs::set_permissions(base.join("own"), fs::Permissions::from_mode(0o755)).unwrap();
+        let _ = fs::remove_dir_all(&base);
+        assert_eq!(
+            code, 0,
+            "1: a file under the caller's own mode-000 directory taken as kept; 2: the same for a directory; 4: another user's key not kept; 8: could not drop to uid {user}"
+        );
+    }
 
     /// Every protected path that exists is among the names the level-by-level
     /// lookup returns: through a symlinked parent, a nested path, a path
