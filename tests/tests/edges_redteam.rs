@@ -829,7 +829,8 @@ fn symlinked_write_protected_paths_are_protected_where_they_lead() {
 
 /// A symlink the command leaves in the workspace that leads to a secret,
 /// into one, to a directory holding one (the home, `/`) or a secret path
-/// that does not exist yet, or into `/proc` (a host tool's own environment)
+/// that does not exist yet, or into or through `/proc` (a host tool's own
+/// environment, cwd and fds)
 /// is removed after the run: a host tool or agent following it later would
 /// read what the sandbox hid. So is one to a write-protected file of the
 /// home (`~/.bashrc`): an agent writing "a project file" through it would
@@ -845,6 +846,7 @@ fn symlinks_left_to_secrets_are_removed_after_the_run() {
             "mkdir -p d && ln -s {h}/.ssh d/key && ln -s {h} home && ln -s / root && \
              ln -s {h}/.docker not-yet && ln -s /proc/self/environ env && ln -s d/key twice && \
              ln -s {h}/.bashrc rc && \
+             ln -s /proc/self/cwd/README cwd && ln -s /dev/fd/1 fd && \
              ln -s ../README d/readme && ln -s /usr/share share && echo ran"
         );
         let out = run(fx.sh(level, &["--no-audit"], &script));
@@ -853,7 +855,13 @@ fn symlinks_left_to_secrets_are_removed_after_the_run() {
             "control: the command ran\n{}",
             out.dump()
         );
-        for l in ["d/key", "home", "root", "not-yet", "env", "twice", "rc"] {
+        // `cwd` and `fd` pass through /proc's magic links, which each
+        // process resolves to its own cwd and fds: what moat reaches
+        // through them says nothing of what a host tool following them
+        // later reaches (its cwd's `../../.ssh/id_rsa`).
+        for l in [
+            "d/key", "home", "root", "not-yet", "env", "twice", "rc", "cwd", "fd",
+        ] {
             assert!(
                 !exists(fx.ws.join(l)),
                 "{level}: the link {l} the command left to a secret is still there\n{}",

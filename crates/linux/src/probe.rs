@@ -1904,4 +1904,24 @@ mod tests {
             );
         }
     }
+
+    /// A chain through `/proc/self/cwd` or `/dev/fd` ends somewhere that is
+    /// not under `/proc` (this process's cwd, its stdout's file), yet it is
+    /// caller-relative: `through_proc` says so; a plain chain is not.
+    #[test]
+    fn a_chain_through_procs_magic_links_is_told_apart() {
+        for p in [
+            "/proc/self/cwd/x",
+            "/dev/fd/0",
+            "/proc/thread-self/root/etc",
+        ] {
+            let (end, links) = follow_links(Path::new(p)).unwrap();
+            if p.contains("cwd") {
+                assert!(!end.starts_with("/proc"), "{p} -> {}", end.display());
+            }
+            assert!(crate::sweep::through_proc(&links), "{p}: {links:?}");
+        }
+        let (_, links) = follow_links(Path::new("/usr/share")).unwrap();
+        assert!(!crate::sweep::through_proc(&links));
+    }
 }

@@ -83,7 +83,7 @@ pub struct SweepRoot {
     pub pinned_links: std::collections::BTreeMap<PathBuf, PathBuf>,
     /// Protected host paths, existing or not (canonical where they exist):
     /// a symlink the command created below the root that leads to one, into
-    /// one, to a directory holding one, or into `/proc` is removed after the
+    /// one, to a directory holding one, or into or through `/proc` is removed after the
     /// run (a host tool following it later would read the secret).
     #[serde(skip)]
     pub secrets: Vec<PathBuf>,
@@ -264,6 +264,12 @@ pub(crate) fn leads_to_secret(reached: &Path, secrets: &[PathBuf]) -> bool {
         || secrets
             .iter()
             .any(|s| s.starts_with(reached) || reached.starts_with(s))
+}
+
+/// Whether a chain of links ([`crate::probe::follow_links`]'s) passes a
+/// link inside `/proc`, whose targets depend on the process following it.
+pub(crate) fn through_proc(links: &[(PathBuf, PathBuf)]) -> bool {
+    links.iter().any(|(at, _)| at.starts_with("/proc"))
 }
 
 struct Sweeper {
@@ -465,7 +471,8 @@ impl Sweeper {
     /// made or changed it during the run (it was not there before with the
     /// same target) and it leads to a
     /// protected path, into one, to a directory holding one (`~`, `/`), or
-    /// into `/proc` (a host tool's own environment and fds): a host tool or
+    /// into or through `/proc` (a host tool's own environment, cwd and
+    /// fds): a host tool or
     /// agent following it after the run would read the secret. The link
     /// itself is unlinked from its directory fd, never followed: its target
     /// is only looked at (lstat and readlink on the host's paths).
@@ -483,8 +490,25 @@ impl Sweeper {
         let joined = abs.parent().unwrap_or(&r.root).join(&target);
         // One that cannot be resolved (a loop, an absurdly long chain) is
         // removed too: nothing shows it harmless, and no one needs it.
+        // A chain through a link inside `/proc` (`/proc/self/cwd`,
+        // `/dev/fd/N`) goes where each process's own cwd, root or fds are:
+        // where it led moat says nothing of where it leads a host tool
+        // (its cwd's `../../.ssh/id_rsa`), so it is removed too.
         let why = match crate::probe::follow_links(&joined) {
-            Some((reached, _)) if !leads_to_secret(&reached, &r.secrets) => return,
+            Some((reached, links))
+                if !leads_to_secret(&reached, &r.secrets) && !through_proc(&links) =>
+            {
+                return
+            }
+            Some((reached, links)) if !leads_to_secret(&reached, &r.secrets) => format!(
+                "passes through {} (a link in /proc: each process reaches its own cwd, root or fds through it)",
+                links
+                    .iter()
+                    .map(|(at, _)| at)
+                    .find(|at| at.starts_with("/proc"))
+                    .unwrap_or(&reached)
+                    .display()
+            ),
             Some((reached, _)) => format!(
                 "leads to {} (a protected or write-protected path, a directory holding one, or /proc)",
                 reached.display()
