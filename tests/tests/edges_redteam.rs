@@ -878,6 +878,62 @@ fn symlinks_left_to_secrets_are_removed_after_the_run() {
     }
 }
 
+/// Two runs at once in one workspace: a link to a secret the first run's
+/// command made is there when the second run's walk records the links
+/// "before" it. The first run's sweep removes it; the second command then
+/// makes it again, with the same target. A new link (a new inode), not the
+/// one recorded, so the second sweep removes it too.
+#[test]
+fn a_link_to_a_secret_remade_by_a_concurrent_run_is_removed() {
+    let fx = Fixture::new();
+    let h = fx.home.display();
+    let wait = |p: &Path| {
+        while !exists(p) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let a_script =
+        format!("ln -s {h}/.ssh k && while [ ! -e go-a ]; do sleep 0.05; done; echo ran");
+    let a = fx
+        .sh("workspace-write", &["--no-audit"], &a_script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the first run");
+    wait(&fx.ws.join("k"));
+    let b_script = format!(
+        "touch b-ready && while [ ! -e go-b ]; do sleep 0.05; done; \
+         rm -f k && ln -s {h}/.ssh k && echo ran"
+    );
+    let b = fx
+        .sh("workspace-write", &["--no-audit"], &b_script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the second run");
+    // The second run's command runs after its walk recorded `k`.
+    wait(&fx.ws.join("b-ready"));
+    std::fs::write(fx.ws.join("go-a"), "").unwrap();
+    let a = a.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&a.stdout).contains("ran"),
+        "control: the first command ran\n{}",
+        String::from_utf8_lossy(&a.stderr)
+    );
+    std::fs::write(fx.ws.join("go-b"), "").unwrap();
+    let b = b.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&b.stdout).contains("ran"),
+        "control: the second command ran\n{}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+    assert!(
+        !exists(fx.ws.join("k")),
+        "the link to ~/.ssh the second command made again (same target as the one its walk saw) is still there\n{}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+}
+
 /// mise runs `[hooks] enter` and `[env] _.source` on `cd` from every
 /// project config it reads, not only `mise.toml`: `mise.local.toml`,
 /// `.mise/config.toml`, `.config/mise.toml`, `.config/mise/config.toml`…

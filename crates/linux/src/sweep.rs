@@ -88,11 +88,13 @@ pub struct SweepRoot {
     #[serde(skip)]
     pub secrets: Vec<PathBuf>,
     /// The symlinks below the root before the run (absolute path, target
-    /// as written), found by the same walk: one still pointing where it
-    /// pointed is the user's and stays. `None`: no link is checked (the
+    /// as written, inode), found by the same walk: the same link still
+    /// pointing where it pointed is the user's and stays (one made again
+    /// with the same target is not: a concurrent run's command may have
+    /// made the first). `None`: no link is checked (the
     /// root had no complete walk).
     #[serde(skip)]
-    pub links_before: Option<std::sync::Arc<std::collections::BTreeMap<PathBuf, PathBuf>>>,
+    pub links_before: Option<std::sync::Arc<std::collections::BTreeMap<PathBuf, (PathBuf, u64)>>>,
 }
 
 /// Something the sweep neutralised.
@@ -440,7 +442,8 @@ impl Sweeper {
                 }
                 let is_link = e.file_type().map(|t| t.is_symlink()).unwrap_or(false);
                 if is_link && r.links_before.is_some() {
-                    self.drop_secret_link(r, &dir, &child, &name);
+                    use std::os::unix::fs::DirEntryExt;
+                    self.drop_secret_link(r, &dir, &child, &name, e.ino());
                 }
                 if is_vcs_dir_name(&name.to_string_lossy()) {
                     vcs.push(child.clone());
@@ -467,16 +470,23 @@ impl Sweeper {
         (found, vcs)
     }
 
-    /// Removes the symlink `name` (in `dir`, at `rel`) when the command
-    /// made or changed it during the run (it was not there before with the
-    /// same target) and it leads to a
+    /// Removes the symlink `name` (in `dir`, at `rel`, inode `ino`) when
+    /// the command made or changed it during the run (it was not there
+    /// before, the same link with the same target) and it leads to a
     /// protected path, into one, to a directory holding one (`~`, `/`), or
     /// into or through `/proc` (a host tool's own environment, cwd and
     /// fds): a host tool or
     /// agent following it after the run would read the secret. The link
     /// itself is unlinked from its directory fd, never followed: its target
     /// is only looked at (lstat and readlink on the host's paths).
-    fn drop_secret_link(&mut self, r: &SweepRoot, dir: &OwnedFd, rel: &Path, name: &OsStr) {
+    fn drop_secret_link(
+        &mut self,
+        r: &SweepRoot,
+        dir: &OwnedFd,
+        rel: &Path,
+        name: &OsStr,
+        ino: u64,
+    ) {
         let Some(before) = &r.links_before else {
             return;
         };
@@ -484,7 +494,10 @@ impl Sweeper {
             return;
         };
         let abs = r.root.join(rel);
-        if before.get(&abs).is_some_and(|t| *t == Path::new(&target)) {
+        if before
+            .get(&abs)
+            .is_some_and(|(t, i)| *t == Path::new(&target) && *i == ino)
+        {
             return;
         }
         let joined = abs.parent().unwrap_or(&r.root).join(&target);
