@@ -130,10 +130,11 @@ pub struct HostFacts {
     /// configs are redacted like the root's.
     pub workspace_nested_git: Vec<PathBuf>,
     /// Every symlink the complete walks saw (workspace, walked grants),
-    /// with its target as written and its inode: the sweep removes only
+    /// with its target as written and its identity (inode and ctime: an
+    /// inode number is reused at once on ext4): the sweep removes only
     /// new links that lead to a secret (one made again with the same
     /// target is new: a concurrent run's command may have made the first).
-    pub workspace_links: BTreeMap<PathBuf, (PathBuf, u64)>,
+    pub workspace_links: BTreeMap<PathBuf, (PathBuf, crate::sweep::LinkId)>,
     /// What the post-run sweep checks, per writable root, with the state
     /// before the run (missing write-protected paths, `.moat*` names
     /// present, git dirs and their executable parts).
@@ -1416,9 +1417,10 @@ impl HostFacts {
                 }
                 let Ok(ft) = e.file_type() else { continue };
                 if ft.is_symlink() {
-                    if let Ok(t) = fs::read_link(e.path()) {
-                        use std::os::unix::fs::DirEntryExt;
-                        self.workspace_links.insert(e.path(), (t, e.ino()));
+                    if let (Ok(t), Ok(m)) = (fs::read_link(e.path()), e.metadata()) {
+                        use std::os::unix::fs::MetadataExt;
+                        let id = (m.ino(), m.ctime(), m.ctime_nsec());
+                        self.workspace_links.insert(e.path(), (t, id));
                     }
                 }
                 if moat_policy::is_vcs_dir_name(&name.to_string_lossy()) {

@@ -88,14 +88,20 @@ pub struct SweepRoot {
     #[serde(skip)]
     pub secrets: Vec<PathBuf>,
     /// The symlinks below the root before the run (absolute path, target
-    /// as written, inode), found by the same walk: the same link still
+    /// as written, [`LinkId`]), found by the same walk: the same link still
     /// pointing where it pointed is the user's and stays (one made again
     /// with the same target is not: a concurrent run's command may have
     /// made the first). `None`: no link is checked (the
     /// root had no complete walk).
     #[serde(skip)]
-    pub links_before: Option<std::sync::Arc<std::collections::BTreeMap<PathBuf, (PathBuf, u64)>>>,
+    pub links_before:
+        Option<std::sync::Arc<std::collections::BTreeMap<PathBuf, (PathBuf, LinkId)>>>,
 }
+
+/// A symlink's identity: inode number, ctime seconds and nanoseconds (an
+/// inode number alone is reused at once on ext4; a link made again gets a
+/// new ctime).
+pub type LinkId = (u64, i64, i64);
 
 /// Something the sweep neutralised.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -442,8 +448,7 @@ impl Sweeper {
                 }
                 let is_link = e.file_type().map(|t| t.is_symlink()).unwrap_or(false);
                 if is_link && r.links_before.is_some() {
-                    use std::os::unix::fs::DirEntryExt;
-                    self.drop_secret_link(r, &dir, &child, &name, e.ino());
+                    self.drop_secret_link(r, &dir, &child, &name);
                 }
                 if is_vcs_dir_name(&name.to_string_lossy()) {
                     vcs.push(child.clone());
@@ -470,23 +475,16 @@ impl Sweeper {
         (found, vcs)
     }
 
-    /// Removes the symlink `name` (in `dir`, at `rel`, inode `ino`) when
-    /// the command made or changed it during the run (it was not there
-    /// before, the same link with the same target) and it leads to a
+    /// Removes the symlink `name` (in `dir`, at `rel`) when the command
+    /// made or changed it during the run (it was not there before, the
+    /// same link ([`LinkId`]) with the same target) and it leads to a
     /// protected path, into one, to a directory holding one (`~`, `/`), or
     /// into or through `/proc` (a host tool's own environment, cwd and
     /// fds): a host tool or
     /// agent following it after the run would read the secret. The link
     /// itself is unlinked from its directory fd, never followed: its target
     /// is only looked at (lstat and readlink on the host's paths).
-    fn drop_secret_link(
-        &mut self,
-        r: &SweepRoot,
-        dir: &OwnedFd,
-        rel: &Path,
-        name: &OsStr,
-        ino: u64,
-    ) {
+    fn drop_secret_link(&mut self, r: &SweepRoot, dir: &OwnedFd, rel: &Path, name: &OsStr) {
         let Some(before) = &r.links_before else {
             return;
         };
@@ -494,9 +492,12 @@ impl Sweeper {
             return;
         };
         let abs = r.root.join(rel);
+        let id = nix::sys::stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .ok()
+            .map(|st| (st.st_ino, st.st_ctime, st.st_ctime_nsec));
         if before
             .get(&abs)
-            .is_some_and(|(t, i)| *t == Path::new(&target) && *i == ino)
+            .is_some_and(|(t, i)| *t == Path::new(&target) && Some(*i) == id)
         {
             return;
         }
