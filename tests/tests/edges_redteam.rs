@@ -934,6 +934,63 @@ fn a_link_to_a_secret_remade_by_a_concurrent_run_is_removed() {
     );
 }
 
+/// Two runs at once, a symlinked `.vscode` (`.vscode -> editor/vscode`,
+/// `editor -> real-editor`): the first run's command retargets `editor`
+/// at a directory of its own holding a `tasks.json`, then the second run's
+/// walk pins `editor` as it finds it. The first run's sweep moves the
+/// retargeted link aside; the second command makes it again with the same
+/// target. A new link, not the one pinned: moved aside too.
+#[test]
+fn a_pinned_link_remade_by_a_concurrent_run_is_moved_aside() {
+    let fx = Fixture::new();
+    std::fs::create_dir_all(fx.ws.join("real-editor/vscode")).unwrap();
+    std::os::unix::fs::symlink("real-editor", fx.ws.join("editor")).unwrap();
+    std::os::unix::fs::symlink("editor/vscode", fx.ws.join(".vscode")).unwrap();
+    let wait = |p: &Path| {
+        while !exists(p) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let spawn = |script: &str| {
+        fx.sh("workspace-write", &["--no-audit"], script)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn a run")
+    };
+    let a = spawn(
+        "mkdir -p evil/vscode && echo '{\"tasks\":[]}' > evil/vscode/tasks.json && \
+         rm editor && ln -s evil editor && touch a-ready && \
+         while [ ! -e go-a ]; do sleep 0.05; done; echo ran",
+    );
+    wait(&fx.ws.join("a-ready"));
+    let b = spawn(
+        "touch b-ready && while [ ! -e go-b ]; do sleep 0.05; done; \
+         rm -f editor && ln -s evil editor && echo ran",
+    );
+    // The second run's command runs after its walk pinned `editor`.
+    wait(&fx.ws.join("b-ready"));
+    std::fs::write(fx.ws.join("go-a"), "").unwrap();
+    let a = a.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&a.stdout).contains("ran"),
+        "control: the first command ran\n{}",
+        String::from_utf8_lossy(&a.stderr)
+    );
+    std::fs::write(fx.ws.join("go-b"), "").unwrap();
+    let b = b.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&b.stdout).contains("ran"),
+        "control: the second command ran\n{}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+    assert!(
+        !exists(fx.ws.join(".vscode/tasks.json")),
+        ".vscode/tasks.json reaches the first command's file through the link the second command made again\n{}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+}
+
 /// mise runs `[hooks] enter` and `[env] _.source` on `cd` from every
 /// project config it reads, not only `mise.toml`: `mise.local.toml`,
 /// `.mise/config.toml`, `.config/mise.toml`, `.config/mise/config.toml`…

@@ -399,6 +399,14 @@ impl Resolver {
     }
 }
 
+/// The identity of the symlink at `p` ([`crate::sweep::LinkId`]), None
+/// when it cannot be looked at (the sweep then takes it for replaced).
+fn link_id(p: &Path) -> Option<crate::sweep::LinkId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::symlink_metadata(p).ok()?;
+    Some((m.ino(), m.ctime(), m.ctime_nsec()))
+}
+
 /// Where opening `p` (absolute) leads on the host, resolved the way the
 /// kernel resolves it: every symlink on the way followed — a dangling one
 /// to the path it would create —, `..` taken after each link's target.
@@ -980,7 +988,10 @@ impl HostFacts {
                 for (l, t) in links {
                     if let Ok(lrel) = l.strip_prefix(&g.path) {
                         if !lrel.as_os_str().is_empty() {
-                            self.sweep[i].pinned_links.insert(lrel.to_path_buf(), t);
+                            let id = link_id(&l);
+                            self.sweep[i]
+                                .pinned_links
+                                .insert(lrel.to_path_buf(), (t, id));
                         }
                     }
                 }
@@ -1191,7 +1202,7 @@ impl HostFacts {
         for (l, t) in links {
             if let Ok(rel) = l.strip_prefix(root) {
                 if !rel.as_os_str().is_empty() {
-                    sr.pinned_links.insert(rel.to_path_buf(), t);
+                    sr.pinned_links.insert(rel.to_path_buf(), (t, link_id(&l)));
                 }
             }
         }

@@ -77,10 +77,12 @@ pub struct SweepRoot {
     pub vcs_existing: BTreeSet<PathBuf>,
     /// Symlinks on the way to a write-protected path inside the root (a
     /// `.vscode -> shared/vscode`, a `.git/config -> ../project.gitconfig`,
-    /// a dangling `.git/hooks -> ../hooks`), with their targets as written:
-    /// the place they lead is protected, so one the command retargeted or
-    /// replaced is moved aside after the run.
-    pub pinned_links: std::collections::BTreeMap<PathBuf, PathBuf>,
+    /// a dangling `.git/hooks -> ../hooks`), with their targets as written
+    /// and their identities ([`LinkId`]): the place they lead is
+    /// protected, so one the command retargeted, replaced or made again
+    /// (a concurrent run's command may have retargeted the one pinned, and
+    /// that run's sweep moved it aside) is moved aside after the run.
+    pub pinned_links: std::collections::BTreeMap<PathBuf, (PathBuf, Option<LinkId>)>,
     /// Protected host paths, existing or not (canonical where they exist):
     /// a symlink the command created below the root that leads to one, into
     /// one, to a directory holding one, or into or through `/proc` is removed after the
@@ -553,11 +555,11 @@ impl Sweeper {
     }
 
     /// Moves aside each recorded symlink on the way to a write-protected
-    /// path that no longer points where it pointed before the run (or is
-    /// no longer a symlink): the place it led was protected, a new target
-    /// was not.
+    /// path that no longer points where it pointed before the run, is no
+    /// longer the same link, or no longer a symlink: the place it led was
+    /// protected, a new target was not.
     fn check_pinned_links(&mut self, r: &SweepRoot, root: &OwnedFd) {
-        for (rel, target) in &r.pinned_links {
+        for (rel, (target, id)) in &r.pinned_links {
             let Some((parent, name)) = self.open_parent(r, root, rel) else {
                 continue;
             };
@@ -567,6 +569,7 @@ impl Sweeper {
                 Ok(None) => {}
                 Ok(Some(st)) => {
                     let same = kind_of(&st) == Kind::Symlink
+                        && *id == Some((st.st_ino, st.st_ctime, st.st_ctime_nsec))
                         && nix::fcntl::readlinkat(&parent, name.as_os_str())
                             .is_ok_and(|t| Path::new(&t) == target);
                     if !same {
