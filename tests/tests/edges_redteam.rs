@@ -829,7 +829,8 @@ fn symlinked_write_protected_paths_are_protected_where_they_lead() {
 
 /// A symlink the command leaves in the workspace that leads to a secret,
 /// into one, to a directory holding one (the home, `/`) or a secret path
-/// that does not exist yet, or into `/proc` (a host tool's own environment)
+/// that does not exist yet, or into or through `/proc` (a host tool's own
+/// environment, cwd and fds)
 /// is removed after the run: a host tool or agent following it later would
 /// read what the sandbox hid. So is one to a write-protected file of the
 /// home (`~/.bashrc`): an agent writing "a project file" through it would
@@ -845,6 +846,7 @@ fn symlinks_left_to_secrets_are_removed_after_the_run() {
             "mkdir -p d && ln -s {h}/.ssh d/key && ln -s {h} home && ln -s / root && \
              ln -s {h}/.docker not-yet && ln -s /proc/self/environ env && ln -s d/key twice && \
              ln -s {h}/.bashrc rc && \
+             ln -s /proc/self/cwd/README cwd && ln -s /dev/fd/1 fd && \
              ln -s ../README d/readme && ln -s /usr/share share && echo ran"
         );
         let out = run(fx.sh(level, &["--no-audit"], &script));
@@ -853,7 +855,13 @@ fn symlinks_left_to_secrets_are_removed_after_the_run() {
             "control: the command ran\n{}",
             out.dump()
         );
-        for l in ["d/key", "home", "root", "not-yet", "env", "twice", "rc"] {
+        // `cwd` and `fd` pass through /proc's magic links, which each
+        // process resolves to its own cwd and fds: what moat reaches
+        // through them says nothing of what a host tool following them
+        // later reaches (its cwd's `../../.ssh/id_rsa`).
+        for l in [
+            "d/key", "home", "root", "not-yet", "env", "twice", "rc", "cwd", "fd",
+        ] {
             assert!(
                 !exists(fx.ws.join(l)),
                 "{level}: the link {l} the command left to a secret is still there\n{}",
@@ -868,6 +876,119 @@ fn symlinks_left_to_secrets_are_removed_after_the_run() {
             );
         }
     }
+}
+
+/// Two runs at once in one workspace: a link to a secret the first run's
+/// command made is there when the second run's walk records the links
+/// "before" it. The first run's sweep removes it; the second command then
+/// makes it again, with the same target. A new link (a new inode), not the
+/// one recorded, so the second sweep removes it too.
+#[test]
+fn a_link_to_a_secret_remade_by_a_concurrent_run_is_removed() {
+    let fx = Fixture::new();
+    let h = fx.home.display();
+    let wait = |p: &Path| {
+        while !exists(p) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let a_script =
+        format!("ln -s {h}/.ssh k && while [ ! -e go-a ]; do sleep 0.05; done; echo ran");
+    let a = fx
+        .sh("workspace-write", &["--no-audit"], &a_script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the first run");
+    wait(&fx.ws.join("k"));
+    let b_script = format!(
+        "touch b-ready && while [ ! -e go-b ]; do sleep 0.05; done; \
+         rm -f k && ln -s {h}/.ssh k && echo ran"
+    );
+    let b = fx
+        .sh("workspace-write", &["--no-audit"], &b_script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the second run");
+    // The second run's command runs after its walk recorded `k`.
+    wait(&fx.ws.join("b-ready"));
+    std::fs::write(fx.ws.join("go-a"), "").unwrap();
+    let a = a.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&a.stdout).contains("ran"),
+        "control: the first command ran\n{}",
+        String::from_utf8_lossy(&a.stderr)
+    );
+    std::fs::write(fx.ws.join("go-b"), "").unwrap();
+    let b = b.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&b.stdout).contains("ran"),
+        "control: the second command ran\n{}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+    assert!(
+        !exists(fx.ws.join("k")),
+        "the link to ~/.ssh the second command made again (same target as the one its walk saw) is still there\n{}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+}
+
+/// Two runs at once, a symlinked `.vscode` (`.vscode -> editor/vscode`,
+/// `editor -> real-editor`): the first run's command retargets `editor`
+/// at a directory of its own holding a `tasks.json`, then the second run's
+/// walk pins `editor` as it finds it. The first run's sweep moves the
+/// retargeted link aside; the second command makes it again with the same
+/// target. A new link, not the one pinned: moved aside too.
+#[test]
+fn a_pinned_link_remade_by_a_concurrent_run_is_moved_aside() {
+    let fx = Fixture::new();
+    std::fs::create_dir_all(fx.ws.join("real-editor/vscode")).unwrap();
+    std::os::unix::fs::symlink("real-editor", fx.ws.join("editor")).unwrap();
+    std::os::unix::fs::symlink("editor/vscode", fx.ws.join(".vscode")).unwrap();
+    let wait = |p: &Path| {
+        while !exists(p) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let spawn = |script: &str| {
+        fx.sh("workspace-write", &["--no-audit"], script)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn a run")
+    };
+    let a = spawn(
+        "mkdir -p evil/vscode && echo '{\"tasks\":[]}' > evil/vscode/tasks.json && \
+         rm editor && ln -s evil editor && touch a-ready && \
+         while [ ! -e go-a ]; do sleep 0.05; done; echo ran",
+    );
+    wait(&fx.ws.join("a-ready"));
+    let b = spawn(
+        "touch b-ready && while [ ! -e go-b ]; do sleep 0.05; done; \
+         rm -f editor && ln -s evil editor && echo ran",
+    );
+    // The second run's command runs after its walk pinned `editor`.
+    wait(&fx.ws.join("b-ready"));
+    std::fs::write(fx.ws.join("go-a"), "").unwrap();
+    let a = a.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&a.stdout).contains("ran"),
+        "control: the first command ran\n{}",
+        String::from_utf8_lossy(&a.stderr)
+    );
+    std::fs::write(fx.ws.join("go-b"), "").unwrap();
+    let b = b.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&b.stdout).contains("ran"),
+        "control: the second command ran\n{}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+    assert!(
+        !exists(fx.ws.join(".vscode/tasks.json")),
+        ".vscode/tasks.json reaches the first command's file through the link the second command made again\n{}",
+        String::from_utf8_lossy(&b.stderr)
+    );
 }
 
 /// mise runs `[hooks] enter` and `[env] _.source` on `cd` from every

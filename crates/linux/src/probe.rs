@@ -43,9 +43,27 @@ fn not_own(path: &Path) -> bool {
     }
 }
 
+/// Whether `path` cannot be looked at because a directory on the way that
+/// is the caller's own refuses the search (mode 000): the caller, or a
+/// command where the view has that directory writable, can chmod it back.
+fn behind_own_directory(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match fs::symlink_metadata(path) {
+        // The deepest ancestor that can be looked at (followed, as the
+        // path's resolution does) is the directory refusing the search.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => path
+            .ancestors()
+            .skip(1)
+            .find_map(|a| fs::metadata(a).ok())
+            .is_some_and(|m| m.uid() == nix::unistd::geteuid().as_raw()),
+        _ => false,
+    }
+}
+
 /// Whether the kernel itself keeps the secret at `path` from this
 /// (unprivileged) process: reading it is refused (a directory: both
-/// listing and entering it), and it is not the caller's own. The sandbox
+/// listing and entering it), and it is not the caller's own nor behind a
+/// directory of the caller's that refuses the search. The sandbox
 /// has no more rights over host files than its caller, so it needs no
 /// stand-in for it (`/etc/shadow` 0640 root:shadow, another user's 0600
 /// `.netrc`).
@@ -55,7 +73,7 @@ pub fn kernel_keeps_from_user(path: &Path, kind: Kind) -> bool {
         Kind::Dir => refused(path, A::R_OK) && refused(path, A::X_OK),
         _ => refused(path, A::R_OK),
     };
-    kept && not_own(path)
+    kept && not_own(path) && !behind_own_directory(path)
 }
 
 /// Whether the kernel itself refuses this process every use of `path`
@@ -112,9 +130,11 @@ pub struct HostFacts {
     /// configs are redacted like the root's.
     pub workspace_nested_git: Vec<PathBuf>,
     /// Every symlink the complete walks saw (workspace, walked grants),
-    /// with its target as written: the sweep removes only new links that
-    /// lead to a secret.
-    pub workspace_links: BTreeMap<PathBuf, PathBuf>,
+    /// with its target as written and its identity (inode and ctime: an
+    /// inode number is reused at once on ext4): the sweep removes only
+    /// new links that lead to a secret (one made again with the same
+    /// target is new: a concurrent run's command may have made the first).
+    pub workspace_links: BTreeMap<PathBuf, (PathBuf, crate::sweep::LinkId)>,
     /// What the post-run sweep checks, per writable root, with the state
     /// before the run (missing write-protected paths, `.moat*` names
     /// present, git dirs and their executable parts).
@@ -377,6 +397,14 @@ impl Resolver {
             }
         }
     }
+}
+
+/// The identity of the symlink at `p` ([`crate::sweep::LinkId`]), None
+/// when it cannot be looked at (the sweep then takes it for replaced).
+fn link_id(p: &Path) -> Option<crate::sweep::LinkId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::symlink_metadata(p).ok()?;
+    Some((m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 /// Where opening `p` (absolute) leads on the host, resolved the way the
@@ -1020,7 +1048,10 @@ impl HostFacts {
                 for (l, t) in links {
                     if let Ok(lrel) = l.strip_prefix(&g.path) {
                         if !lrel.as_os_str().is_empty() {
-                            self.sweep[i].pinned_links.insert(lrel.to_path_buf(), t);
+                            let id = link_id(&l);
+                            self.sweep[i]
+                                .pinned_links
+                                .insert(lrel.to_path_buf(), (t, id));
                         }
                     }
                 }
@@ -1234,7 +1265,7 @@ impl HostFacts {
         for (l, t) in links {
             if let Ok(rel) = l.strip_prefix(root) {
                 if !rel.as_os_str().is_empty() {
-                    sr.pinned_links.insert(rel.to_path_buf(), t);
+                    sr.pinned_links.insert(rel.to_path_buf(), (t, link_id(&l)));
                 }
             }
         }
@@ -1509,8 +1540,10 @@ impl HostFacts {
                 }
                 let Ok(ft) = e.file_type() else { continue };
                 if ft.is_symlink() {
-                    if let Ok(t) = fs::read_link(e.path()) {
-                        self.workspace_links.insert(e.path(), t);
+                    if let (Ok(t), Ok(m)) = (fs::read_link(e.path()), e.metadata()) {
+                        use std::os::unix::fs::MetadataExt;
+                        let id = (m.ino(), m.ctime(), m.ctime_nsec());
+                        self.workspace_links.insert(e.path(), (t, id));
                     }
                 }
                 if moat_policy::is_vcs_dir_name(&name.to_string_lossy()) {
@@ -1853,6 +1886,80 @@ fn unenterable(dir: &Path) -> bool {
 mod tests {
     use super::*;
 
+    /// A secret under a directory the caller owns but cannot search (mode
+    /// 000) is not one the kernel keeps from it: its owner can chmod the
+    /// directory back (the command too, where the view has it writable),
+    /// so it keeps its stand-in. One under another user's unsearchable
+    /// directory is kept (`/etc/shadow`'s case, one level down). Runs as
+    /// an unprivileged uid (a forked child of a root run drops to 65534).
+    #[test]
+    fn a_secret_under_the_callers_own_unsearchable_directory_keeps_its_stand_in() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("moat-probe-keeps-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        fs::create_dir_all(base.join("own/gh")).unwrap();
+        fs::write(base.join("own/gh/hosts.yml"), "t").unwrap();
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
+        let root = nix::unistd::geteuid().is_root();
+        let user = if root {
+            65534
+        } else {
+            nix::unistd::geteuid().as_raw()
+        };
+        if root {
+            for p in ["own", "own/gh", "own/gh/hosts.yml"] {
+                std::os::unix::fs::chown(base.join(p), Some(user), Some(user)).unwrap();
+            }
+            // Another user's unsearchable directory, for the other half.
+            fs::create_dir_all(base.join("theirs")).unwrap();
+            fs::write(base.join("theirs/key"), "t").unwrap();
+            fs::set_permissions(base.join("theirs"), fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        fs::set_permissions(base.join("own"), fs::Permissions::from_mode(0o000)).unwrap();
+        let check = || -> i32 {
+            let mut code = 0;
+            if kernel_keeps_from_user(&base.join("own/gh/hosts.yml"), Kind::File) {
+                code |= 1;
+            }
+            if kernel_keeps_from_user(&base.join("own/gh"), Kind::Dir) {
+                code |= 2;
+            }
+            if root && !kernel_keeps_from_user(&base.join("theirs/key"), Kind::File) {
+                code |= 4;
+            }
+            code
+        };
+        let code = if root {
+            // SAFETY: the child only checks paths and leaves by _exit.
+            match unsafe { libc::fork() } {
+                0 => {
+                    // SAFETY: the forked child drops to an unprivileged uid.
+                    let dropped = unsafe {
+                        libc::setresgid(user, user, user) == 0
+                            && libc::setresuid(user, user, user) == 0
+                    };
+                    let code = if dropped { check() } else { 8 };
+                    // SAFETY: leaves the child without running the harness.
+                    unsafe { libc::_exit(code) }
+                }
+                pid => {
+                    let mut status = 0;
+                    // SAFETY: waits for the child forked above.
+                    unsafe { libc::waitpid(pid, &mut status, 0) };
+                    libc::WEXITSTATUS(status)
+                }
+            }
+        } else {
+            check()
+        };
+        fs::set_permissions(base.join("own"), fs::Permissions::from_mode(0o755)).unwrap();
+        let _ = fs::remove_dir_all(&base);
+        assert_eq!(
+            code, 0,
+            "1: a file under the caller's own mode-000 directory taken as kept; 2: the same for a directory; 4: another user's key not kept; 8: could not drop to uid {user}"
+        );
+    }
+
     /// Every protected path that exists is among the names the level-by-level
     /// lookup returns: through a symlinked parent, a nested path, a path
     /// that is both a name and a parent, and an unreadable directory.
@@ -1980,5 +2087,25 @@ mod tests {
                 "{p}"
             );
         }
+    }
+
+    /// A chain through `/proc/self/cwd` or `/dev/fd` ends somewhere that is
+    /// not under `/proc` (this process's cwd, its stdout's file), yet it is
+    /// caller-relative: `through_proc` says so; a plain chain is not.
+    #[test]
+    fn a_chain_through_procs_magic_links_is_told_apart() {
+        for p in [
+            "/proc/self/cwd/x",
+            "/dev/fd/0",
+            "/proc/thread-self/root/etc",
+        ] {
+            let (end, links) = follow_links(Path::new(p)).unwrap();
+            if p.contains("cwd") {
+                assert!(!end.starts_with("/proc"), "{p} -> {}", end.display());
+            }
+            assert!(crate::sweep::through_proc(&links), "{p}: {links:?}");
+        }
+        let (_, links) = follow_links(Path::new("/usr/share")).unwrap();
+        assert!(!crate::sweep::through_proc(&links));
     }
 }

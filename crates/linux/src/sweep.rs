@@ -77,23 +77,33 @@ pub struct SweepRoot {
     pub vcs_existing: BTreeSet<PathBuf>,
     /// Symlinks on the way to a write-protected path inside the root (a
     /// `.vscode -> shared/vscode`, a `.git/config -> ../project.gitconfig`,
-    /// a dangling `.git/hooks -> ../hooks`), with their targets as written:
-    /// the place they lead is protected, so one the command retargeted or
-    /// replaced is moved aside after the run.
-    pub pinned_links: std::collections::BTreeMap<PathBuf, PathBuf>,
+    /// a dangling `.git/hooks -> ../hooks`), with their targets as written
+    /// and their identities ([`LinkId`]): the place they lead is
+    /// protected, so one the command retargeted, replaced or made again
+    /// (a concurrent run's command may have retargeted the one pinned, and
+    /// that run's sweep moved it aside) is moved aside after the run.
+    pub pinned_links: std::collections::BTreeMap<PathBuf, (PathBuf, Option<LinkId>)>,
     /// Protected host paths, existing or not (canonical where they exist):
     /// a symlink the command created below the root that leads to one, into
-    /// one, to a directory holding one, or into `/proc` is removed after the
+    /// one, to a directory holding one, or into or through `/proc` is removed after the
     /// run (a host tool following it later would read the secret).
     #[serde(skip)]
     pub secrets: Vec<PathBuf>,
     /// The symlinks below the root before the run (absolute path, target
-    /// as written), found by the same walk: one still pointing where it
-    /// pointed is the user's and stays. `None`: no link is checked (the
+    /// as written, [`LinkId`]), found by the same walk: the same link still
+    /// pointing where it pointed is the user's and stays (one made again
+    /// with the same target is not: a concurrent run's command may have
+    /// made the first). `None`: no link is checked (the
     /// root had no complete walk).
     #[serde(skip)]
-    pub links_before: Option<std::sync::Arc<std::collections::BTreeMap<PathBuf, PathBuf>>>,
+    pub links_before:
+        Option<std::sync::Arc<std::collections::BTreeMap<PathBuf, (PathBuf, LinkId)>>>,
 }
+
+/// A symlink's identity: inode number, ctime seconds and nanoseconds (an
+/// inode number alone is reused at once on ext4; a link made again gets a
+/// new ctime).
+pub type LinkId = (u64, i64, i64);
 
 /// Something the sweep neutralised.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -264,6 +274,12 @@ pub(crate) fn leads_to_secret(reached: &Path, secrets: &[PathBuf]) -> bool {
         || secrets
             .iter()
             .any(|s| s.starts_with(reached) || reached.starts_with(s))
+}
+
+/// Whether a chain of links ([`crate::probe::follow_links`]'s) passes a
+/// link inside `/proc`, whose targets depend on the process following it.
+pub(crate) fn through_proc(links: &[(PathBuf, PathBuf)]) -> bool {
+    links.iter().any(|(at, _)| at.starts_with("/proc"))
 }
 
 struct Sweeper {
@@ -462,10 +478,11 @@ impl Sweeper {
     }
 
     /// Removes the symlink `name` (in `dir`, at `rel`) when the command
-    /// made or changed it during the run (it was not there before with the
-    /// same target) and it leads to a
+    /// made or changed it during the run (it was not there before, the
+    /// same link ([`LinkId`]) with the same target) and it leads to a
     /// protected path, into one, to a directory holding one (`~`, `/`), or
-    /// into `/proc` (a host tool's own environment and fds): a host tool or
+    /// into or through `/proc` (a host tool's own environment, cwd and
+    /// fds): a host tool or
     /// agent following it after the run would read the secret. The link
     /// itself is unlinked from its directory fd, never followed: its target
     /// is only looked at (lstat and readlink on the host's paths).
@@ -477,14 +494,37 @@ impl Sweeper {
             return;
         };
         let abs = r.root.join(rel);
-        if before.get(&abs).is_some_and(|t| *t == Path::new(&target)) {
+        let id = nix::sys::stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .ok()
+            .map(|st| (st.st_ino, st.st_ctime, st.st_ctime_nsec));
+        if before
+            .get(&abs)
+            .is_some_and(|(t, i)| *t == Path::new(&target) && Some(*i) == id)
+        {
             return;
         }
         let joined = abs.parent().unwrap_or(&r.root).join(&target);
         // One that cannot be resolved (a loop, an absurdly long chain) is
         // removed too: nothing shows it harmless, and no one needs it.
+        // A chain through a link inside `/proc` (`/proc/self/cwd`,
+        // `/dev/fd/N`) goes where each process's own cwd, root or fds are:
+        // where it led moat says nothing of where it leads a host tool
+        // (its cwd's `../../.ssh/id_rsa`), so it is removed too.
         let why = match crate::probe::follow_links(&joined) {
-            Some((reached, _)) if !leads_to_secret(&reached, &r.secrets) => return,
+            Some((reached, links))
+                if !leads_to_secret(&reached, &r.secrets) && !through_proc(&links) =>
+            {
+                return
+            }
+            Some((reached, links)) if !leads_to_secret(&reached, &r.secrets) => format!(
+                "passes through {} (a link in /proc: each process reaches its own cwd, root or fds through it)",
+                links
+                    .iter()
+                    .map(|(at, _)| at)
+                    .find(|at| at.starts_with("/proc"))
+                    .unwrap_or(&reached)
+                    .display()
+            ),
             Some((reached, _)) => format!(
                 "leads to {} (a protected or write-protected path, a directory holding one, or /proc)",
                 reached.display()
@@ -515,11 +555,11 @@ impl Sweeper {
     }
 
     /// Moves aside each recorded symlink on the way to a write-protected
-    /// path that no longer points where it pointed before the run (or is
-    /// no longer a symlink): the place it led was protected, a new target
-    /// was not.
+    /// path that no longer points where it pointed before the run, is no
+    /// longer the same link, or no longer a symlink: the place it led was
+    /// protected, a new target was not.
     fn check_pinned_links(&mut self, r: &SweepRoot, root: &OwnedFd) {
-        for (rel, target) in &r.pinned_links {
+        for (rel, (target, id)) in &r.pinned_links {
             let Some((parent, name)) = self.open_parent(r, root, rel) else {
                 continue;
             };
@@ -529,6 +569,7 @@ impl Sweeper {
                 Ok(None) => {}
                 Ok(Some(st)) => {
                     let same = kind_of(&st) == Kind::Symlink
+                        && *id == Some((st.st_ino, st.st_ctime, st.st_ctime_nsec))
                         && nix::fcntl::readlinkat(&parent, name.as_os_str())
                             .is_ok_and(|t| Path::new(&t) == target);
                     if !same {
