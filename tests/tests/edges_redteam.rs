@@ -1456,3 +1456,77 @@ fn hgrc_hook_and_extension_files_are_write_protected() {
         );
     }
 }
+
+/// A hook link whose chain moat cannot follow the way the host's git does
+/// is refused, never left unprotected: links whose targets are thousands
+/// of components long (`a/../a/../…`: the kernel resolves them, moat's
+/// resolver stops at 4096 components), and a link through
+/// `/proc/self/cwd` (moat, run from elsewhere with the repository granted,
+/// resolves it against its own cwd; git runs hooks in the work tree).
+#[test]
+fn hook_links_moat_cannot_resolve_refuse_the_run() {
+    for variant in ["long", "proc"] {
+        let fx = Fixture::new();
+        git_ok(&fx.ws, &fx.home, &["init", "-q", "."]);
+        let body = "#!/bin/sh\nexit 0\n";
+        let target = fx.ws.join("scripts/pre-commit");
+        write(&target, body);
+        let chmod = Command::new("chmod")
+            .arg("+x")
+            .arg(&target)
+            .status()
+            .expect("chmod");
+        assert!(chmod.success());
+        let hooks = fx.ws.join(".git/hooks");
+        std::fs::create_dir_all(&hooks).expect("hooks dir");
+        std::fs::create_dir_all(fx.ws.join("a")).expect("a");
+        let elsewhere = fx.root.join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).expect("elsewhere");
+        let link = |t: &str, at: &Path| std::os::unix::fs::symlink(t, at).expect("link");
+        if variant == "long" {
+            let pad = "a/../".repeat(800);
+            link("../../c1", &hooks.join("pre-commit"));
+            link(&format!("{pad}c2"), &fx.ws.join("c1"));
+            link(&format!("{pad}c3"), &fx.ws.join("c2"));
+            link(&format!("{pad}scripts/pre-commit"), &fx.ws.join("c3"));
+        } else {
+            link(
+                "/proc/self/cwd/scripts/pre-commit",
+                &hooks.join("pre-commit"),
+            );
+        }
+        let marker = fx.root.join("PWNED");
+        let script = format!(
+            "printf '#!/bin/sh\\ntouch {}\\n' > {}; echo ran",
+            marker.display(),
+            target.display()
+        );
+        let ws = fx.ws.display().to_string();
+        let cmd = if variant == "proc" {
+            let mut c = fx.sh("workspace-write", &["--no-audit", "--rw", &ws], &script);
+            c.current_dir(&elsewhere);
+            c
+        } else {
+            fx.sh("workspace-write", &["--no-audit"], &script)
+        };
+        let out = run(cmd);
+        let commit = host_git(
+            &fx.ws,
+            &fx.home,
+            &["commit", "-q", "--allow-empty", "-m", "x"],
+        );
+        assert!(
+            !exists(&marker),
+            "{variant}: the host's `git commit` ran what the command wrote through the hook's link (commit: {})\n{}",
+            String::from_utf8_lossy(&commit.stderr),
+            out.dump()
+        );
+        assert_eq!(
+            read(&target).as_deref(),
+            Some(body),
+            "{variant}: the hook's target was changed\n{}",
+            out.dump()
+        );
+        out.expect_code(125);
+    }
+}

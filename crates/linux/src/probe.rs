@@ -407,6 +407,10 @@ fn link_id(p: &Path) -> Option<crate::sweep::LinkId> {
     Some((m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
+/// Why [`follow_links`] gave no answer, for a refusal.
+const UNRESOLVABLE: &str =
+    "its chain of symlinks cannot be resolved (a loop, more than 40 links, or more than 4096 components)";
+
 /// Where opening `p` (absolute) leads on the host, resolved the way the
 /// kernel resolves it: every symlink on the way followed — a dangling one
 /// to the path it would create —, `..` taken after each link's target.
@@ -1039,6 +1043,7 @@ impl HostFacts {
                 // path with no symlink in it (binds and the sweep never
                 // follow one), and pin the links on the way in the grant.
                 let Some((p, links)) = follow_links(&home.join(rel)) else {
+                    self.cannot_protect(&home.join(rel), UNRESOLVABLE);
                     continue;
                 };
                 if p == g.path || !p.starts_with(&g.path) {
@@ -1258,10 +1263,28 @@ impl HostFacts {
     /// `root` unless `outside` (a home path's: read-only wherever the view
     /// shows it; a link elsewhere may lead to a secret, which has its
     /// stand-in).
+    ///
+    /// A chain that cannot be resolved (a loop, or past [`follow_links`]'s
+    /// limits) or that passes a link inside `/proc` (`/proc/self/cwd`:
+    /// where it leads moat says nothing of where it leads the host's tool)
+    /// cannot be protected: the run is refused ([`Self::cannot_protect`]).
+    /// The command could otherwise make it resolve (shorten a link of a
+    /// loop inside `root`) or write where it leads the host's tool.
     fn protect_reached(&mut self, root: &Path, p: &Path, sr: &mut SweepRoot, outside: bool) {
         let Some((end, links)) = follow_links(p) else {
+            self.cannot_protect(p, UNRESOLVABLE);
             return;
         };
+        if let Some((at, _)) = links.iter().find(|(at, _)| at.starts_with("/proc")) {
+            self.cannot_protect(
+                p,
+                &format!(
+                    "its chain of symlinks passes through {} (a link in /proc leads each process to its own cwd, root or fds: where it leads the host's tool is not where it leads moat)",
+                    at.display()
+                ),
+            );
+            return;
+        }
         for (l, t) in links {
             if let Ok(rel) = l.strip_prefix(root) {
                 if !rel.as_os_str().is_empty() {
@@ -1280,6 +1303,19 @@ impl HostFacts {
         }
     }
 
+    /// Refuses the run (exit 125, [`HostFacts::incomplete`]): the
+    /// write-protected path `p` leads somewhere moat cannot tell.
+    fn cannot_protect(&mut self, p: &Path, why: &str) {
+        if self.incomplete.is_none() {
+            self.incomplete = Some(format!(
+                "{} is write-protected (the host runs or loads it later) and {why}: moat cannot keep what it leads to read-only. Point it directly at its target (ln -sfn \"$(realpath -m {})\" {}), or remove it",
+                p.display(),
+                p.display(),
+                p.display()
+            ));
+        }
+    }
+
     /// The hooks a hooks directory (`.git/hooks`, a `core.hooksPath`)
     /// holds as symlinks, as hook managers install them (`pre-commit ->
     /// ../../scripts/pre-commit`): the host's git runs the file the link
@@ -1288,6 +1324,8 @@ impl HostFacts {
     /// directory is read-only during the run, so the set of links is the
     /// one seen here. Samples are skipped (git never runs them).
     fn protect_hook_links(&mut self, root: &Path, hooks: &Path, sr: &mut SweepRoot) {
+        // Unresolvable: `protect_reached` on the hooks path itself has
+        // refused the run already.
         let Some((dir, _)) = follow_links(hooks) else {
             return;
         };
@@ -1443,6 +1481,7 @@ impl HostFacts {
         for (p, key) in all {
             // Where git opens it, through any symlink (a dangling one too).
             let Some((end, _)) = follow_links(p) else {
+                self.cannot_protect(p, UNRESOLVABLE);
                 continue;
             };
             if !end.starts_with(root) {
@@ -1790,6 +1829,7 @@ impl HostFacts {
         }
         for p in named {
             let Some((end, _)) = follow_links(&p) else {
+                self.cannot_protect(&p, UNRESOLVABLE);
                 continue;
             };
             let Some(i) = self
@@ -1824,6 +1864,7 @@ impl HostFacts {
         for rel in rels {
             let p = home.join(rel);
             let Some((end, links)) = follow_links(&p) else {
+                self.cannot_protect(&p, UNRESOLVABLE);
                 continue;
             };
             if links.is_empty() {
