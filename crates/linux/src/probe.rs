@@ -63,7 +63,8 @@ fn behind_own_directory(path: &Path) -> bool {
 /// Whether the kernel itself keeps the secret at `path` from this
 /// (unprivileged) process: reading it is refused (a directory: both
 /// listing and entering it), and it is not the caller's own nor behind a
-/// directory of the caller's that refuses the search. The sandbox
+/// directory of the caller's that refuses the search (a symlink: neither
+/// is where it leads). The sandbox
 /// has no more rights over host files than its caller, so it needs no
 /// stand-in for it (`/etc/shadow` 0640 root:shadow, another user's 0600
 /// `.netrc`).
@@ -73,7 +74,19 @@ pub fn kernel_keeps_from_user(path: &Path, kind: Kind) -> bool {
         Kind::Dir => refused(path, A::R_OK) && refused(path, A::X_OK),
         _ => refused(path, A::R_OK),
     };
-    kept && not_own(path) && !behind_own_directory(path)
+    if !(kept && not_own(path) && !behind_own_directory(path)) {
+        return false;
+    }
+    // A symlink (another user's) is read where it leads: the caller can
+    // chmod back a file or directory of its own there, whoever owns the
+    // link. One that cannot be resolved keeps its stand-in.
+    if lstat_kind(path) != Some(Kind::Symlink) {
+        return true;
+    }
+    match follow_links(path) {
+        Some((end, _)) => not_own(&end) && !behind_own_directory(&end),
+        None => false,
+    }
 }
 
 /// Whether the kernel itself refuses this process every use of `path`
@@ -1955,6 +1968,13 @@ mod tests {
             fs::create_dir_all(base.join("theirs")).unwrap();
             fs::write(base.join("theirs/key"), "t").unwrap();
             fs::set_permissions(base.join("theirs"), fs::Permissions::from_mode(0o700)).unwrap();
+            // Root's links (another user's) into the caller's own: under
+            // its mode-000 directory, and to its own mode-000 file.
+            std::os::unix::fs::symlink("own/gh/hosts.yml", base.join("link")).unwrap();
+            fs::write(base.join("ownfile"), "t").unwrap();
+            std::os::unix::fs::chown(base.join("ownfile"), Some(user), Some(user)).unwrap();
+            fs::set_permissions(base.join("ownfile"), fs::Permissions::from_mode(0o000)).unwrap();
+            std::os::unix::fs::symlink("ownfile", base.join("link2")).unwrap();
         }
         fs::set_permissions(base.join("own"), fs::Permissions::from_mode(0o000)).unwrap();
         let check = || -> i32 {
@@ -1967,6 +1987,12 @@ mod tests {
             }
             if root && !kernel_keeps_from_user(&base.join("theirs/key"), Kind::File) {
                 code |= 4;
+            }
+            if root && kernel_keeps_from_user(&base.join("link"), Kind::File) {
+                code |= 16;
+            }
+            if root && kernel_keeps_from_user(&base.join("link2"), Kind::File) {
+                code |= 32;
             }
             code
         };
@@ -1997,7 +2023,7 @@ mod tests {
         let _ = fs::remove_dir_all(&base);
         assert_eq!(
             code, 0,
-            "1: a file under the caller's own mode-000 directory taken as kept; 2: the same for a directory; 4: another user's key not kept; 8: could not drop to uid {user}"
+            "1: a file under the caller's own mode-000 directory taken as kept; 2: the same for a directory; 4: another user's key not kept; 8: could not drop to uid {user}; 16: another user's link into the caller's mode-000 directory taken as kept; 32: the same to the caller's own mode-000 file"
         );
     }
 
