@@ -430,7 +430,15 @@ impl Sweeper {
             self.grant_access(&dir, 0o500);
             let rd = match std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())) {
                 Ok(rd) => rd,
-                Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
+                // Not the caller's (its own was made readable above): the
+                // walk before the run listed it, and the command (same uid)
+                // cannot change its mode.
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EACCES)
+                        && nix::sys::stat::fstat(&dir).is_ok_and(|st| st.st_uid != self.euid) =>
+                {
+                    continue
+                }
                 Err(e) => {
                     self.fail(
                         &r.root.join(&rel),
@@ -440,7 +448,20 @@ impl Sweeper {
                 }
             };
             let mut markers: Vec<(&str, Kind)> = Vec::new();
-            for e in rd.flatten() {
+            for e in rd {
+                // An entry that cannot be listed or typed is neither
+                // checked nor walked: a failure, never a silent skip.
+                let e = match e.and_then(|e| e.file_type().map(|_| e)) {
+                    Ok(e) => e,
+                    Err(err) if err.raw_os_error() == Some(libc::ENOENT) => continue,
+                    Err(err) => {
+                        self.fail(
+                            &r.root.join(&rel),
+                            format!("cannot list it to look for new git dirs and links to secrets: {err}"),
+                        );
+                        break;
+                    }
+                };
                 let name = e.file_name();
                 let child = rel.join(&name);
                 if let Some(m) = GIT_DIR_MARKERS.iter().find(|m| name == **m) {
@@ -490,10 +511,27 @@ impl Sweeper {
         let Some(before) = &r.links_before else {
             return;
         };
-        let Ok(target) = nix::fcntl::readlinkat(dir, name) else {
-            return;
-        };
         let abs = r.root.join(rel);
+        let target = match nix::fcntl::readlinkat(dir, name) {
+            Ok(t) => t,
+            // Gone, or no longer a symlink: nothing left to follow.
+            Err(Errno::ENOENT | Errno::EINVAL) => return,
+            // A directory that is not the caller's and refuses it the
+            // search: the command (same uid) could not have made an entry
+            // in it either (the sweep makes its own searchable first).
+            Err(Errno::EACCES)
+                if nix::sys::stat::fstat(dir).is_ok_and(|st| st.st_uid != self.euid) =>
+            {
+                return
+            }
+            Err(e) => {
+                self.fail(
+                    &abs,
+                    format!("cannot read where this symlink leads, to check it does not lead to a secret: {e}"),
+                );
+                return;
+            }
+        };
         let id = nix::sys::stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
             .ok()
             .map(|st| (st.st_ino, st.st_ctime, st.st_ctime_nsec));
