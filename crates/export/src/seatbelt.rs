@@ -110,6 +110,36 @@ fn write_protected(policy: &Policy, view: &View) -> (Vec<PathBuf>, Vec<String>) 
         }
         regexes.push(regex_prefix(ws, "/\\.moat"));
     }
+    // A git dir's and an hg/jj admin dir's config parts at any depth of
+    // every writable root, as on Linux (there the sweep also finds the
+    // ones the command creates; Seatbelt has no sweep, so a rule for each
+    // name at every depth, existing or not).
+    let mut roots: Vec<&Path> = view.writable().collect();
+    if policy.level.workspace_writable() {
+        roots.push(&view.workspace);
+    }
+    roots.sort();
+    roots.dedup();
+    // One inside another is covered by the outer one's rules.
+    let outer: Vec<&Path> = roots
+        .iter()
+        .filter(|r| !roots.iter().any(|o| o != *r && r.starts_with(o)))
+        .copied()
+        .collect();
+    let esc = |n: &str| n.replace('.', "\\.");
+    for root in outer {
+        let parts = WRITE_PROTECTED_GIT_PATHS
+            .iter()
+            .map(|n| format!(".git/{n}"))
+            .chain(
+                moat_policy::WRITE_PROTECTED_VCS_PATHS
+                    .iter()
+                    .map(|n| n.to_string()),
+            );
+        for part in parts {
+            regexes.push(regex_prefix(root, &format!("/(.+/)?{}(/|$)", esc(&part))));
+        }
+    }
     paths.sort();
     paths.dedup();
     (paths, regexes)

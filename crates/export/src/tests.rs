@@ -145,6 +145,15 @@ fn seatbelt_profile_denies_stand_ins_and_protects_names() {
     assert!(sb.contains("(require-not (subpath \"/home/u/proj/.bashrc\"))"));
     assert!(sb.contains("(require-not (subpath \"/home/u/proj/.git/config\"))"));
     assert!(sb.contains("(require-not (regex #\"^/home/u/proj/\\.moat\"))"));
+    // Git, hg and jj config at any depth, as on Linux.
+    assert!(
+        sb.contains("(require-not (regex #\"^/home/u/proj/(.+/)?\\.hg/hgrc(/|$)\"))"),
+        "{sb}"
+    );
+    assert!(
+        sb.contains("(require-not (regex #\"^/home/u/proj/(.+/)?\\.git/hooks(/|$)\"))"),
+        "{sb}"
+    );
     assert!(
         !sb.contains("(allow network"),
         "disabled network allows nothing: {sb}"
