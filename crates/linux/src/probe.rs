@@ -1321,9 +1321,7 @@ impl HostFacts {
     fn cannot_protect(&mut self, p: &Path, why: &str) {
         if self.incomplete.is_none() {
             self.incomplete = Some(format!(
-                "{} is write-protected (the host runs or loads it later) and {why}: moat cannot keep what it leads to read-only. Point it directly at its target (ln -sfn \"$(realpath -m {})\" {}), or remove it",
-                p.display(),
-                p.display(),
+                "{} is write-protected (the host runs or loads it later) and {why}: moat cannot keep what it leads to read-only. Replace it with a link straight to its target (no loop, nothing in /proc), or remove it",
                 p.display()
             ));
         }
