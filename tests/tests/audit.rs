@@ -903,6 +903,9 @@ fn denials_are_reported_on_stderr_json_events_and_log() {
     let fx = Fixture::new();
     let log = fx.root.join("audit.jsonl");
     let target = format!("/etc/{}", unique("moat-test"));
+    // Against the no-op stand-in (CI's noop phase, as root) the touch
+    // happens on the host: the file must not outlive the case.
+    let _cleanup = RmOnDrop(target.clone().into());
     let argv = ["/usr/bin/touch", target.as_str()];
 
     let out = run(fx.moat(exec_args(&log, &[], &argv)));
