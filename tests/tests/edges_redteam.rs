@@ -878,6 +878,62 @@ fn symlinks_left_to_secrets_are_removed_after_the_run() {
     }
 }
 
+/// Two runs at once in one workspace, interleaved by marker files: the
+/// first run's command runs `a_script` (it touches `a-ready` when its part
+/// is done, then waits for `go-a`); the second run starts once `a-ready`
+/// is there, so its walk sees what the first command made, and its command
+/// touches `b-ready`, waits for `go-b`, then runs the rest of `b_script`.
+/// The first run ends (its sweep runs) before the second command goes on.
+/// Returns the second run's stderr. Hang guard: a marker that never comes
+/// fails the case (the runs are killed when their handles drop).
+fn two_interleaved_runs(fx: &Fixture, a_script: &str, b_script: &str) -> String {
+    let wait = |p: &Path, what: &str| {
+        let deadline = std::time::Instant::now() + SAFETY_TIMEOUT;
+        while !exists(p) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "hang guard: {what} never appeared"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let spawn = |script: String| {
+        ChildGuard(
+            fx.sh("workspace-write", &["--no-audit"], &script)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn a run"),
+        )
+    };
+    let finish = |mut g: ChildGuard, which: &str| -> String {
+        let (mut stdout, mut stderr) = (String::new(), String::new());
+        use std::io::Read;
+        g.0.stdout.take().unwrap().read_to_string(&mut stdout).ok();
+        g.0.stderr.take().unwrap().read_to_string(&mut stderr).ok();
+        // Exited, so its sweep is done before the next step.
+        g.0.wait().expect("wait for the run");
+        assert!(
+            stdout.contains("ran"),
+            "control: the {which} command ran\n{stderr}"
+        );
+        stderr
+    };
+    let a = spawn(format!(
+        "{a_script} && touch a-ready && while [ ! -e go-a ]; do sleep 0.05; done; echo ran"
+    ));
+    wait(&fx.ws.join("a-ready"), "the first command's a-ready");
+    let b = spawn(format!(
+        "touch b-ready && while [ ! -e go-b ]; do sleep 0.05; done; {b_script} && echo ran"
+    ));
+    // The second run's command runs after its walk recorded the links.
+    wait(&fx.ws.join("b-ready"), "the second command's b-ready");
+    std::fs::write(fx.ws.join("go-a"), "").unwrap();
+    finish(a, "first");
+    std::fs::write(fx.ws.join("go-b"), "").unwrap();
+    finish(b, "second")
+}
+
 /// Two runs at once in one workspace: a link to a secret the first run's
 /// command made is there when the second run's walk records the links
 /// "before" it. The first run's sweep removes it; the second command then
@@ -887,50 +943,14 @@ fn symlinks_left_to_secrets_are_removed_after_the_run() {
 fn a_link_to_a_secret_remade_by_a_concurrent_run_is_removed() {
     let fx = Fixture::new();
     let h = fx.home.display();
-    let wait = |p: &Path| {
-        while !exists(p) {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    };
-    let a_script =
-        format!("ln -s {h}/.ssh k && while [ ! -e go-a ]; do sleep 0.05; done; echo ran");
-    let a = fx
-        .sh("workspace-write", &["--no-audit"], &a_script)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn the first run");
-    wait(&fx.ws.join("k"));
-    let b_script = format!(
-        "touch b-ready && while [ ! -e go-b ]; do sleep 0.05; done; \
-         rm -f k && ln -s {h}/.ssh k && echo ran"
-    );
-    let b = fx
-        .sh("workspace-write", &["--no-audit"], &b_script)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn the second run");
-    // The second run's command runs after its walk recorded `k`.
-    wait(&fx.ws.join("b-ready"));
-    std::fs::write(fx.ws.join("go-a"), "").unwrap();
-    let a = a.wait_with_output().unwrap();
-    assert!(
-        String::from_utf8_lossy(&a.stdout).contains("ran"),
-        "control: the first command ran\n{}",
-        String::from_utf8_lossy(&a.stderr)
-    );
-    std::fs::write(fx.ws.join("go-b"), "").unwrap();
-    let b = b.wait_with_output().unwrap();
-    assert!(
-        String::from_utf8_lossy(&b.stdout).contains("ran"),
-        "control: the second command ran\n{}",
-        String::from_utf8_lossy(&b.stderr)
+    let stderr = two_interleaved_runs(
+        &fx,
+        &format!("ln -s {h}/.ssh k"),
+        &format!("rm -f k && ln -s {h}/.ssh k"),
     );
     assert!(
         !exists(fx.ws.join("k")),
-        "the link to ~/.ssh the second command made again (same target as the one its walk saw) is still there\n{}",
-        String::from_utf8_lossy(&b.stderr)
+        "the link to ~/.ssh the second command made again (same target as the one its walk saw) is still there\n{stderr}"
     );
 }
 
@@ -946,48 +966,15 @@ fn a_pinned_link_remade_by_a_concurrent_run_is_moved_aside() {
     std::fs::create_dir_all(fx.ws.join("real-editor/vscode")).unwrap();
     std::os::unix::fs::symlink("real-editor", fx.ws.join("editor")).unwrap();
     std::os::unix::fs::symlink("editor/vscode", fx.ws.join(".vscode")).unwrap();
-    let wait = |p: &Path| {
-        while !exists(p) {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    };
-    let spawn = |script: &str| {
-        fx.sh("workspace-write", &["--no-audit"], script)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn a run")
-    };
-    let a = spawn(
+    let stderr = two_interleaved_runs(
+        &fx,
         "mkdir -p evil/vscode && echo '{\"tasks\":[]}' > evil/vscode/tasks.json && \
-         rm editor && ln -s evil editor && touch a-ready && \
-         while [ ! -e go-a ]; do sleep 0.05; done; echo ran",
-    );
-    wait(&fx.ws.join("a-ready"));
-    let b = spawn(
-        "touch b-ready && while [ ! -e go-b ]; do sleep 0.05; done; \
-         rm -f editor && ln -s evil editor && echo ran",
-    );
-    // The second run's command runs after its walk pinned `editor`.
-    wait(&fx.ws.join("b-ready"));
-    std::fs::write(fx.ws.join("go-a"), "").unwrap();
-    let a = a.wait_with_output().unwrap();
-    assert!(
-        String::from_utf8_lossy(&a.stdout).contains("ran"),
-        "control: the first command ran\n{}",
-        String::from_utf8_lossy(&a.stderr)
-    );
-    std::fs::write(fx.ws.join("go-b"), "").unwrap();
-    let b = b.wait_with_output().unwrap();
-    assert!(
-        String::from_utf8_lossy(&b.stdout).contains("ran"),
-        "control: the second command ran\n{}",
-        String::from_utf8_lossy(&b.stderr)
+         rm editor && ln -s evil editor",
+        "rm -f editor && ln -s evil editor",
     );
     assert!(
         !exists(fx.ws.join(".vscode/tasks.json")),
-        ".vscode/tasks.json reaches the first command's file through the link the second command made again\n{}",
-        String::from_utf8_lossy(&b.stderr)
+        ".vscode/tasks.json reaches the first command's file through the link the second command made again\n{stderr}"
     );
 }
 
