@@ -123,6 +123,18 @@ pub fn seccomp(spec: &SeccompSpec) -> Value {
     if spec.deny_listen {
         rules.push(json!({"names": ["listen", "accept", "accept4"], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}));
     }
+    if spec.deny_setid {
+        // A mode with either set-id bit: one masked equality per combination.
+        let bits = moat_linux::confine::SETID_BITS;
+        for (name, _, index) in moat_linux::confine::SETID_MODE_SYSCALLS {
+            for value in [libc::S_ISUID, libc::S_ISGID, bits] {
+                rules.push(json!({
+                    "names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM,
+                    "args": [{"index": index, "value": bits, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"}]
+                }));
+            }
+        }
+    }
     json!({
         "defaultAction": "SCMP_ACT_ALLOW",
         "architectures": [native_arch()],

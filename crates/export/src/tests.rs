@@ -258,11 +258,22 @@ fn oci_seccomp_carries_the_abi_guard() {
         .iter()
         .any(|r| r["names"] == serde_json::json!(["clone3"]) && r["errnoRet"] == 38));
     let bits = moat_linux::process::NEW_NAMESPACE_FLAGS.count_ones() as usize;
+    let guard = ["clone", "unshare"].map(|n| serde_json::json!([n]));
     let masked = rules
         .iter()
-        .filter(|r| r["args"][0]["op"] == "SCMP_CMP_MASKED_EQ")
+        .filter(|r| r["args"][0]["op"] == "SCMP_CMP_MASKED_EQ" && guard.contains(&r["names"]))
         .count();
     assert_eq!(masked, 2 * bits);
+    // The set-id rules: three per mode-setting syscall, on its mode argument.
+    let setid = moat_linux::confine::SETID_MODE_SYSCALLS;
+    for (name, _, index) in setid {
+        let on_mode = rules.iter().filter(|r| {
+            r["names"] == serde_json::json!([name])
+                && r["args"][0]["index"] == *index
+                && r["args"][0]["value"] == 0o6000
+        });
+        assert_eq!(on_mode.count(), 3, "{name}");
+    }
     let user = libc::CLONE_NEWUSER as u64;
     assert!(rules
         .iter()

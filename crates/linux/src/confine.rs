@@ -417,6 +417,35 @@ pub const DENIED_IOCTLS: &[(&str, u64)] = &[
     ("TIOCSETD", libc::TIOCSETD),
 ];
 
+/// Set-user-ID and set-group-ID mode bits. The command owns what it writes
+/// and may set its own files' modes; a set-id program left in the workspace
+/// or a writable grant would run as the caller (root, when root ran moat)
+/// for whoever on the host executes it. So every syscall that sets a mode
+/// is refused (EPERM) when its mode carries either bit. Without
+/// `CAP_FSETID` (the command has no capability) writing, truncating or
+/// extending a file clears the bits, so what `openat2` (whose mode is
+/// behind a pointer seccomp cannot read) could still make is an empty file.
+pub const SETID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
+
+/// The syscalls refused a mode carrying [`SETID_BITS`]: name, number, and
+/// which argument is the mode.
+pub const SETID_MODE_SYSCALLS: &[(&str, i64, u8)] = &[
+    #[cfg(target_arch = "x86_64")]
+    ("chmod", libc::SYS_chmod, 1),
+    ("fchmod", libc::SYS_fchmod, 1),
+    ("fchmodat", libc::SYS_fchmodat, 2),
+    ("fchmodat2", SYS_FCHMODAT2, 2),
+    #[cfg(target_arch = "x86_64")]
+    ("creat", libc::SYS_creat, 1),
+    #[cfg(target_arch = "x86_64")]
+    ("open", libc::SYS_open, 2),
+    ("openat", libc::SYS_openat, 3),
+    #[cfg(target_arch = "x86_64")]
+    ("mknod", libc::SYS_mknod, 1),
+    ("mknodat", libc::SYS_mknodat, 2),
+];
+const SYS_FCHMODAT2: i64 = 452;
+
 /// Refuses `nr` always, whatever conditions it had.
 fn refuse_always(rules: &mut tree::Rules, nr: i64) {
     rules.insert(nr, Vec::new());
@@ -446,7 +475,12 @@ fn seccomp_rules(spec: &SeccompSpec) -> Result<tree::Rules, ConfineError> {
     let dword = |v: u64| {
         u32::try_from(v).map_err(|_| ConfineError::Seccomp(format!("{v:#x} is wider than 32 bits")))
     };
-    let cond = |arg: u8, eq: bool, value: u32| tree::Cond { arg, eq, value };
+    let cond = |arg: u8, eq: bool, value: u32| tree::Cond {
+        arg,
+        eq,
+        value,
+        mask: u32::MAX,
+    };
     let mut rules = tree::Rules::new();
     for (_, nr) in &spec.floor {
         refuse_always(&mut rules, *nr);
@@ -478,6 +512,20 @@ fn seccomp_rules(spec: &SeccompSpec) -> Result<tree::Rules, ConfineError> {
             libc::SYS_socket,
             vec![cond(0, true, dword(*f as u64)?)],
         );
+    }
+    if spec.deny_setid {
+        // "Either bit set": one masked comparison per nonzero combination.
+        for (_, nr, arg) in SETID_MODE_SYSCALLS {
+            for value in [libc::S_ISUID, libc::S_ISGID, SETID_BITS] {
+                let c = tree::Cond {
+                    arg: *arg,
+                    eq: true,
+                    value,
+                    mask: SETID_BITS,
+                };
+                refuse_when(&mut rules, *nr, vec![c]);
+            }
+        }
     }
     if spec.deny_listen {
         // listen() on an unbound TCP socket binds implicitly, past Landlock's

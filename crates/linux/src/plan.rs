@@ -111,6 +111,9 @@ pub struct SeccompSpec {
     pub denied_families: Vec<i32>,
     /// listen/accept refused (net-connect); Landlock refuses TCP binds.
     pub deny_listen: bool,
+    /// Modes with set-uid/set-gid bits refused
+    /// ([`crate::confine::SETID_MODE_SYSCALLS`]): every sandboxed run.
+    pub deny_setid: bool,
 }
 
 /// Proxy networking: where moat's own binary appears in the view (ssh's
@@ -507,6 +510,7 @@ pub fn build(policy: &Policy, host: &HostFacts) -> Result<Plan, PlanError> {
                 _ => Vec::new(),
             },
             deny_listen: policy.net_class == Some(moat_policy::NetClass::NetConnect),
+            deny_setid: true,
         },
         proxy: None,
         broker: sandboxed,

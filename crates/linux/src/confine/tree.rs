@@ -11,13 +11,26 @@ use std::collections::BTreeMap;
 use seccompiler::sock_filter;
 
 /// One argument comparison, on the argument's low 32 bits (seccompiler's
-/// `SeccompCmpArgLen::Dword`).
+/// `SeccompCmpArgLen::Dword`), after masking them with `mask` (`u32::MAX`:
+/// the whole word; otherwise seccompiler's `MaskedEq`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Cond {
     pub arg: u8,
-    /// `true`: the argument equals `value`; `false`: it differs.
+    /// `true`: the (masked) argument equals `value`; `false`: it differs.
     pub eq: bool,
     pub value: u32,
+    pub mask: u32,
+}
+
+impl Cond {
+    /// Its instructions: load, mask when there is one, compare.
+    fn len(&self) -> usize {
+        if self.mask == u32::MAX {
+            2
+        } else {
+            3
+        }
+    }
 }
 
 /// Syscall number → its rules. No rule: the syscall is refused outright;
@@ -28,6 +41,7 @@ const LD_W_ABS: u16 = 0x20;
 const JEQ_K: u16 = 0x15;
 const JGE_K: u16 = 0x35;
 const JA: u16 = 0x05;
+const AND_K: u16 = 0x54;
 const RET_K: u16 = 0x06;
 pub(crate) const RET_ALLOW: u32 = 0x7fff_0000;
 pub(crate) const RET_KILL_PROCESS: u32 = 0x8000_0000;
@@ -112,15 +126,21 @@ fn leaf(rules: &[Vec<Cond>]) -> Result<Vec<sock_filter>, String> {
     }
     let mut out = Vec::new();
     for conds in rules {
-        let len = 2 * conds.len() + 1;
-        for (j, c) in conds.iter().enumerate() {
-            // From this comparison to the next rule's first instruction.
-            let to_next = u8::try_from(len - (2 * j + 1) - 1)
+        // Instructions after each comparison up to the rule's refusal.
+        let mut after: usize = conds.iter().map(Cond::len).sum();
+        for c in conds {
+            after -= c.len();
+            // From this comparison to the next rule's first instruction
+            // (past the refusal).
+            let to_next = u8::try_from(after + 1)
                 .map_err(|_| "a rule with too many conditions".to_string())?;
             if c.arg > 5 {
                 return Err(format!("argument {} out of range", c.arg));
             }
             out.push(ins(LD_W_ABS, 0, 0, OFF_ARGS + 8 * u32::from(c.arg)));
+            if c.mask != u32::MAX {
+                out.push(ins(AND_K, 0, 0, c.mask));
+            }
             out.push(if c.eq {
                 ins(JEQ_K, 0, to_next, c.value)
             } else {
@@ -155,10 +175,11 @@ mod tests {
                         let conds = conds
                             .iter()
                             .map(|c| {
-                                let op = if c.eq {
-                                    SeccompCmpOp::Eq
-                                } else {
-                                    SeccompCmpOp::Ne
+                                let op = match (c.eq, c.mask) {
+                                    (true, u32::MAX) => SeccompCmpOp::Eq,
+                                    (false, u32::MAX) => SeccompCmpOp::Ne,
+                                    (true, m) => SeccompCmpOp::MaskedEq(u64::from(m)),
+                                    (false, _) => panic!("no masked Ne in seccompiler"),
                                 };
                                 SeccompCondition::new(
                                     c.arg,
@@ -220,6 +241,7 @@ mod tests {
                 0x25 => pc += cond(acc > i.k),
                 0x35 => pc += cond(acc >= i.k),
                 0x45 => pc += cond(acc & i.k != 0),
+                0x54 => acc &= i.k,
                 0x06 => return i.k,
                 c => panic!("opcode {c:#x}"),
             }
@@ -235,6 +257,12 @@ mod tests {
                 floor: floor.clone(),
                 denied_ioctls: ioctls.clone(),
                 socket_families: Some(vec![libc::AF_UNIX]),
+                deny_setid: true,
+                ..Default::default()
+            },
+            // the set-id rules alone
+            SeccompSpec {
+                deny_setid: true,
                 ..Default::default()
             },
             SeccompSpec {
@@ -257,6 +285,7 @@ mod tests {
                 socket_families: Some(vec![]),
                 denied_families: vec![libc::AF_INET, libc::AF_INET6, libc::AF_PACKET],
                 deny_listen: true,
+                deny_setid: true,
             },
             // the net classes' filters
             SeccompSpec {
@@ -298,10 +327,18 @@ mod tests {
         ] {
             values.extend([f as u64, f as u64 | 1 << 33]);
         }
+        // Modes: each set-id bit, both, neither, with the others around.
+        for m in [
+            0o4755u64, 0o2755, 0o6000, 0o4000, 0o2000, 0o755, 0o1777, 0o104755,
+        ] {
+            values.extend([m, m | 1 << 35]);
+        }
         let mut cases = Vec::new();
         for v in &values {
             cases.push([*v, 0, 0, 0, 0, 0]);
             cases.push([0, *v, 0, 0, 0, 0]);
+            cases.push([0, 0, *v, 0, 0, 0]);
+            cases.push([0, 0, 0, *v, 0, 0]);
             cases.push([*v, *v, *v, *v, *v, *v]);
         }
         cases
