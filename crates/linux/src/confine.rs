@@ -477,9 +477,8 @@ fn seccomp_rules(spec: &SeccompSpec) -> Result<tree::Rules, ConfineError> {
     };
     let cond = |arg: u8, eq: bool, value: u32| tree::Cond {
         arg,
-        eq,
+        op: if eq { tree::Op::Eq } else { tree::Op::Ne },
         value,
-        mask: u32::MAX,
     };
     let mut rules = tree::Rules::new();
     for (_, nr) in &spec.floor {
@@ -514,17 +513,13 @@ fn seccomp_rules(spec: &SeccompSpec) -> Result<tree::Rules, ConfineError> {
         );
     }
     if spec.deny_setid {
-        // "Either bit set": one masked comparison per nonzero combination.
         for (_, nr, arg) in SETID_MODE_SYSCALLS {
-            for value in [libc::S_ISUID, libc::S_ISGID, SETID_BITS] {
-                let c = tree::Cond {
-                    arg: *arg,
-                    eq: true,
-                    value,
-                    mask: SETID_BITS,
-                };
-                refuse_when(&mut rules, *nr, vec![c]);
-            }
+            let c = tree::Cond {
+                arg: *arg,
+                op: tree::Op::AnyBits,
+                value: SETID_BITS,
+            };
+            refuse_when(&mut rules, *nr, vec![c]);
         }
     }
     if spec.deny_listen {

@@ -11,26 +11,22 @@ use std::collections::BTreeMap;
 use seccompiler::sock_filter;
 
 /// One argument comparison, on the argument's low 32 bits (seccompiler's
-/// `SeccompCmpArgLen::Dword`), after masking them with `mask` (`u32::MAX`:
-/// the whole word; otherwise seccompiler's `MaskedEq`).
+/// `SeccompCmpArgLen::Dword`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Cond {
     pub arg: u8,
-    /// `true`: the (masked) argument equals `value`; `false`: it differs.
-    pub eq: bool,
+    pub op: Op,
     pub value: u32,
-    pub mask: u32,
 }
 
-impl Cond {
-    /// Its instructions: load, mask when there is one, compare.
-    fn len(&self) -> usize {
-        if self.mask == u32::MAX {
-            2
-        } else {
-            3
-        }
-    }
+/// How a [`Cond`] compares its argument with `value`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    Eq,
+    Ne,
+    /// Any bit of `value` is set in the argument (one `JSET`; seccompiler
+    /// says it as one `MaskedEq` rule per nonzero combination of the bits).
+    AnyBits,
 }
 
 /// Syscall number → its rules. No rule: the syscall is refused outright;
@@ -39,9 +35,9 @@ pub(crate) type Rules = BTreeMap<i64, Vec<Vec<Cond>>>;
 
 const LD_W_ABS: u16 = 0x20;
 const JEQ_K: u16 = 0x15;
+const JSET_K: u16 = 0x45;
 const JGE_K: u16 = 0x35;
 const JA: u16 = 0x05;
-const AND_K: u16 = 0x54;
 const RET_K: u16 = 0x06;
 pub(crate) const RET_ALLOW: u32 = 0x7fff_0000;
 pub(crate) const RET_KILL_PROCESS: u32 = 0x8000_0000;
@@ -126,25 +122,19 @@ fn leaf(rules: &[Vec<Cond>]) -> Result<Vec<sock_filter>, String> {
     }
     let mut out = Vec::new();
     for conds in rules {
-        // Instructions after each comparison up to the rule's refusal.
-        let mut after: usize = conds.iter().map(Cond::len).sum();
-        for c in conds {
-            after -= c.len();
-            // From this comparison to the next rule's first instruction
-            // (past the refusal).
-            let to_next = u8::try_from(after + 1)
+        let len = 2 * conds.len() + 1;
+        for (j, c) in conds.iter().enumerate() {
+            // From this comparison to the next rule's first instruction.
+            let to_next = u8::try_from(len - (2 * j + 1) - 1)
                 .map_err(|_| "a rule with too many conditions".to_string())?;
             if c.arg > 5 {
                 return Err(format!("argument {} out of range", c.arg));
             }
             out.push(ins(LD_W_ABS, 0, 0, OFF_ARGS + 8 * u32::from(c.arg)));
-            if c.mask != u32::MAX {
-                out.push(ins(AND_K, 0, 0, c.mask));
-            }
-            out.push(if c.eq {
-                ins(JEQ_K, 0, to_next, c.value)
-            } else {
-                ins(JEQ_K, to_next, 0, c.value)
+            out.push(match c.op {
+                Op::Eq => ins(JEQ_K, 0, to_next, c.value),
+                Op::Ne => ins(JEQ_K, to_next, 0, c.value),
+                Op::AnyBits => ins(JSET_K, 0, to_next, c.value),
             });
         }
         out.push(ins(RET_K, 0, 0, RET_ERRNO_EPERM));
@@ -164,36 +154,43 @@ mod tests {
     };
 
     /// The same rules compiled by seccompiler (the chain moat loaded before):
-    /// the reference the tree must agree with.
+    /// the reference the tree must agree with. An `AnyBits` condition
+    /// becomes one rule per nonzero combination of its bits, each a
+    /// `MaskedEq` (seccompiler has no "any bit set").
     fn chain(rules: &Rules) -> Vec<sock_filter> {
+        let dword = |c: &Cond, op, value: u32| {
+            SeccompCondition::new(c.arg, SeccompCmpArgLen::Dword, op, u64::from(value)).unwrap()
+        };
         let rules = rules
             .iter()
             .map(|(nr, rules)| {
-                let rules = rules
-                    .iter()
-                    .map(|conds| {
-                        let conds = conds
+                let mut out = Vec::new();
+                for conds in rules {
+                    // Every choice of one alternative per condition.
+                    let mut expanded: Vec<Vec<SeccompCondition>> = vec![Vec::new()];
+                    for c in conds {
+                        let alternatives: Vec<SeccompCondition> = match c.op {
+                            Op::Eq => vec![dword(c, SeccompCmpOp::Eq, c.value)],
+                            Op::Ne => vec![dword(c, SeccompCmpOp::Ne, c.value)],
+                            Op::AnyBits => (1..=c.value)
+                                .filter(|s| s & !c.value == 0)
+                                .map(|s| dword(c, SeccompCmpOp::MaskedEq(u64::from(c.value)), s))
+                                .collect(),
+                        };
+                        expanded = expanded
                             .iter()
-                            .map(|c| {
-                                let op = match (c.eq, c.mask) {
-                                    (true, u32::MAX) => SeccompCmpOp::Eq,
-                                    (false, u32::MAX) => SeccompCmpOp::Ne,
-                                    (true, m) => SeccompCmpOp::MaskedEq(u64::from(m)),
-                                    (false, _) => panic!("no masked Ne in seccompiler"),
-                                };
-                                SeccompCondition::new(
-                                    c.arg,
-                                    SeccompCmpArgLen::Dword,
-                                    op,
-                                    u64::from(c.value),
-                                )
-                                .unwrap()
+                            .flat_map(|pre| {
+                                alternatives.iter().map(move |a| {
+                                    let mut r = pre.clone();
+                                    r.push(a.clone());
+                                    r
+                                })
                             })
                             .collect();
-                        SeccompRule::new(conds).unwrap()
-                    })
-                    .collect();
-                (*nr, rules)
+                    }
+                    out.extend(expanded.into_iter().map(|c| SeccompRule::new(c).unwrap()));
+                }
+                (*nr, out)
             })
             .collect();
         #[cfg(target_arch = "x86_64")]
@@ -241,7 +238,7 @@ mod tests {
                 0x25 => pc += cond(acc > i.k),
                 0x35 => pc += cond(acc >= i.k),
                 0x45 => pc += cond(acc & i.k != 0),
-                0x54 => acc &= i.k,
+                0x54 => acc &= i.k, // seccompiler's MaskedEq
                 0x06 => return i.k,
                 c => panic!("opcode {c:#x}"),
             }
