@@ -128,3 +128,34 @@ fn a_run_leaves_no_set_id_file_in_a_writable_grant() {
     let out = run(fx.py("read-only", &["--rw", g], &script, &[]));
     check(&out, &grant, "--rw grant at read-only");
 }
+
+/// The refusal is explained: `--json` names the file with reason
+/// `setid_mode` (an agent that only sees EPERM retries), and the mode is
+/// unchanged on the host.
+#[test]
+fn a_refused_set_id_mode_is_explained() {
+    let fx = Fixture::new();
+    let prog = fx.w("prog");
+    std::fs::copy("/bin/true", &prog).unwrap();
+    let out = run(fx.sh(
+        "workspace-write",
+        &["--json"],
+        "chmod u+s prog; echo chmod=$?",
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("--json output did not parse ({e}): {out:?}"));
+    assert!(
+        v["stdout"].as_str().is_some_and(|s| s.contains("chmod=1")),
+        "chmod u+s was not refused: {out:?}"
+    );
+    let denials = v["denials"].as_array().cloned().unwrap_or_default();
+    let want = prog.to_string_lossy();
+    assert!(
+        denials
+            .iter()
+            .any(|d| d["reason"] == "setid_mode" && d["path"] == *want),
+        "no setid_mode denial for {want}: {denials:?}"
+    );
+    let mode = std::fs::metadata(&prog).unwrap().permissions().mode();
+    assert_eq!(mode & 0o6000, 0, "mode {mode:o}");
+}

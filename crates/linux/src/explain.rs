@@ -36,6 +36,10 @@ pub enum DenyReason {
     /// Landlock backend keeps list-only, because a protected or
     /// write-protected entry lies beneath it.
     ListOnlyDir,
+    /// A mode change with the set-uid or set-gid bit, on a file of the
+    /// caller's in a writable area: the seccomp floor refuses those bits
+    /// ([`crate::confine::SETID_BITS`]).
+    SetidMode,
 }
 
 impl DenyReason {
@@ -50,6 +54,7 @@ impl DenyReason {
             DenyReason::MoatBuilt => "moat_built",
             DenyReason::GitCredentials => "git_credentials",
             DenyReason::ListOnlyDir => "list_only_dir",
+            DenyReason::SetidMode => "setid_mode",
         }
     }
 
@@ -78,6 +83,9 @@ impl DenyReason {
             }
             DenyReason::GitCredentials => {
                 "a git config holding credentials (a token in a URL, an extraheader, a credential helper); moat shows a redacted copy where it can mount one, the Landlock backend cannot, so it is refused; opt in with --ro PATH to show the raw file".into()
+            }
+            DenyReason::SetidMode => {
+                "a set-uid/set-gid mode: moat refuses those bits in every sandboxed run, so nothing the command leaves runs as you for someone else; no flag grants them (drop the s bit: chmod u+s/g+s, cp -a or tar -p of a set-id file, git init --shared)".into()
             }
             DenyReason::ListOnlyDir => {
                 "its directory holds a protected or write-protected entry, so --backend landlock keeps it list-only (no entries created or removed directly in it); use an existing subdirectory, or --backend namespaces where user namespaces are available".into()

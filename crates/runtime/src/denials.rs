@@ -130,6 +130,14 @@ pub fn denials(plan: &Plan, o: &RunOutcome, outer: Option<&moat_linux::view::Vie
                 reason,
                 plan.level,
             ));
+        } else if setid_refused(plan, &d, host_exists) {
+            out.push(Denial::explained(
+                "chmod",
+                &moat_linux::explain::absolute(&plan.cwd, path),
+                d.errno,
+                moat_linux::explain::DenyReason::SetidMode,
+                plan.level,
+            ));
         }
     }
     // Paths outside the view read as missing: at workspace-contained most
@@ -164,6 +172,35 @@ pub fn denials(plan: &Plan, o: &RunOutcome, outer: Option<&moat_linux::view::Vie
         }
     }
     out
+}
+
+/// Whether `d` is the seccomp floor's set-id refusal: EPERM on a mode
+/// change ("changing permissions of", cp's "preserving permissions for",
+/// tar's "Cannot change mode", Python's `os.chmod`) of a file the caller
+/// owns, where nothing else refuses the owner a chmod (a file of another
+/// user's gets EPERM from the kernel for any mode, and is not explained).
+fn setid_refused(
+    plan: &Plan,
+    d: &moat_audit::Denial,
+    host_exists: impl Fn(&std::path::Path) -> bool,
+) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if d.errno != "EPERM" || !plan.sandboxed || !plan.seccomp.deny_setid {
+        return false;
+    }
+    let l = d.line.to_ascii_lowercase();
+    let mode_change = ["permissions", "change mode", "chmod", "fchmod", "set mode"]
+        .iter()
+        .any(|w| l.contains(w));
+    let Some(path) = d.path.as_deref() else {
+        return false;
+    };
+    let abs = moat_linux::explain::absolute(&plan.cwd, path);
+    mode_change
+        && host_exists(&abs)
+        && abs
+            .symlink_metadata()
+            .is_ok_and(|m| m.uid() == plan.uid && !m.file_type().is_symlink())
 }
 
 /// Whether the host path the view shows at `path` (relative to the run's
