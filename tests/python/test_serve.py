@@ -502,3 +502,19 @@ def test_template_execution_stopped_when_the_host_replaces_env(ws):
         assert res["termination_reason"] == "host_replaced" and res["status"] == "failed", res
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("launch", ["template", "oneshot"])
+def test_an_execution_leaves_no_set_id_program(ws, launch):
+    """A set-uid copy of a shell left in the workspace runs as the server's
+    user (root, when root serves) for whoever on the host executes it: the
+    mode is refused on both launch paths, and the file stays plain."""
+    s = serve(ws, "--policy", "workspace-write", "--launch", launch)
+    try:
+        ex, end = run_to_end(s, {"command": ["sh", "-c", "cp /bin/sh x && echo copied; chmod 4755 x; chmod 2755 x; echo done"]})
+        out = stdout_of(s, ex["execution_id"])
+        assert b"copied" in out and b"done" in out, out
+        mode = os.stat(os.path.join(ws, "x")).st_mode
+        assert mode & 0o6000 == 0, oct(mode)
+    finally:
+        s.close()
