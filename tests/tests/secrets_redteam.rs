@@ -80,6 +80,18 @@ const CREDENTIAL_FILES: &[(&str, &str)] = &[
     ),
     (".mc/config.json", "{\"aliases\":{\"s3\":{\"secretKey\":\"{S}\"}}}\n"),
     (".kaggle/kaggle.json", "{\"key\":\"{S}\"}\n"),
+    // Kaggle's XDG location (kaggle >= 1.5.13 looks here first).
+    (".config/kaggle/kaggle.json", "{\"key\":\"{S}\"}\n"),
+    // huggingface_hub >= 0.25 keeps every token `login()` saved, by name.
+    (".cache/huggingface/stored_tokens", "[ada]\nhf_token = hf_{S}\n"),
+    (
+        ".config/openstack/clouds.yaml",
+        "clouds:\n  c:\n    auth:\n      password: {S}\n",
+    ),
+    (".config/tea/config.yml", "logins:\n- name: g\n  token: {S}\n"),
+    (".config/cachix/cachix.dhall", "{ authToken = \"{S}\", hostname = \"c\" }\n"),
+    (".config/neonctl/credentials.json", "{\"access_token\":\"{S}\"}\n"),
+    (".bluemix/config.json", "{\"IAMToken\":\"Bearer {S}\"}\n"),
     (".snowsql/config", "[connections]\npassword = {S}\n"),
     (".tsh/keys/proxy/ada", "{S}\n"),
     (".local/share/atuin/history.db", "export TOKEN={S}\n"),
