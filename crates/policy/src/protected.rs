@@ -104,7 +104,21 @@ pub const PROTECTED_HOME_PATHS: &[&str] = &[
     ".snowsql",
     ".snowflake",
     ".kaggle",
+    // Kaggle's XDG location (kaggle >= 1.5.13 reads it first).
+    ".config/kaggle",
     ".huggingface/token",
+    // huggingface_hub >= 0.25: every token `login()` saved, by name, beside
+    // `token` (the model cache around them stays readable).
+    ".cache/huggingface/stored_tokens",
+    // OpenStack's clouds.yaml / secure.yaml: passwords, application
+    // credential secrets.
+    ".config/openstack",
+    // Gitea's `tea` (logins with tokens), Cachix (`authToken`), Neon's
+    // neonctl (OAuth tokens), IBM Cloud's CLI (IAM and refresh tokens).
+    ".config/tea",
+    ".config/cachix",
+    ".config/neonctl",
+    ".bluemix",
     ".continuum",
     ".wakatime.cfg",
     ".mylogin.cnf",
