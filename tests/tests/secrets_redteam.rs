@@ -454,3 +454,26 @@ fn explain_policy_names_credentials_in_the_workspace_git_config() {
             .expect_absent(&header_secret, "explain-policy: the extraheader");
     }
 }
+
+/// Nix's `access-tokens` (GitHub and GitLab tokens for fetching flakes) in
+/// the user's `nix.conf`: read at its host path, the file shows without the
+/// token and keeps the settings nix needs (`experimental-features`).
+#[test]
+fn nix_access_tokens_are_removed_from_nix_conf() {
+    let fx = Fixture::new();
+    let secret = unique("ghp_NIXSECRET");
+    let conf = fx.home.join(".config/nix/nix.conf");
+    write(
+        &conf,
+        &format!(
+            "experimental-features = nix-command flakes\naccess-tokens = github.com={secret}\n"
+        ),
+    );
+    let script = format!("cat '{}'; echo PROBE_DONE", conf.display());
+    for level in LEVELS {
+        let out = run(fx.sh(level, &[], &script));
+        out.expect_stdout_has("PROBE_DONE");
+        out.expect_stdout_has("experimental-features = nix-command flakes");
+        out.expect_absent(&secret, &format!("{level}: ~/.config/nix/nix.conf"));
+    }
+}
