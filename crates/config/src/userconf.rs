@@ -226,10 +226,15 @@ pub const WORKSPACE_TOOL_CONFIGS: &[&str] = &[
     ".cargo/config",
     "uv.toml",
 ];
-pub const HOME_TOOL_CONFIGS: &[&str] =
-    &[".cargo/config.toml", ".cargo/config", ".config/uv/uv.toml"];
+pub const HOME_TOOL_CONFIGS: &[&str] = &[
+    ".cargo/config.toml",
+    ".cargo/config",
+    ".config/uv/uv.toml",
+    // Nix's `access-tokens` (GitHub/GitLab tokens for fetching flakes).
+    ".config/nix/nix.conf",
+];
 /// The system-wide twins (relative to `/`): pip's and npm's global configs
-/// (npm's under the usual prefixes), uv's.
+/// (npm's under the usual prefixes), uv's, nix's.
 pub const SYSTEM_TOOL_CONFIGS: &[&str] = &[
     "etc/pip.conf",
     "etc/xdg/pip/pip.conf",
@@ -237,6 +242,7 @@ pub const SYSTEM_TOOL_CONFIGS: &[&str] = &[
     "usr/etc/npmrc",
     "usr/local/etc/npmrc",
     "etc/uv/uv.toml",
+    "etc/nix/nix.conf",
 ];
 
 /// What the command sees of a tool config shown at its host path (see
