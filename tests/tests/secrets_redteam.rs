@@ -8,6 +8,7 @@
 //! served as a sanitized copy: the positive controls check git still works
 //! (identity, aliases, a commit in the workspace).
 
+use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 
 use moat_conformance::*;
@@ -475,5 +476,75 @@ fn nix_access_tokens_are_removed_from_nix_conf() {
         out.expect_stdout_has("PROBE_DONE");
         out.expect_stdout_has("experimental-features = nix-command flakes");
         out.expect_absent(&secret, &format!("{level}: ~/.config/nix/nix.conf"));
+    }
+}
+
+/// Root-only credentials under /etc that a server or a dev box running its
+/// agent as root keeps: WireGuard and NetworkManager keys, IPsec secrets,
+/// TLS private keys (certbot), Kubernetes' and k3s' admin kubeconfigs, a
+/// GitLab runner's token, nix's netrc. Planted in a private mount namespace
+/// (an overlay of a fixture directory on /etc; the host's /etc is never
+/// edited), read at every level that shows /etc. Root only: an
+/// unprivileged caller's kernel already refuses these 0600 root files.
+#[test]
+fn root_only_system_credentials_are_hidden() {
+    let probe = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "true"])
+        .status();
+    if euid() != 0 || !probe.is_ok_and(|s| s.success()) {
+        skip("planting files under /etc needs a private mount namespace (root)");
+        return;
+    }
+    let fx = Fixture::new();
+    let upper = fx.outside.join("etc");
+    let files = [
+        "wireguard/wg0.conf",
+        "NetworkManager/system-connections/wifi.nmconnection",
+        "ipsec.secrets",
+        "letsencrypt/live/example.org/privkey.pem",
+        "kubernetes/admin.conf",
+        "rancher/k3s/k3s.yaml",
+        "gitlab-runner/config.toml",
+        "nix/netrc",
+    ];
+    let secrets: Vec<String> = files
+        .iter()
+        .map(|rel| {
+            let s = unique("ETCSECRET");
+            let p = upper.join(rel);
+            write(&p, &format!("{s}\n"));
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+            s
+        })
+        .collect();
+    let list: Vec<String> = files.iter().map(|r| format!("/etc/{r}")).collect();
+    for level in ["read-only", "workspace-write", "workspace-contained"] {
+        let inner = fx.sh(
+            level,
+            &[],
+            &format!(
+                "cat {} 2>&1; grep -rha --binary-files=text . /etc/wireguard /etc/NetworkManager /etc/letsencrypt /etc/kubernetes /etc/rancher /etc/gitlab-runner /etc/nix 2>/dev/null; echo PROBE_DONE",
+                list.join(" ")
+            ),
+        );
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg("mount -t overlay overlay -o \"lowerdir=$0:/etc\" /etc && exec \"$@\"")
+            .arg(&upper)
+            .arg(inner.get_program())
+            .args(inner.get_args())
+            .env_clear()
+            .current_dir(inner.get_current_dir().unwrap())
+            .stdin(std::process::Stdio::null());
+        for (k, v) in inner.get_envs() {
+            if let Some(v) = v {
+                cmd.env(k, v);
+            }
+        }
+        let out = run(cmd);
+        out.expect_stdout_has("PROBE_DONE");
+        for (s, rel) in secrets.iter().zip(files) {
+            out.expect_absent(s, &format!("{level}: /etc/{rel}"));
+        }
     }
 }
