@@ -208,6 +208,18 @@ const ETC_SECRETS: &[&str] = &[
     "/etc/security/opasswd",
     "/etc/ssl/private",
     "/etc/krb5.keytab",
+    // Root-only keys a server or a dev box running its agent as root has
+    // (an unprivileged caller's kernel already refuses them): VPN and
+    // Wi-Fi keys, TLS private keys, cluster-admin kubeconfigs (every
+    // kubeconfig in /etc/kubernetes holds a client key), runner tokens.
+    "/etc/wireguard",
+    "/etc/NetworkManager/system-connections",
+    "/etc/ipsec.secrets",
+    "/etc/letsencrypt",
+    "/etc/kubernetes",
+    "/etc/rancher",
+    "/etc/gitlab-runner",
+    "/etc/nix/netrc",
 ];
 
 /// /proc entries made read-only or masked in the sandbox.
