@@ -343,7 +343,8 @@ const SYS_OPEN_TREE_ATTR: i64 = 467;
 /// namespace flags), close_range, openat2, faccessat2, process_madvise (own
 /// processes only), epoll_pwait2, quotactl_fd, memfd_secret,
 /// process_mrelease, futex_*, set_mempolicy_home_node, cachestat,
-/// fchmodat2, map_shadow_stack, statmount/listmount (mounts of the
+/// fchmodat2 (a set-id mode refused, as chmod's: [`SETID_MODE_SYSCALLS`]),
+/// map_shadow_stack, statmount/listmount (mounts of the
 /// sandbox's own namespace), lsm_*_self_attr, lsm_list_modules, mseal,
 /// {set,get,list,remove}xattrat (same rights as *xattr), file_getattr /
 /// file_setattr (same rights as the FS_IOC_FS[GS]ETXATTR ioctls).

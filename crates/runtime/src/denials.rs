@@ -175,8 +175,8 @@ pub fn denials(plan: &Plan, o: &RunOutcome, outer: Option<&moat_linux::view::Vie
 }
 
 /// Whether `d` is the seccomp floor's set-id refusal: EPERM on a mode
-/// change ("changing permissions of", cp's "preserving permissions for",
-/// tar's "Cannot change mode", Python's `os.chmod`) of a file the caller
+/// change (chmod's "changing permissions of", cp's "preserving permissions
+/// for", tar's "Cannot change mode") of a file the caller
 /// owns, where nothing else refuses the owner a chmod (a file of another
 /// user's gets EPERM from the kernel for any mode, and is not explained).
 fn setid_refused(
