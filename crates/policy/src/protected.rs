@@ -119,6 +119,17 @@ pub const PROTECTED_HOME_PATHS: &[&str] = &[
     ".config/cachix",
     ".config/neonctl",
     ".bluemix",
+    // AI tools' API keys in plain files: Continue (`apiKey` in its
+    // config), `llm` (keys.json; its logs.db beside it stays), aichat,
+    // shell_gpt, Qwen Code's OAuth tokens, ollama's ollama.com signing key
+    // (its models beside it stay), Bitwarden CLI's access token.
+    ".continue",
+    ".config/io.datasette.llm/keys.json",
+    ".config/aichat",
+    ".config/shell_gpt",
+    ".qwen",
+    ".ollama/id_ed25519",
+    ".config/Bitwarden CLI",
     ".continuum",
     ".wakatime.cfg",
     ".mylogin.cnf",
